@@ -1,0 +1,2 @@
+//! The `cellfleet` command-line tool.
+fn main() {}

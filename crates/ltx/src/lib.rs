@@ -1,0 +1,1 @@
+//! The LTX file format.

@@ -1,0 +1,200 @@
+//! Streaming LTX encoder: pages go out as they come, memory stays bounded
+//! by one compressed page plus a small index entry per page.
+
+use std::io::Write;
+
+use crate::checksum::CRC64;
+use crate::frame::{encode_page_header, max_block_size, PAGE_FLAG_SIZE_PREFIX};
+use crate::header::HEADER_SIZE;
+use crate::index::IndexEntry;
+use crate::{
+    lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG,
+};
+
+/// Writes one LTX file. Pages must arrive in strictly ascending order
+/// ([`Error::PageOutOfOrder`] otherwise); use [`encode_to_vec`] to encode
+/// pages given in any order.
+pub struct Encoder<W: Write> {
+    writer: W,
+    header: Header,
+    digest: crc::Digest<'static, u64, crc::Table<16>>,
+    offset: u64,
+    index: Vec<IndexEntry>,
+    last_pgno: u32,
+    lock_pgno: u32,
+    compressed: Vec<u8>,
+    /// For snapshots that track checksums: the database checksum of the
+    /// pages written, checked against the caller's post-apply checksum.
+    snapshot_checksum: Option<RollingChecksum>,
+}
+
+impl<W: Write> std::fmt::Debug for Encoder<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("header", &self.header)
+            .field("pages", &self.index.len())
+            .finish()
+    }
+}
+
+impl<W: Write> Encoder<W> {
+    /// Validate `header` and write it.
+    pub fn new(mut writer: W, header: Header) -> Result<Self> {
+        header.validate()?;
+        let bytes = header.encode();
+        writer.write_all(&bytes)?;
+        let mut digest = CRC64.digest();
+        digest.update(&bytes);
+        let snapshot_checksum =
+            (header.is_snapshot() && header.tracks_checksums()).then(RollingChecksum::new);
+        Ok(Encoder {
+            writer,
+            header,
+            digest,
+            offset: HEADER_SIZE as u64,
+            index: Vec::new(),
+            last_pgno: 0,
+            lock_pgno: lock_pgno(header.page_size),
+            compressed: vec![0; max_block_size(header.page_size) as usize],
+            snapshot_checksum,
+        })
+    }
+
+    /// The header being written.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Append one page; `pgno` must be above every page written so far.
+    pub fn encode_page(&mut self, pgno: u32, data: &[u8]) -> Result<()> {
+        self.check_page(pgno, data)?;
+        let size = lz4_flex::block::compress_into(data, &mut self.compressed)
+            .map_err(|_| Error::Usage("compression buffer too small"))?;
+        let page_header = encode_page_header(pgno, PAGE_FLAG_SIZE_PREFIX);
+        let prefix = (size as u32).to_be_bytes();
+        self.writer.write_all(&page_header)?;
+        self.writer.write_all(&prefix)?;
+        self.writer.write_all(&self.compressed[..size])?;
+        self.digest.update(&page_header);
+        self.digest.update(&prefix);
+        self.digest.update(data);
+        if let Some(rolling) = &mut self.snapshot_checksum {
+            rolling.add_page(pgno, data);
+        }
+        let frame_size = (page_header.len() + prefix.len() + size) as u64;
+        self.index.push(IndexEntry {
+            pgno,
+            offset: self.offset,
+            size: frame_size,
+        });
+        self.offset += frame_size;
+        self.last_pgno = pgno;
+        Ok(())
+    }
+
+    fn check_page(&self, pgno: u32, data: &[u8]) -> Result<()> {
+        if data.len() != self.header.page_size as usize {
+            return Err(Error::PageSizeMismatch {
+                expected: self.header.page_size as usize,
+                actual: data.len(),
+            });
+        }
+        if pgno == 0 {
+            return Err(Error::ZeroPage);
+        }
+        if pgno == self.lock_pgno {
+            return Err(Error::LockPage(pgno));
+        }
+        if pgno <= self.last_pgno {
+            return Err(Error::PageOutOfOrder {
+                pgno,
+                previous: self.last_pgno,
+            });
+        }
+        if pgno > self.header.commit {
+            return Err(Error::PageBeyondCommit {
+                pgno,
+                commit: self.header.commit,
+            });
+        }
+        if self.header.is_snapshot() {
+            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
+            if pgno != expected {
+                return Err(Error::SnapshotMissingPage(expected));
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the end of the pages, the page index and the trailer.
+    /// `post_apply_checksum` is the database checksum after applying the
+    /// file (ignored, written as zero, when the header opts out of checksum
+    /// tracking).
+    pub fn finish(mut self, post_apply_checksum: Checksum) -> Result<(W, Trailer)> {
+        if self.header.is_snapshot() {
+            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
+            if expected <= self.header.commit {
+                return Err(Error::SnapshotMissingPage(expected));
+            }
+        }
+        let post_apply_checksum = if self.header.tracks_checksums() {
+            if !post_apply_checksum.is_flagged() {
+                return Err(Error::InvalidChecksum(post_apply_checksum));
+            }
+            if let Some(rolling) = self.snapshot_checksum {
+                if rolling.value() != post_apply_checksum {
+                    return Err(Error::DatabaseChecksumMismatch {
+                        expected: post_apply_checksum,
+                        computed: rolling.value(),
+                    });
+                }
+            }
+            post_apply_checksum
+        } else {
+            Checksum::NONE
+        };
+        let terminator = [0u8; crate::frame::PAGE_HEADER_SIZE];
+        self.writer.write_all(&terminator)?;
+        self.digest.update(&terminator);
+        let index = crate::index::encode_index(&self.index);
+        self.writer.write_all(&index)?;
+        self.digest.update(&index);
+        let post = post_apply_checksum.0.to_be_bytes();
+        self.digest.update(&post);
+        let file_checksum = Checksum(self.digest.finalize() | CHECKSUM_FLAG);
+        self.writer.write_all(&post)?;
+        self.writer.write_all(&file_checksum.0.to_be_bytes())?;
+        self.writer.flush()?;
+        Ok((
+            self.writer,
+            Trailer {
+                post_apply_checksum,
+                file_checksum,
+            },
+        ))
+    }
+}
+
+pub(crate) fn next_snapshot_pgno(last: u32, lock: u32) -> u32 {
+    let next = last.saturating_add(1);
+    if next == lock {
+        next.saturating_add(1)
+    } else {
+        next
+    }
+}
+
+/// Encode a whole file from pages given in any order: they are sorted, and
+/// a page given twice is rejected ([`Error::PageOutOfOrder`]).
+pub fn encode_to_vec(
+    header: Header,
+    pages: &mut [(u32, &[u8])],
+    post_apply_checksum: Checksum,
+) -> Result<(Vec<u8>, Trailer)> {
+    pages.sort_unstable_by_key(|(pgno, _)| *pgno);
+    let mut encoder = Encoder::new(Vec::new(), header)?;
+    for (pgno, data) in pages.iter() {
+        encoder.encode_page(*pgno, data)?;
+    }
+    encoder.finish(post_apply_checksum)
+}

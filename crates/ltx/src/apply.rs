@@ -39,7 +39,9 @@ pub fn apply(db: &mut File, ltx: impl Read, at: Position) -> Result<Position> {
     let old_commit = u32::try_from(len / page_size)
         .map_err(|_| Error::InvalidHeader("database has more than 2^32 pages"))?;
     if header.is_snapshot() && old_commit != 0 {
-        return Err(Error::Usage("a snapshot applies only to an empty database file"));
+        return Err(Error::Usage(
+            "a snapshot applies only to an empty database file",
+        ));
     }
     let lock = lock_pgno(header.page_size);
     let mut rolling = RollingChecksum::from_checksum(at.checksum);

@@ -66,7 +66,9 @@ impl Default for RollingChecksum {
 impl RollingChecksum {
     /// The checksum of an empty database.
     pub fn new() -> Self {
-        Self { value: CHECKSUM_FLAG }
+        Self {
+            value: CHECKSUM_FLAG,
+        }
     }
 
     /// Continue from a stored database checksum.

@@ -16,9 +16,7 @@ use crate::frame::{
 use crate::header::{be64, HEADER_SIZE, TRAILER_SIZE};
 use crate::index::{decode_index, IndexEntry};
 use crate::varint::MAX_VARINT_LEN;
-use crate::{
-    lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG,
-};
+use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
 
 /// Reads one LTX file as a stream.
 pub struct Decoder<R: Read> {

@@ -7,9 +7,7 @@ use crate::checksum::CRC64;
 use crate::frame::{encode_page_header, max_block_size, PAGE_FLAG_SIZE_PREFIX};
 use crate::header::HEADER_SIZE;
 use crate::index::IndexEntry;
-use crate::{
-    lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG,
-};
+use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
 
 /// Writes one LTX file. Pages must arrive in strictly ascending order
 /// ([`Error::PageOutOfOrder`] otherwise); use [`encode_to_vec`] to encode

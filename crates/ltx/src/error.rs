@@ -41,9 +41,15 @@ pub enum Error {
     #[error("bad page index: {0}")]
     BadIndex(&'static str),
     #[error("file checksum mismatch: stored {stored}, computed {computed}")]
-    FileChecksumMismatch { stored: Checksum, computed: Checksum },
+    FileChecksumMismatch {
+        stored: Checksum,
+        computed: Checksum,
+    },
     #[error("database checksum mismatch: expected {expected}, computed {computed}")]
-    DatabaseChecksumMismatch { expected: Checksum, computed: Checksum },
+    DatabaseChecksumMismatch {
+        expected: Checksum,
+        computed: Checksum,
+    },
     #[error("invalid checksum {0}: stored checksums must have bit 63 set")]
     InvalidChecksum(Checksum),
     #[error("trailing bytes after the trailer")]
@@ -58,7 +64,9 @@ pub enum Error {
         actual_txid: Txid,
         actual_checksum: Checksum,
     },
-    #[error("chain is not contiguous: file ends at txid {previous_max}, next starts at {next_min}")]
+    #[error(
+        "chain is not contiguous: file ends at txid {previous_max}, next starts at {next_min}"
+    )]
     NotContiguous { previous_max: Txid, next_min: Txid },
     #[error("files disagree on {0}")]
     Incompatible(&'static str),

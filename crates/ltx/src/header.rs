@@ -267,10 +267,16 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(Error::BadMagic(_))));
         let mut b = h.encode();
         b[8..12].copy_from_slice(&1000u32.to_be_bytes());
-        assert!(matches!(Header::decode(&b), Err(Error::InvalidPageSize(1000))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(Error::InvalidPageSize(1000))
+        ));
         let mut b = h.encode();
         b[4..8].copy_from_slice(&1u32.to_be_bytes());
-        assert!(matches!(Header::decode(&b), Err(Error::UnsupportedFlags(1))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(Error::UnsupportedFlags(1))
+        ));
         let delta = Header::new(4096, 1, Txid(2), Txid(2));
         assert!(matches!(
             Header::decode(&delta.encode()),

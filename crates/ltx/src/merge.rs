@@ -16,7 +16,10 @@ use crate::{lock_pgno, Error, Header, PageReader, Result, Trailer};
 
 /// Merge `inputs` (oldest first) into `out`. Every input is verified in
 /// full (file checksum included) before anything is written.
-pub fn merge<R: Read + Seek, W: Write>(inputs: &mut [PageReader<R>], out: W) -> Result<(W, Trailer)> {
+pub fn merge<R: Read + Seek, W: Write>(
+    inputs: &mut [PageReader<R>],
+    out: W,
+) -> Result<(W, Trailer)> {
     let header = merged_header(inputs)?;
     for input in inputs.iter_mut() {
         input.verify()?;

@@ -1,0 +1,81 @@
+//! Typed errors of the Cell engine; a command's own failure is a
+//! [`crate::Rejection`] recorded in the ledger, not an `Error`.
+
+use cellfleet_ltx::{Position, Txid};
+
+/// An error opening, executing, capturing, recovering or compacting a Cell.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("sqlite error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("ltx error: {0}")]
+    Ltx(#[from] cellfleet_ltx::Error),
+    #[error("invalid kinds manifest: {0}")]
+    Manifest(String),
+    #[error("unknown kind {0:?}")]
+    UnknownKind(String),
+    #[error("unknown query {0:?}")]
+    UnknownQuery(String),
+    #[error("bad parameters: {0}")]
+    BadParameters(String),
+    #[error("bad sql: {0}")]
+    BadSql(String),
+    #[error("{what} of {actual} exceeds the limit of {limit}")]
+    LimitExceeded {
+        what: &'static str,
+        actual: u64,
+        limit: u64,
+    },
+    #[error("raw sql is not enabled for kind {0:?}")]
+    RawSqlDisabled(String),
+    #[error("a publication (txid {0}) is pending: confirm or abort it first")]
+    PublicationPending(Txid),
+    #[error("no publication is pending")]
+    NoPendingPublication,
+    #[error("publication txid {got} does not match the pending txid {pending}")]
+    WrongPublication { got: Txid, pending: Txid },
+    #[error(
+        "the local database is at {found:?}, not at the published position {expected:?}: \
+         recover it from the published chain"
+    )]
+    NotAtPosition { found: Position, expected: Position },
+    #[error("the local database does not exist and the published position is {0:?}: recover it from the published chain")]
+    Missing(Position),
+    #[error("the cell database {0} is open in another engine; close it before recovering")]
+    Live(String),
+    #[error("wal is corrupt: {0}")]
+    Wal(String),
+    #[error(
+        "applied migrations disagree with the kind: migration {index} was applied with a different digest; \
+         migrations may only be appended"
+    )]
+    MigrationChanged { index: usize },
+    #[error("the cell has {applied} migrations applied but the kind declares only {declared}")]
+    MigrationsAhead { applied: usize, declared: usize },
+    #[error("recovery: {0}")]
+    Recovery(String),
+    #[error("txid overflow")]
+    TxidOverflow,
+    #[error("the cell is poisoned by an earlier failure and must be reopened or recovered")]
+    Poisoned,
+}
+
+impl Error {
+    /// Whether the same call may succeed if tried again unchanged.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Io(_) => true,
+            Error::Ltx(e) => e.is_retryable(),
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// Result with the Cell [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

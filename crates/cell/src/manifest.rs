@@ -1,0 +1,380 @@
+//! The kinds manifest: a TOML file declaring each kind's ordered
+//! migrations, named commands, named queries and limits, validated on load
+//! and named by a digest that every node of a cluster must agree on.
+//!
+//! ```toml
+//! [kinds.account]
+//! raw_sql = false
+//! migrations = ["CREATE TABLE balance (id TEXT PRIMARY KEY, cents INTEGER NOT NULL)"]
+//!
+//! [kinds.account.commands.deposit]
+//! sql = ["INSERT INTO balance VALUES (:id, 0) ON CONFLICT DO NOTHING",
+//!        "UPDATE balance SET cents = cents + :cents WHERE id = :id"]
+//!
+//! [kinds.account.queries.balance]
+//! sql = "SELECT cents FROM balance WHERE id = :id"
+//!
+//! [kinds.account.limits]
+//! rows_max = 100
+//! ```
+//!
+//! Validation runs every kind's migrations on a scratch in-memory database
+//! and prepares every command and query statement against the result, so a
+//! manifest with bad SQL is refused at load, not at the first command.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::command::{RejectCode, RAW_SQL};
+use crate::kind::{Kind, KindError, Limits};
+use crate::sql::{self, Mode};
+use crate::{Error, Result};
+
+/// Kind names the runtime provides itself.
+pub const RESERVED_KINDS: [&str; 2] = ["kv", "stream"];
+
+/// Largest manifest accepted, in bytes.
+pub const MANIFEST_BYTES_MAX: usize = 4 << 20;
+
+/// A parsed, validated kinds manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    #[serde(default)]
+    pub kinds: BTreeMap<String, KindSpec>,
+}
+
+/// One kind declared in the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KindSpec {
+    /// Allow `$sql` raw batches (commands and read-only queries).
+    #[serde(default)]
+    pub raw_sql: bool,
+    /// Schema migrations, in order; append only.
+    #[serde(default)]
+    pub migrations: Vec<String>,
+    #[serde(default)]
+    pub commands: BTreeMap<String, CommandSpec>,
+    #[serde(default)]
+    pub queries: BTreeMap<String, QuerySpec>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// A named command: one or several statements run as one unit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSpec {
+    pub sql: Statements,
+}
+
+/// A named read-only query: one statement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuerySpec {
+    pub sql: String,
+}
+
+/// One statement or a list of them (`sql = "..."` or `sql = ["...", "..."]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "OneOrMany")]
+pub struct Statements(pub Vec<String>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<OneOrMany> for Statements {
+    fn from(v: OneOrMany) -> Self {
+        match v {
+            OneOrMany::One(s) => Statements(vec![s]),
+            OneOrMany::Many(v) => Statements(v),
+        }
+    }
+}
+
+impl Manifest {
+    /// Parse and validate a TOML manifest.
+    pub fn parse(text: &str) -> Result<Manifest> {
+        if text.len() > MANIFEST_BYTES_MAX {
+            return Err(Error::Manifest(format!(
+                "{} bytes exceeds the limit of {MANIFEST_BYTES_MAX}",
+                text.len()
+            )));
+        }
+        let manifest: Manifest =
+            toml::from_str(text).map_err(|e| Error::Manifest(e.to_string()))?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// Check names, limits and every SQL statement.
+    pub fn validate(&self) -> Result<()> {
+        for (name, spec) in &self.kinds {
+            spec.validate(name)
+                .map_err(|e| Error::Manifest(format!("kind {name:?}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// SHA-256 of the canonical JSON of the parsed manifest (comments and
+    /// formatting do not change it), as 64 hex digits.
+    pub fn digest(&self) -> String {
+        let value = serde_json::to_value(self).expect("a manifest always encodes as json");
+        let mut canonical = String::new();
+        crate::command::canonical_json(&value, &mut canonical);
+        let mut hasher = Sha256::new();
+        hasher.update(b"cellfleet.kinds-manifest.v1\0");
+        hasher.update(canonical.as_bytes());
+        crate::hex::encode(&hasher.finalize())
+    }
+
+    /// The kind `name` as an engine [`Kind`].
+    pub fn kind(&self, name: &str) -> Result<Arc<dyn Kind>> {
+        let spec = self
+            .kinds
+            .get(name)
+            .ok_or_else(|| Error::UnknownKind(name.to_string()))?;
+        Ok(Arc::new(SqlKind {
+            name: name.to_string(),
+            spec: spec.clone(),
+        }))
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && name.len() <= 64
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_' | '-'))
+}
+
+impl KindSpec {
+    fn validate(&self, name: &str) -> std::result::Result<(), String> {
+        if !valid_name(name) {
+            return Err("a kind name is 1..=64 of [a-z0-9_-], starting with a letter".into());
+        }
+        if RESERVED_KINDS.contains(&name) {
+            return Err("this name is reserved for a built-in kind".into());
+        }
+        self.limits.check_within_ceiling()?;
+        let scratch = Connection::open_in_memory().map_err(|e| e.to_string())?;
+        for (i, migration) in self.migrations.iter().enumerate() {
+            if migration.trim().is_empty() {
+                return Err(format!("migration {i} is empty"));
+            }
+            scratch
+                .execute_batch(migration)
+                .map_err(|e| format!("migration {i} fails: {e}"))?;
+        }
+        for (command, spec) in &self.commands {
+            if !valid_name(command) {
+                return Err(format!("bad command name {command:?}"));
+            }
+            let statements = &spec.sql.0;
+            if statements.is_empty() {
+                return Err(format!("command {command:?} has no statements"));
+            }
+            if statements.len() as u64 > self.limits.statements_max {
+                return Err(format!(
+                    "command {command:?} has {} statements, over statements_max",
+                    statements.len()
+                ));
+            }
+            for sql in statements {
+                check_statement(&scratch, sql, false)
+                    .map_err(|e| format!("command {command:?}: {e}"))?;
+            }
+        }
+        for (query, spec) in &self.queries {
+            if !valid_name(query) {
+                return Err(format!("bad query name {query:?}"));
+            }
+            check_statement(&scratch, &spec.sql, true)
+                .map_err(|e| format!("query {query:?}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+fn check_statement(
+    conn: &Connection,
+    sql: &str,
+    read_only: bool,
+) -> std::result::Result<(), String> {
+    let stmt = conn.prepare(sql).map_err(|e| format!("{e} in {sql:?}"))?;
+    for index in 1..=stmt.parameter_count() {
+        match stmt.parameter_name(index) {
+            Some(p) if p.starts_with(':') || p.starts_with('@') || p.starts_with('$') => {}
+            _ => {
+                return Err(format!(
+                    "use :name parameters, not positional ones, in {sql:?}"
+                ))
+            }
+        }
+    }
+    if read_only && !stmt.readonly() {
+        return Err(format!("a query must be read-only: {sql:?}"));
+    }
+    Ok(())
+}
+
+/// A manifest kind, executed by binding JSON arguments to its statements.
+#[derive(Debug)]
+pub struct SqlKind {
+    name: String,
+    spec: KindSpec,
+}
+
+impl SqlKind {
+    fn raw(&self, args: &Value, mode: Mode, conn: &Connection) -> Result<Value, KindError> {
+        if !self.spec.raw_sql {
+            return Err(KindError::reject(
+                RejectCode::RawSqlDisabled,
+                format!("raw sql is not enabled for kind {:?}", self.name),
+            ));
+        }
+        let args = sql::args_object(args)?;
+        let Some(Value::String(text)) = args.get("sql") else {
+            return Err(KindError::reject(
+                RejectCode::BadParameters,
+                "raw sql takes {\"sql\": \"...\", \"params\": {...}}",
+            ));
+        };
+        if let Some(extra) = args.keys().find(|k| *k != "sql" && *k != "params") {
+            return Err(KindError::reject(
+                RejectCode::BadParameters,
+                format!("unknown raw sql argument {extra:?}"),
+            ));
+        }
+        let params = args.get("params").cloned().unwrap_or(Value::Null);
+        sql::run_batch(conn, text, &params, &self.spec.limits, mode)
+    }
+}
+
+impl Kind for SqlKind {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn migrations(&self) -> Vec<String> {
+        self.spec.migrations.clone()
+    }
+    fn limits(&self) -> Limits {
+        self.spec.limits.clone()
+    }
+    fn raw_sql(&self) -> bool {
+        self.spec.raw_sql
+    }
+    fn execute(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError> {
+        if name == RAW_SQL {
+            return self.raw(args, Mode::Command, conn);
+        }
+        let Some(spec) = self.spec.commands.get(name) else {
+            return Err(KindError::reject(
+                RejectCode::UnknownCommand,
+                format!("kind {:?} has no command {name:?}", self.name),
+            ));
+        };
+        sql::run_named(conn, &spec.sql.0, args, &self.spec.limits, Mode::Command)
+    }
+    fn query(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError> {
+        if name == RAW_SQL {
+            return self.raw(args, Mode::Query, conn);
+        }
+        let Some(spec) = self.spec.queries.get(name) else {
+            return Err(KindError::reject(
+                RejectCode::UnknownCommand,
+                format!("kind {:?} has no query {name:?}", self.name),
+            ));
+        };
+        sql::run_named(
+            conn,
+            std::slice::from_ref(&spec.sql),
+            args,
+            &self.spec.limits,
+            Mode::Query,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        # a comment
+        [kinds.account]
+        migrations = ["CREATE TABLE balance (id TEXT PRIMARY KEY, cents INTEGER NOT NULL)"]
+        [kinds.account.commands.deposit]
+        sql = ["INSERT INTO balance VALUES (:id, 0) ON CONFLICT DO NOTHING",
+               "UPDATE balance SET cents = cents + :cents WHERE id = :id"]
+        [kinds.account.queries.balance]
+        sql = "SELECT cents FROM balance WHERE id = :id"
+        [kinds.account.limits]
+        rows_max = 10
+    "#;
+
+    #[test]
+    fn parses_validates_and_digests() {
+        let m = Manifest::parse(GOOD).unwrap();
+        let spec = &m.kinds["account"];
+        assert_eq!(spec.commands["deposit"].sql.0.len(), 2);
+        assert_eq!(spec.limits.rows_max, 10);
+        assert_eq!(spec.limits.bytes_max, Limits::default().bytes_max);
+        let reformatted = GOOD
+            .replace("# a comment", "")
+            .replace("rows_max = 10", "rows_max=10");
+        assert_eq!(Manifest::parse(&reformatted).unwrap().digest(), m.digest());
+        let changed = GOOD.replace("rows_max = 10", "rows_max = 11");
+        assert_ne!(Manifest::parse(&changed).unwrap().digest(), m.digest());
+        assert_eq!(m.digest().len(), 64);
+    }
+
+    #[test]
+    fn refuses_bad_manifests() {
+        let cases = [
+            (
+                GOOD.replace("SELECT cents", "SELEKT cents"),
+                "query \"balance\"",
+            ),
+            (
+                GOOD.replace(
+                    "SELECT cents FROM balance WHERE id = :id",
+                    "DELETE FROM balance",
+                ),
+                "read-only",
+            ),
+            (GOOD.replace("= :id\"", "= ?\""), "positional"),
+            (GOOD.replace("rows_max = 10", "rows_max = 0"), "rows_max"),
+            (
+                GOOD.replace("rows_max = 10", "rowz_max = 10"),
+                "unknown field",
+            ),
+            (GOOD.replace("kinds.account", "kinds.kv"), "reserved"),
+            (
+                GOOD.replace(
+                    "CREATE TABLE balance",
+                    "CREATE TABLE balance (x); CREATE TABLE balance",
+                ),
+                "migration 0",
+            ),
+            (
+                GOOD.replace("balance VALUES", "nope VALUES"),
+                "command \"deposit\"",
+            ),
+        ];
+        for (text, needle) in cases {
+            let err = Manifest::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+}

@@ -1,2 +1,37 @@
 //! The `cellfleet` command-line tool.
-fn main() {}
+
+mod ltx_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Cellfleet: a cluster runtime for stateful entities (Cells) made durable
+/// in S3-compatible object storage.
+#[derive(Debug, Parser)]
+#[command(name = "cellfleet", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect, verify and restore LTX files (Litestream compatible).
+    #[command(subcommand)]
+    Ltx(ltx_cmd::LtxCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Ltx(command) => ltx_cmd::run(command),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}

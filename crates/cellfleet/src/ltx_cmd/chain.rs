@@ -58,7 +58,7 @@ pub fn scan_replica(dir: &Path) -> anyhow::Result<Vec<ReplicaFile>> {
             });
         }
     }
-    files.sort_by(|a, b| (a.min, a.max, a.level).cmp(&(b.min, b.max, b.level)));
+    files.sort_by_key(|f| (f.min, f.max, f.level));
     Ok(files)
 }
 
@@ -83,7 +83,7 @@ fn candidates(files: &[ReplicaFile], min: Txid, target: Option<Txid>) -> Vec<&Re
         .iter()
         .filter(|f| f.min == min && target.is_none_or(|t| f.max <= t))
         .collect();
-    found.sort_by(|a, b| (b.max, b.level).cmp(&(a.max, a.level)));
+    found.sort_by_key(|f| std::cmp::Reverse((f.max, f.level)));
     found
 }
 

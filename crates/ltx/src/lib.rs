@@ -15,6 +15,15 @@
 //!
 //! Every malformed input is a typed [`Error`]; nothing here panics on bad
 //! bytes or allocates by a size read from the input before checking it.
+//!
+//! Checksum tracking: a file either carries database checksums (flags 0,
+//! as LiteFS writes them; [`apply`] then checks the pre-apply position and
+//! the post-apply result) or sets [`HEADER_FLAG_NO_CHECKSUM`] (as
+//! Litestream writes them). Litestream 0.5.17's `restore` refuses files
+//! that carry checksums ("post-apply checksum not allowed"), so files meant
+//! for Litestream must set the flag; [`apply`] computes the rolling
+//! checksum either way and returns it in the new [`Position`], so a caller
+//! that keeps checksums elsewhere (an authority root) can still verify.
 
 mod apply;
 mod checksum;

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 
-use crate::checksum::CRC64;
+use crate::checksum::Crc64;
 use crate::encoder::next_snapshot_pgno;
 use crate::frame::{
     decode_page_header, decompress_block, eof_as_truncated, max_block_size, read_legacy_frame,
@@ -22,7 +22,7 @@ use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer
 pub struct Decoder<R: Read> {
     reader: R,
     header: Header,
-    digest: crc::Digest<'static, u64, crc::Table<16>>,
+    digest: Crc64,
     offset: u64,
     index: Vec<IndexEntry>,
     last_pgno: u32,
@@ -47,7 +47,7 @@ impl<R: Read> Decoder<R> {
         let mut bytes = [0u8; HEADER_SIZE];
         reader.read_exact(&mut bytes).map_err(eof_as_truncated)?;
         let header = Header::decode(&bytes)?;
-        let mut digest = CRC64.digest();
+        let mut digest = Crc64::new();
         digest.update(&bytes);
         let snapshot_checksum =
             (header.is_snapshot() && header.tracks_checksums()).then(RollingChecksum::new);

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::checksum::CRC64;
+use crate::checksum::Crc64;
 use crate::frame::{encode_page_header, max_block_size, PAGE_FLAG_SIZE_PREFIX};
 use crate::header::HEADER_SIZE;
 use crate::index::IndexEntry;
@@ -15,7 +15,7 @@ use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer
 pub struct Encoder<W: Write> {
     writer: W,
     header: Header,
-    digest: crc::Digest<'static, u64, crc::Table<16>>,
+    digest: Crc64,
     offset: u64,
     index: Vec<IndexEntry>,
     last_pgno: u32,
@@ -41,7 +41,7 @@ impl<W: Write> Encoder<W> {
         header.validate()?;
         let bytes = header.encode();
         writer.write_all(&bytes)?;
-        let mut digest = CRC64.digest();
+        let mut digest = Crc64::new();
         digest.update(&bytes);
         let snapshot_checksum =
             (header.is_snapshot() && header.tracks_checksums()).then(RollingChecksum::new);

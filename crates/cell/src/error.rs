@@ -56,6 +56,8 @@ pub enum Error {
     MigrationsAhead { applied: usize, declared: usize },
     #[error("recovery: {0}")]
     Recovery(String),
+    #[error("rejected: {0:?}")]
+    Rejected(crate::Rejection),
     #[error("txid overflow")]
     TxidOverflow,
     #[error("the cell is poisoned by an earlier failure and must be reopened or recovered")]

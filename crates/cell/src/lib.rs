@@ -1,19 +1,31 @@
 //! One Cell: SQLite engine, WAL capture to LTX, exactly-once outcome ledger,
 //! recovery, compaction and kinds.
 
+mod capture;
+mod cell;
 pub mod command;
+mod compaction;
 mod error;
+mod guard;
 pub mod hex;
 pub mod id;
 pub mod kind;
 pub mod kv;
+mod ledger;
 pub mod manifest;
+mod recovery;
+pub mod replica;
 mod sql;
 mod wal;
 
+pub use capture::Publication;
+pub use cell::{Cell, CellConfig, GroupResult, Opened};
+pub use cellfleet_ltx::{Checksum, Position, Txid};
 pub use command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection, RAW_SQL};
+pub use compaction::{compact, Compaction};
 pub use error::{Error, Result};
 pub use id::CellId;
 pub use kind::{Kind, KindError, Limits, RustKind, Typed};
 pub use kv::Kv;
 pub use manifest::Manifest;
+pub use recovery::recover;

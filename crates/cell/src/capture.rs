@@ -1,0 +1,312 @@
+//! Capture: turn the WAL frames of one committed transaction into one LTX
+//! file, keeping the rolling database checksum exact.
+//!
+//! The engine keeps a checksum per page of the captured state, so a
+//! changed page costs two CRCs and an XOR (`old` out, `new` in) and no read
+//! of the old page. Pages above a shrunken commit are XOR-ed out; pages
+//! between the old and new commit that no frame wrote read back as zeros
+//! and are XOR-ed in as such. Every capture records an [`Undo`] so an
+//! aborted publication restores the previous state exactly.
+//!
+//! A delta whose page bytes exceed the configured bound is written as a
+//! snapshot instead (TXIDs `1..=txid`), read from the database file plus the
+//! latest WAL frame of each page.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use cellfleet_ltx::{lock_pgno, page_checksum, Checksum, Encoder, Header, Position, Trailer, Txid};
+
+use crate::wal::{Committed, WalCursor};
+use crate::Result;
+
+/// The captured state: what the last captured transaction left.
+#[derive(Debug, Clone)]
+pub(crate) struct CaptureState {
+    pub page_size: u32,
+    pub commit: u32,
+    pub checksum: Checksum,
+    /// Checksum of each page `1..=commit` (index `pgno - 1`); 0 for the lock page.
+    pub page_checksums: Vec<u64>,
+    pub cursor: WalCursor,
+    /// Offset in the WAL of the latest committed frame of each page not yet
+    /// checkpointed into the database file.
+    pub wal_offsets: HashMap<u32, u64>,
+}
+
+/// How to put one capture back.
+#[derive(Debug)]
+pub(crate) struct Undo {
+    commit: u32,
+    checksum: Checksum,
+    cursor: WalCursor,
+    page_checksums: Vec<(u32, u64)>,
+    checksums_len: usize,
+    wal_offsets: Vec<(u32, Option<u64>)>,
+    wal_offsets_before_restart: Option<HashMap<u32, u64>>,
+}
+
+/// One captured transaction as an LTX file.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    /// The TXID this publication brings the Cell to.
+    pub txid: Txid,
+    /// Where the chain must be for this file to apply.
+    pub pre: Position,
+    /// Where it leaves the Cell.
+    pub post: Position,
+    pub header: Header,
+    pub trailer: Trailer,
+    /// The encoded LTX file.
+    pub ltx: Vec<u8>,
+}
+
+impl Publication {
+    /// Whether the file is a snapshot (replaces the whole chain).
+    pub fn is_snapshot(&self) -> bool {
+        self.header.is_snapshot()
+    }
+}
+
+impl CaptureState {
+    /// The state of a database file with no WAL frames pending.
+    pub(crate) fn from_database(db_path: &Path, page_size: u32) -> Result<CaptureState> {
+        let mut state = CaptureState {
+            page_size,
+            commit: 0,
+            checksum: Checksum::EMPTY,
+            page_checksums: Vec::new(),
+            cursor: WalCursor::default(),
+            wal_offsets: HashMap::new(),
+        };
+        let mut file = match File::open(db_path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(state),
+            Err(e) => return Err(e.into()),
+        };
+        let len = file.metadata()?.len();
+        if len % u64::from(page_size) != 0 {
+            return Err(cellfleet_ltx::Error::RaggedDatabase { len, page_size }.into());
+        }
+        let lock = lock_pgno(page_size);
+        let mut page = vec![0u8; page_size as usize];
+        let mut rolling = Checksum::EMPTY.0;
+        for pgno in 1..=(len / u64::from(page_size)) as u32 {
+            file.read_exact(&mut page)?;
+            let sum = if pgno == lock {
+                0
+            } else {
+                page_checksum(pgno, &page).0
+            };
+            rolling ^= sum;
+            state.page_checksums.push(sum);
+        }
+        state.commit = state.page_checksums.len() as u32;
+        state.checksum = Checksum(rolling | cellfleet_ltx::CHECKSUM_FLAG);
+        Ok(state)
+    }
+
+    /// Fold the committed frames into the state; returns the undo record.
+    pub(crate) fn apply(&mut self, committed: &Committed) -> Undo {
+        let lock = lock_pgno(self.page_size);
+        let mut undo = Undo {
+            commit: self.commit,
+            checksum: self.checksum,
+            cursor: self.cursor,
+            page_checksums: Vec::new(),
+            checksums_len: self.page_checksums.len(),
+            wal_offsets: Vec::new(),
+            wal_offsets_before_restart: None,
+        };
+        if committed.restarted && !self.wal_offsets.is_empty() {
+            // A restart means every earlier frame is in the database file.
+            undo.wal_offsets_before_restart = Some(std::mem::take(&mut self.wal_offsets));
+        }
+        let mut rolling = self.checksum.0;
+        let new_commit = committed.commit;
+        // Shrink: pages above the new commit leave the checksum.
+        if new_commit < self.commit {
+            for pgno in new_commit + 1..=self.commit {
+                let sum = self.page_checksums[pgno as usize - 1];
+                rolling ^= sum;
+            }
+            for pgno in new_commit + 1..=self.commit {
+                undo.page_checksums
+                    .push((pgno, self.page_checksums[pgno as usize - 1]));
+            }
+            self.page_checksums.truncate(new_commit as usize);
+        }
+        // Growth: new pages start as zeros until a frame writes them.
+        if new_commit > self.commit {
+            let zero = vec![0u8; self.page_size as usize];
+            for pgno in self.commit + 1..=new_commit {
+                let sum = if pgno == lock {
+                    0
+                } else {
+                    page_checksum(pgno, &zero).0
+                };
+                rolling ^= sum;
+                self.page_checksums.push(sum);
+            }
+        }
+        for (&pgno, data) in committed.pages.range(..=new_commit) {
+            if pgno == lock {
+                continue;
+            }
+            let slot = &mut self.page_checksums[pgno as usize - 1];
+            let new = page_checksum(pgno, data).0;
+            undo.page_checksums.push((pgno, *slot));
+            rolling ^= *slot ^ new;
+            *slot = new;
+        }
+        for (&pgno, &offset) in &committed.offsets {
+            undo.wal_offsets
+                .push((pgno, self.wal_offsets.insert(pgno, offset)));
+        }
+        self.commit = new_commit;
+        self.checksum = Checksum(rolling | cellfleet_ltx::CHECKSUM_FLAG);
+        self.cursor = committed.cursor;
+        undo
+    }
+
+    /// Put back the state from before the capture that returned `undo`.
+    pub(crate) fn undo(&mut self, undo: Undo) {
+        for (pgno, previous) in undo.wal_offsets.into_iter().rev() {
+            match previous {
+                Some(offset) => self.wal_offsets.insert(pgno, offset),
+                None => self.wal_offsets.remove(&pgno),
+            };
+        }
+        if let Some(before) = undo.wal_offsets_before_restart {
+            self.wal_offsets = before;
+        }
+        self.page_checksums.resize(undo.checksums_len, 0);
+        for (pgno, sum) in undo.page_checksums.into_iter().rev() {
+            // Pages that only existed after the capture are gone already.
+            if let Some(slot) = self.page_checksums.get_mut(pgno as usize - 1) {
+                *slot = sum;
+            }
+        }
+        self.commit = undo.commit;
+        self.checksum = undo.checksum;
+        self.cursor = undo.cursor;
+    }
+
+    /// After a checkpoint that truncated the WAL.
+    pub(crate) fn checkpointed(&mut self) {
+        self.cursor = WalCursor::default();
+        self.wal_offsets.clear();
+    }
+
+    /// Encode the captured transaction: a delta of its pages, or a snapshot
+    /// when the delta is bigger than `snapshot_delta_bytes` or starts the
+    /// chain (TXID 1).
+    pub(crate) fn encode(
+        &self,
+        committed: &Committed,
+        pre: Position,
+        txid: Txid,
+        timestamp_ms: i64,
+        snapshot_delta_bytes: u64,
+        files: &Files<'_>,
+    ) -> Result<Publication> {
+        let delta_bytes = committed.pages.len() as u64 * u64::from(self.page_size);
+        let post = Position {
+            txid,
+            checksum: self.checksum,
+        };
+        if txid == Txid(1) || delta_bytes > snapshot_delta_bytes {
+            return self.snapshot(post, timestamp_ms, files);
+        }
+        let mut header = Header::new(self.page_size, self.commit, txid, txid);
+        header.timestamp_ms = timestamp_ms;
+        header.pre_apply_checksum = pre.checksum;
+        header.wal_offset = committed.start_offset as i64;
+        header.wal_size = (committed.cursor.offset - committed.start_offset) as i64;
+        header.wal_salt1 = committed.cursor.salt1;
+        header.wal_salt2 = committed.cursor.salt2;
+        let lock = lock_pgno(self.page_size);
+        let mut encoder = Encoder::new(Vec::with_capacity(delta_bytes as usize / 2 + 256), header)?;
+        for (&pgno, data) in committed.pages.range(..=self.commit) {
+            if pgno != lock {
+                encoder.encode_page(pgno, data)?;
+            }
+        }
+        let (ltx, trailer) = encoder.finish(self.checksum)?;
+        Ok(Publication {
+            txid,
+            pre,
+            post,
+            header,
+            trailer,
+            ltx,
+        })
+    }
+
+    /// A snapshot of the captured state at `post`.
+    pub(crate) fn snapshot(
+        &self,
+        post: Position,
+        timestamp_ms: i64,
+        files: &Files<'_>,
+    ) -> Result<Publication> {
+        let mut header = Header::new(self.page_size, self.commit, Txid(1), post.txid);
+        header.timestamp_ms = timestamp_ms;
+        let lock = lock_pgno(self.page_size);
+        let mut db = match File::open(files.db) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
+        let db_len = match &db {
+            Some(f) => f.metadata()?.len(),
+            None => 0,
+        };
+        let mut wal = if self.wal_offsets.is_empty() {
+            None
+        } else {
+            Some(File::open(files.wal)?)
+        };
+        let mut encoder = Encoder::new(Vec::new(), header)?;
+        let mut page = vec![0u8; self.page_size as usize];
+        for pgno in 1..=self.commit {
+            if pgno == lock {
+                continue;
+            }
+            let offset = u64::from(pgno - 1) * u64::from(self.page_size);
+            match (self.wal_offsets.get(&pgno), wal.as_mut(), db.as_mut()) {
+                (Some(&at), Some(wal), _) => {
+                    wal.seek(SeekFrom::Start(at))?;
+                    wal.read_exact(&mut page)?;
+                }
+                (None, _, Some(db)) if offset < db_len => {
+                    db.seek(SeekFrom::Start(offset))?;
+                    db.read_exact(&mut page)?;
+                }
+                _ => page.fill(0),
+            }
+            encoder.encode_page(pgno, &page)?;
+        }
+        let (ltx, trailer) = encoder.finish(self.checksum)?;
+        Ok(Publication {
+            txid: post.txid,
+            pre: Position {
+                txid: Txid::ZERO,
+                checksum: Checksum::EMPTY,
+            },
+            post,
+            header,
+            trailer,
+            ltx,
+        })
+    }
+}
+
+/// The database and WAL paths of a Cell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Files<'a> {
+    pub db: &'a Path,
+    pub wal: &'a Path,
+}

@@ -1,0 +1,105 @@
+//! Fences around kind code on a connection: an authorizer that keeps kind
+//! SQL away from the engine's own tables and from transaction control, and
+//! a VM-step budget that interrupts runaway statements.
+//!
+//! The authorizer runs when a statement is prepared; the engine switches it
+//! to [`Mode::Kind`] only while kind code (commands, queries, raw SQL) or
+//! migrations run, and prepares its own statements in [`Mode::Engine`].
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::Connection;
+
+/// Prefix of every table the engine owns.
+pub(crate) const ENGINE_TABLE_PREFIX: &str = "_cellfleet_";
+
+/// Who is preparing statements on the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Mode {
+    Engine = 0,
+    Kind = 1,
+    Migration = 2,
+}
+
+/// Shared switches of one connection's guard.
+#[derive(Debug, Clone)]
+pub(crate) struct Guard {
+    mode: Arc<AtomicU8>,
+    steps: Arc<AtomicU64>,
+    steps_max: u64,
+}
+
+/// VM instructions between two progress callbacks.
+const STEPS_PER_CALLBACK: u64 = 1_000;
+
+impl Guard {
+    /// Install the authorizer and step budget on `conn`.
+    pub(crate) fn install(conn: &mut Connection, steps_max: u64) -> rusqlite::Result<Guard> {
+        let guard = Guard {
+            mode: Arc::new(AtomicU8::new(Mode::Engine as u8)),
+            steps: Arc::new(AtomicU64::new(0)),
+            steps_max,
+        };
+        let mode = guard.mode.clone();
+        conn.authorizer(Some(move |ctx: AuthContext<'_>| {
+            authorize(mode.load(Ordering::Relaxed), &ctx)
+        }))?;
+        let steps = guard.steps.clone();
+        let budget = steps_max / STEPS_PER_CALLBACK + 1;
+        conn.progress_handler(
+            STEPS_PER_CALLBACK as i32,
+            Some(move || steps.fetch_add(1, Ordering::Relaxed) >= budget),
+        )?;
+        Ok(guard)
+    }
+
+    /// Run `f` with kind code fenced and a fresh step budget.
+    pub(crate) fn run<T>(&self, mode: Mode, f: impl FnOnce() -> T) -> T {
+        self.steps.store(0, Ordering::Relaxed);
+        self.mode.store(mode as u8, Ordering::Relaxed);
+        let out = f();
+        self.mode.store(Mode::Engine as u8, Ordering::Relaxed);
+        out
+    }
+
+    /// The VM-step budget of one command or query.
+    pub(crate) fn steps_max(&self) -> u64 {
+        self.steps_max
+    }
+}
+
+fn engine_table(name: &str) -> bool {
+    name.len() >= ENGINE_TABLE_PREFIX.len()
+        && name[..ENGINE_TABLE_PREFIX.len()].eq_ignore_ascii_case(ENGINE_TABLE_PREFIX)
+}
+
+fn authorize(mode: u8, ctx: &AuthContext<'_>) -> Authorization {
+    if mode == Mode::Engine as u8 {
+        return Authorization::Allow;
+    }
+    let denied = match &ctx.action {
+        AuthAction::Transaction { .. } | AuthAction::Savepoint { .. } => true,
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } => true,
+        AuthAction::Pragma { .. } => mode != Mode::Migration as u8,
+        AuthAction::CreateTable { table_name }
+        | AuthAction::DropTable { table_name }
+        | AuthAction::Insert { table_name }
+        | AuthAction::Delete { table_name }
+        | AuthAction::Read { table_name, .. }
+        | AuthAction::Update { table_name, .. }
+        | AuthAction::AlterTable { table_name, .. }
+        | AuthAction::CreateIndex { table_name, .. }
+        | AuthAction::DropIndex { table_name, .. }
+        | AuthAction::CreateTrigger { table_name, .. }
+        | AuthAction::DropTrigger { table_name, .. } => engine_table(table_name),
+        _ => false,
+    };
+    if denied {
+        Authorization::Deny
+    } else {
+        Authorization::Allow
+    }
+}

@@ -1,0 +1,444 @@
+//! Engine behaviour: groups, exactly-once, abort, recovery, kinds, limits.
+
+mod common;
+
+use std::sync::Arc;
+
+use cellfleet_cell::kv::{KvCommand, KvOutput, KvQuery};
+use cellfleet_cell::{
+    kind::to_wire, Cell, CellConfig, Command, Error, Kind, Kv, Manifest, Outcome, Position,
+    RejectCode, Typed,
+};
+use common::{id, Harness, NOW};
+use serde_json::{json, Value};
+
+fn kv() -> Arc<dyn Kind> {
+    Arc::new(Typed(Kv))
+}
+
+fn kv_cmd(n: u64, c: &KvCommand) -> Command {
+    let (name, args) = to_wire(c).unwrap();
+    Command::new(id(n), name, args, NOW + 60_000)
+}
+
+fn put(n: u64, key: &str, value: Value) -> Command {
+    kv_cmd(
+        n,
+        &KvCommand::Put {
+            key: key.into(),
+            value,
+        },
+    )
+}
+
+fn get(cell: &Cell, key: &str) -> Option<Value> {
+    let (name, args) = to_wire(&KvQuery::Get { key: key.into() }).unwrap();
+    match serde_json::from_value(cell.query(&name, &args).unwrap()).unwrap() {
+        KvOutput::Value { value } => value,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn groups_publish_and_recover_byte_identical() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    assert_eq!(h.position().txid.0, 1, "creation publishes txid 1");
+    for round in 0..5u64 {
+        let group: Vec<_> = (0..10)
+            .map(|i| put(round * 100 + i, &format!("k{i}"), json!(round)))
+            .collect();
+        let r = h.run(&group);
+        assert!(r
+            .results
+            .iter()
+            .all(|c| matches!(c.outcome, Outcome::Applied { .. })));
+        let p = r.publication.unwrap();
+        assert!(!p.is_snapshot());
+        assert_eq!(p.txid.0, round + 2);
+    }
+    assert_eq!(get(h.cell(), "k3"), Some(json!(4)));
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
+#[test]
+fn exactly_once_same_group_later_group_and_after_recovery() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    let cmd = kv_cmd(
+        7,
+        &KvCommand::Cas {
+            key: "a".into(),
+            expected: None,
+            value: Some(json!(1)),
+        },
+    );
+    let r = h.run(&[cmd.clone(), cmd.clone()]);
+    assert!(!r.results[0].duplicate && r.results[1].duplicate);
+    assert_eq!(r.results[0].outcome, r.results[1].outcome);
+    let first = r.results[0].clone();
+    // Later group: not re-executed (a second CAS from None would fail).
+    let r = h.run(std::slice::from_ref(&cmd));
+    assert!(r.publication.is_none(), "a pure duplicate changes nothing");
+    assert_eq!(r.results[0].outcome, first.outcome);
+    assert_eq!(r.results[0].txid, first.txid);
+    // Same id, other payload: refused.
+    let other = kv_cmd(
+        7,
+        &KvCommand::Put {
+            key: "a".into(),
+            value: json!(2),
+        },
+    );
+    let r = h.run(&[other]);
+    assert!(
+        matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused)
+    );
+    // After recovery into a fresh engine.
+    let pos = h.position();
+    let fresh = h.dir.path().join("fresh.db");
+    cellfleet_cell::recover(h.chain.iter().map(|c| c.as_slice()), &fresh, Some(pos)).unwrap();
+    let mut cell = Cell::open(&fresh, kv(), CellConfig::default(), pos, NOW)
+        .unwrap()
+        .cell;
+    let r = cell.execute(&[cmd], NOW).unwrap();
+    assert!(r.publication.is_none());
+    assert_eq!(r.results[0].outcome, first.outcome);
+    assert!(r.results[0].duplicate);
+    assert_eq!(get(&cell, "a"), Some(json!(1)));
+}
+
+#[test]
+fn expired_commands_are_refused_before_running() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    let mut c = put(1, "x", json!(1));
+    c.expires_at_ms = NOW - 1;
+    let r = h.run(&[c]);
+    assert!(
+        matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Expired)
+    );
+    assert!(r.publication.is_none());
+    assert_eq!(get(h.cell(), "x"), None);
+}
+
+#[test]
+fn aborted_publication_never_leaks() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "kept", json!(1))]);
+    let before = h.position();
+    let r = h
+        .cell()
+        .execute(&[put(2, "lost", json!(2)), put(3, "kept", json!(99))], NOW)
+        .unwrap();
+    assert!(r.publication.is_some());
+    assert!(matches!(
+        h.cell().query("get", &json!({"key": "kept"})),
+        Err(Error::PublicationPending(_))
+    ));
+    h.cell().abort().unwrap();
+    assert_eq!(h.position(), before);
+    assert_eq!(get(h.cell(), "lost"), None);
+    assert_eq!(get(h.cell(), "kept"), Some(json!(1)));
+    // The aborted command ids are not in the ledger: they run afresh.
+    let r = h.run(&[put(2, "other", json!(5))]);
+    assert!(!r.results[0].duplicate);
+    let p = r.publication.unwrap();
+    assert_eq!(
+        p.pre, before,
+        "the next publication starts from the published state"
+    );
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
+#[test]
+fn abort_after_checkpoint_and_of_creation() {
+    let config = CellConfig {
+        checkpoint_wal_bytes: 0,
+        ..CellConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.db");
+    let opened = Cell::open(&path, kv(), config.clone(), Position::EMPTY, NOW).unwrap();
+    let mut cell = opened.cell;
+    cell.abort().unwrap();
+    assert_eq!(cell.position(), Position::EMPTY);
+    // Creation again, as part of the next group.
+    let r = cell.execute(&[put(1, "a", json!(1))], NOW).unwrap();
+    let p1 = r.publication.unwrap();
+    assert!(p1.is_snapshot());
+    cell.confirm(p1.txid).unwrap(); // checkpoints: the wal is now empty
+    let r = cell.execute(&[put(2, "b", json!(2))], NOW).unwrap();
+    assert!(r.publication.is_some());
+    cell.abort().unwrap();
+    assert_eq!(get(&cell, "b"), None);
+    assert_eq!(get(&cell, "a"), Some(json!(1)));
+    let r = cell.execute(&[put(3, "c", json!(3))], NOW).unwrap();
+    let p2 = r.publication.unwrap();
+    cell.confirm(p2.txid).unwrap();
+    let target = dir.path().join("r.db");
+    let pos =
+        cellfleet_cell::recover([p1.ltx.as_slice(), p2.ltx.as_slice()], &target, None).unwrap();
+    assert_eq!(pos, cell.position());
+}
+
+#[test]
+fn open_refuses_a_database_ahead_of_the_published_position() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    let published = h.position();
+    let r = h.cell().execute(&[put(1, "a", json!(1))], NOW).unwrap();
+    assert!(r.publication.is_some());
+    h.cell.take().unwrap().close(); // crash with a pending publication
+    let err = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW).unwrap_err();
+    assert!(matches!(err, Error::NotAtPosition { .. }), "{err}");
+    // Recovery puts it back, and a live cell's file is never overwritten.
+    cellfleet_cell::recover(
+        h.chain.iter().map(|c| c.as_slice()),
+        &h.path,
+        Some(published),
+    )
+    .unwrap();
+    let cell = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
+        .unwrap()
+        .cell;
+    let err =
+        cellfleet_cell::recover(h.chain.iter().map(|c| c.as_slice()), &h.path, None).unwrap_err();
+    assert!(matches!(err, Error::Live(_)), "{err}");
+    assert_eq!(get(&cell, "a"), None);
+}
+
+const MANIFEST: &str = r#"
+[kinds.account]
+raw_sql = true
+migrations = ["CREATE TABLE balance (id TEXT PRIMARY KEY, cents INTEGER NOT NULL CHECK (cents >= 0))"]
+[kinds.account.commands.deposit]
+sql = ["INSERT INTO balance VALUES (:id, 0) ON CONFLICT DO NOTHING",
+       "UPDATE balance SET cents = cents + :cents WHERE id = :id"]
+[kinds.account.queries.balance]
+sql = "SELECT cents FROM balance WHERE id = :id"
+[kinds.account.queries.all]
+sql = "SELECT id, cents FROM balance ORDER BY id"
+[kinds.account.limits]
+rows_max = 3
+
+[kinds.locked]
+migrations = ["CREATE TABLE t (x)"]
+"#;
+
+#[test]
+fn manifest_kind_commands_queries_rejections_and_limits() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
+    let dep = |n, id: &str, cents: i64| {
+        Command::new(
+            common::id(n),
+            "deposit",
+            json!({"id": id, "cents": cents}),
+            NOW + 1000,
+        )
+    };
+    let r = h.run(&[
+        dep(1, "a", 5),
+        dep(2, "a", -10), // CHECK fails: only this savepoint rolls back
+        dep(3, "b", 1),
+        Command::new(id(4), "deposit", json!({"id": "a"}), NOW + 1000),
+        Command::new(id(5), "deposit", json!({"id": "a", "cents": 1, "extra": 1}), NOW + 1000),
+        Command::new(id(6), "nope", json!({}), NOW + 1000),
+        Command::new(id(7), "$sql", json!({"sql": "DELETE FROM _cellfleet_ledger"}), NOW + 1000),
+        Command::new(id(8), "$sql", json!({"sql": "COMMIT"}), NOW + 1000),
+        Command::new(id(9), "$sql", json!({"sql": "INSERT INTO balance VALUES ('c', 1); INSERT INTO balance VALUES ('d', 1)"}), NOW + 1000),
+    ]);
+    let codes: Vec<Option<RejectCode>> = r
+        .results
+        .iter()
+        .map(|c| match &c.outcome {
+            Outcome::Applied { .. } => None,
+            Outcome::Rejected { rejection } => Some(rejection.code),
+        })
+        .collect();
+    use RejectCode::*;
+    assert_eq!(
+        codes,
+        vec![
+            None,
+            Some(Sql),
+            None,
+            Some(BadParameters),
+            Some(BadParameters),
+            Some(UnknownCommand),
+            Some(Sql),
+            Some(Sql),
+            None
+        ]
+    );
+    let cell = h.cell();
+    assert_eq!(
+        cell.query("balance", &json!({"id": "a"})).unwrap()["rows"],
+        json!([[5]])
+    );
+    assert_eq!(cell.ledger_len().unwrap(), 9);
+    // rows_max = 3, four rows exist
+    let err = cell.query("all", &json!({})).unwrap_err();
+    assert!(err.to_string().contains("rows returned"), "{err}");
+    // queries are read-only
+    let err = cell
+        .query("$sql", &json!({"sql": "DELETE FROM balance"}))
+        .unwrap_err();
+    assert!(err.to_string().contains("read-only"), "{err}");
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+
+    // raw sql only where enabled
+    let mut h2 = Harness::new(manifest.kind("locked").unwrap(), CellConfig::default());
+    let r = h2.run(&[Command::new(
+        id(1),
+        "$sql",
+        json!({"sql": "INSERT INTO t VALUES (1)"}),
+        NOW + 1000,
+    )]);
+    assert!(
+        matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RawSqlDisabled)
+    );
+}
+
+#[test]
+fn oversized_payloads_and_groups_are_refused() {
+    let mut h = Harness::new(
+        kv(),
+        CellConfig {
+            group_commands_max: 2,
+            ..CellConfig::default()
+        },
+    );
+    let big = put(1, "k", json!("x".repeat(100_000)));
+    let r = h.run(&[big]);
+    assert!(
+        matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::LimitExceeded)
+    );
+    let err = h
+        .cell()
+        .execute(
+            &[
+                put(2, "a", json!(1)),
+                put(3, "a", json!(1)),
+                put(4, "a", json!(1)),
+            ],
+            NOW,
+        )
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::LimitExceeded {
+            what: "group size",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn migrations_append_on_reopen_and_refuse_edits() {
+    let v1 = Manifest::parse(MANIFEST).unwrap();
+    let mut h = Harness::new(v1.kind("locked").unwrap(), CellConfig::default());
+    let before = h.position();
+    let v2 = Manifest::parse(&MANIFEST.replace(
+        "migrations = [\"CREATE TABLE t (x)\"]",
+        "migrations = [\"CREATE TABLE t (x)\", \"CREATE TABLE u (y)\"]",
+    ))
+    .unwrap();
+    h.reopen_with(v2.kind("locked").unwrap());
+    assert_eq!(
+        h.position().txid.0,
+        before.txid.0 + 1,
+        "the migration is one publication"
+    );
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+    let pos = h.position();
+    h.cell.take();
+    let edited = Manifest::parse(&MANIFEST.replace(
+        "migrations = [\"CREATE TABLE t (x)\"]",
+        "migrations = [\"CREATE TABLE t (z)\", \"CREATE TABLE u (y)\"]",
+    ))
+    .unwrap();
+    let err = Cell::open(
+        &h.path,
+        edited.kind("locked").unwrap(),
+        CellConfig::default(),
+        pos,
+        NOW,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::MigrationChanged { index: 0 }), "{err}");
+}
+
+#[test]
+fn shrinking_database_and_snapshots_and_compaction() {
+    let manifest = Manifest::parse(
+        r#"
+        [kinds.blobs]
+        migrations = ["CREATE TABLE b (k INTEGER PRIMARY KEY, v BLOB NOT NULL)"]
+        [kinds.blobs.commands.put]
+        sql = "INSERT OR REPLACE INTO b VALUES (:k, zeroblob(:n))"
+        [kinds.blobs.commands.del]
+        sql = "DELETE FROM b WHERE k = :k"
+        "#,
+    )
+    .unwrap();
+    let config = CellConfig {
+        snapshot_delta_bytes: 64 * 4096,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(manifest.kind("blobs").unwrap(), config);
+    let cmd = |n: u64, name: &str, args: Value| Command::new(id(n), name, args, NOW + 1000);
+    let group: Vec<_> = (0..100)
+        .map(|i| cmd(i, "put", json!({"k": i, "n": 3000})))
+        .collect();
+    let p = h.run(&group).publication.unwrap();
+    assert!(p.is_snapshot(), "a big delta becomes a snapshot");
+    let grown = p.header.commit;
+    let deletes: Vec<_> = (0..100)
+        .map(|i| cmd(1000 + i, "del", json!({"k": i})))
+        .collect();
+    for chunk in deletes.chunks(10) {
+        let p = h.run(chunk).publication.unwrap();
+        assert!(!p.is_snapshot());
+    }
+    let shrunk = h
+        .chain
+        .last()
+        .map(|f| {
+            cellfleet_ltx::Decoder::new(f.as_slice())
+                .unwrap()
+                .header()
+                .commit
+        })
+        .unwrap();
+    assert!(shrunk < grown, "auto_vacuum shrinks: {shrunk} < {grown}");
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    let live = h.live_bytes();
+    assert_eq!(recovered, live);
+    // Compaction of the whole chain and of a suffix.
+    let refs: Vec<&[u8]> = h.chain.iter().map(|c| c.as_slice()).collect();
+    let merged = cellfleet_cell::compact(&refs).unwrap();
+    assert!(merged.header.is_snapshot());
+    assert_eq!(merged.trailer.post_apply_checksum, pos.checksum);
+    let target = h.dir.path().join("m.db");
+    assert_eq!(
+        cellfleet_cell::recover([merged.ltx.as_slice()], &target, Some(pos)).unwrap(),
+        pos
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), live);
+    let suffix = cellfleet_cell::compact(&refs[1..]).unwrap();
+    let target = h.dir.path().join("s.db");
+    cellfleet_cell::recover([refs[0], suffix.ltx.as_slice()], &target, Some(pos)).unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), live);
+    let snap = h.cell().snapshot(NOW).unwrap();
+    assert_eq!(snap.post, pos);
+    let target = h.dir.path().join("snap.db");
+    cellfleet_cell::recover([snap.ltx.as_slice()], &target, Some(pos)).unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), live);
+}

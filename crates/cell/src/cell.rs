@@ -114,6 +114,9 @@ pub struct Cell {
     published: Position,
     pending: Option<Pending>,
     poisoned: bool,
+    migrations_declared: usize,
+    /// Applied migrations as of the published state (a lower bound).
+    migrations_published: usize,
     /// Keeps other engines (and recovery) off these files.
     _lock: File,
 }
@@ -249,9 +252,13 @@ impl Cell {
             published,
             pending: None,
             poisoned: false,
+            migrations_declared: 0,
+            migrations_published: 0,
             _lock: lock,
         };
         cell.check_migrations()?;
+        cell.migrations_declared = cell.kind.migrations().len();
+        cell.migrations_published = ledger::applied_migrations(&cell.write)?.len();
         let migration = if cell.behind()? {
             let result = cell.execute(&[], now_ms)?;
             result.publication
@@ -314,8 +321,11 @@ impl Cell {
     }
 
     fn behind(&self) -> Result<bool> {
+        // Migrations only ever run on open (or on the first group after an
+        // aborted migration), so the cheap check comes first.
         Ok(self.published.txid == Txid::ZERO
-            || ledger::applied_migrations(&self.write)?.len() < self.kind.migrations().len())
+            || self.migrations_declared > self.migrations_published
+                && ledger::applied_migrations(&self.write)?.len() < self.migrations_declared)
     }
 
     /// Inside the group transaction: create the engine tables of a new Cell
@@ -386,7 +396,7 @@ impl Cell {
             });
         }
         let txid = self.published.txid.next().ok_or(Error::TxidOverflow)?;
-        self.write.execute_batch("BEGIN IMMEDIATE")?;
+        self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let outcome = self.run_group(group, txid, now_ms);
         let (results, changed) = match outcome {
             Ok(v) => v,
@@ -435,8 +445,11 @@ impl Cell {
         txid: Txid,
         now_ms: i64,
     ) -> Result<(Vec<CommandResult>, bool)> {
-        let mut changed = self.behind()?;
-        self.prepare_schema()?;
+        let behind = self.behind()?;
+        let mut changed = behind;
+        if behind {
+            self.prepare_schema()?;
+        }
         let kind_name = self.kind.name().to_string();
         let mut results = Vec::with_capacity(group.len());
         for command in group {
@@ -501,7 +514,9 @@ impl Cell {
 
     /// One command in its own savepoint.
     fn run_command(&self, command: &Command) -> Result<Outcome> {
-        self.write.execute_batch("SAVEPOINT command")?;
+        self.write
+            .prepare_cached("SAVEPOINT command")?
+            .execute([])?;
         let limits = self.kind.limits();
         let ran = self.write_guard.run(Mode::Kind, || {
             self.kind.execute(&self.write, &command.name, &command.args)
@@ -529,12 +544,14 @@ impl Cell {
         };
         match outcome {
             Ok(result) => {
-                self.write.execute_batch("RELEASE command")?;
+                self.write.prepare_cached("RELEASE command")?.execute([])?;
                 Ok(Outcome::Applied { result })
             }
             Err(rejection) => {
                 self.write
-                    .execute_batch("ROLLBACK TO command; RELEASE command")?;
+                    .prepare_cached("ROLLBACK TO command")?
+                    .execute([])?;
+                self.write.prepare_cached("RELEASE command")?.execute([])?;
                 Ok(Outcome::Rejected { rejection })
             }
         }
@@ -587,6 +604,8 @@ impl Cell {
             });
         }
         self.pending = None;
+        // Every group applies outstanding migrations first.
+        self.migrations_published = self.migrations_declared;
         self.published = Position {
             txid,
             checksum: self.capture.checksum,

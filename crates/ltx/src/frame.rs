@@ -32,7 +32,7 @@ pub(crate) fn decode_page_header(b: &[u8; PAGE_HEADER_SIZE]) -> (u32, u16) {
 }
 
 /// Decompress one LZ4 block into `out`, which must come out exactly full.
-pub(crate) fn decompress_block(pgno: u32, block: &[u8], out: &mut [u8]) -> Result<()> {
+fn decompress_block(pgno: u32, block: &[u8], out: &mut [u8]) -> Result<()> {
     let n = lz4_flex::block::decompress_into(block, out).map_err(|e| Error::Decompress {
         pgno,
         reason: e.to_string(),
@@ -46,11 +46,41 @@ pub(crate) fn decompress_block(pgno: u32, block: &[u8], out: &mut [u8]) -> Resul
     Ok(())
 }
 
+/// Read the rest of a page frame whose 6-byte page header was read: a size
+/// prefix and an LZ4 block, or a legacy LZ4 frame. `page` must be one page
+/// long and comes out holding the page. Returns the size prefix (if the
+/// frame has one) and how many bytes followed the page header.
+pub(crate) fn read_frame_body(
+    reader: &mut impl Read,
+    pgno: u32,
+    flags: u16,
+    page: &mut [u8],
+    compressed: &mut Vec<u8>,
+) -> Result<(Option<[u8; SIZE_PREFIX_SIZE]>, u64)> {
+    match flags {
+        PAGE_FLAG_SIZE_PREFIX => {
+            let mut prefix = [0u8; SIZE_PREFIX_SIZE];
+            reader.read_exact(&mut prefix).map_err(eof_as_truncated)?;
+            let size = u32::from_be_bytes(prefix);
+            let max = max_block_size(page.len() as u32);
+            if size > max {
+                return Err(Error::FrameTooLarge { size, max });
+            }
+            compressed.resize(size as usize, 0);
+            reader.read_exact(compressed).map_err(eof_as_truncated)?;
+            decompress_block(pgno, compressed, page)?;
+            Ok((Some(prefix), SIZE_PREFIX_SIZE as u64 + u64::from(size)))
+        }
+        0 => Ok((None, read_legacy_frame(pgno, reader, page, compressed)?)),
+        other => Err(Error::UnsupportedFrameFlags(other)),
+    }
+}
+
 /// Read a legacy LZ4 *frame* (no size prefix) that must decompress to
 /// exactly `out.len()` bytes, consuming exactly the frame's bytes. Every
 /// size read from the input is checked before anything is allocated.
 /// Returns how many input bytes the frame took.
-pub(crate) fn read_legacy_frame(
+fn read_legacy_frame(
     pgno: u32,
     reader: &mut impl Read,
     out: &mut [u8],

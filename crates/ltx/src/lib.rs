@@ -35,6 +35,7 @@ mod header;
 mod index;
 mod merge;
 mod reader;
+mod sequence;
 mod varint;
 
 pub use apply::apply;

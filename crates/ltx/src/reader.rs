@@ -5,8 +5,8 @@
 use std::io::{Read, Seek, SeekFrom};
 
 use crate::frame::{
-    decode_page_header, decompress_block, eof_as_truncated, max_block_size, read_legacy_frame,
-    PAGE_FLAG_SIZE_PREFIX, PAGE_HEADER_SIZE, SIZE_PREFIX_SIZE,
+    decode_page_header, eof_as_truncated, max_block_size, read_frame_body, PAGE_HEADER_SIZE,
+    SIZE_PREFIX_SIZE,
 };
 use crate::header::{be64, HEADER_SIZE, TRAILER_SIZE};
 use crate::index::{decode_index, IndexEntry};
@@ -104,30 +104,9 @@ impl<R: Read + Seek> PageReader<R> {
         if pgno != entry.pgno {
             return Err(Error::BadIndex("index entry points at another page"));
         }
-        match flags {
-            PAGE_FLAG_SIZE_PREFIX => {
-                let mut prefix = [0u8; SIZE_PREFIX_SIZE];
-                self.reader
-                    .read_exact(&mut prefix)
-                    .map_err(eof_as_truncated)?;
-                let size = u32::from_be_bytes(prefix);
-                if u64::from(size) + (PAGE_HEADER_SIZE + SIZE_PREFIX_SIZE) as u64 != entry.size {
-                    return Err(Error::BadIndex("frame size differs from the index"));
-                }
-                self.compressed.resize(size as usize, 0);
-                self.reader
-                    .read_exact(&mut self.compressed)
-                    .map_err(eof_as_truncated)?;
-                decompress_block(pgno, &self.compressed, page)?;
-            }
-            0 => {
-                let consumed =
-                    read_legacy_frame(pgno, &mut self.reader, page, &mut self.compressed)?;
-                if consumed + PAGE_HEADER_SIZE as u64 != entry.size {
-                    return Err(Error::BadIndex("frame size differs from the index"));
-                }
-            }
-            other => return Err(Error::UnsupportedFrameFlags(other)),
+        let (_, body) = read_frame_body(&mut self.reader, pgno, flags, page, &mut self.compressed)?;
+        if PAGE_HEADER_SIZE as u64 + body != entry.size {
+            return Err(Error::BadIndex("frame size differs from the index"));
         }
         Ok(pgno)
     }

@@ -11,13 +11,25 @@
 //! A delta whose page bytes exceed the configured bound is written as a
 //! snapshot instead (TXIDs `1..=txid`), read from the database file plus the
 //! latest WAL frame of each page.
+//!
+//! Files are written as Litestream writes them by default: header flag
+//! [`HEADER_FLAG_NO_CHECKSUM`] and zero database checksums, because
+//! Litestream 0.5.17's `restore` refuses files that carry them. The engine
+//! still computes the rolling checksum exactly and returns it in
+//! [`Publication::pre`]/[`Publication::post`]; the caller keeps it (in the
+//! authority root) and hands it back to [`crate::recover`], which checks
+//! every step. With `checksums_in_file` the files carry the checksums too
+//! (flags 0, as LiteFS writes them).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use cellfleet_ltx::{lock_pgno, page_checksum, Checksum, Encoder, Header, Position, Trailer, Txid};
+use cellfleet_ltx::{
+    lock_pgno, page_checksum, Checksum, Encoder, Header, Position, Trailer, Txid,
+    HEADER_FLAG_NO_CHECKSUM,
+};
 
 use crate::wal::{Committed, WalCursor};
 use crate::Result;
@@ -34,6 +46,9 @@ pub(crate) struct CaptureState {
     /// Offset in the WAL of the latest committed frame of each page not yet
     /// checkpointed into the database file.
     pub wal_offsets: HashMap<u32, u64>,
+    /// Write database checksums into the files (flags 0) instead of the
+    /// Litestream form (flag `0x2`, zero checksums).
+    pub checksums_in_file: bool,
 }
 
 /// How to put one capture back.
@@ -68,12 +83,26 @@ impl Publication {
     pub fn is_snapshot(&self) -> bool {
         self.header.is_snapshot()
     }
+
+    /// This file as an entry of a chain to [`crate::recover`] or
+    /// [`crate::compact`].
+    pub fn chain_file(&self) -> crate::ChainFile<&[u8]> {
+        crate::ChainFile {
+            ltx: self.ltx.as_slice(),
+            post: self.post,
+        }
+    }
 }
 
 impl CaptureState {
     /// The state of a database file with no WAL frames pending.
-    pub(crate) fn from_database(db_path: &Path, page_size: u32) -> Result<CaptureState> {
+    pub(crate) fn from_database(
+        db_path: &Path,
+        page_size: u32,
+        checksums_in_file: bool,
+    ) -> Result<CaptureState> {
         let mut state = CaptureState {
+            checksums_in_file,
             page_size,
             commit: 0,
             checksum: Checksum::EMPTY,
@@ -200,6 +229,16 @@ impl CaptureState {
         self.wal_offsets.clear();
     }
 
+    /// A header of the configured checksum mode for the captured state.
+    fn header(&self, min_txid: Txid, max_txid: Txid, timestamp_ms: i64) -> Header {
+        let mut header = Header::new(self.page_size, self.commit, min_txid, max_txid);
+        header.timestamp_ms = timestamp_ms;
+        if !self.checksums_in_file {
+            header.flags = HEADER_FLAG_NO_CHECKSUM;
+        }
+        header
+    }
+
     /// Encode the captured transaction: a delta of its pages, or a snapshot
     /// when the delta is bigger than `snapshot_delta_bytes` or starts the
     /// chain (TXID 1).
@@ -220,9 +259,10 @@ impl CaptureState {
         if txid == Txid(1) || delta_bytes > snapshot_delta_bytes {
             return self.snapshot(post, timestamp_ms, files);
         }
-        let mut header = Header::new(self.page_size, self.commit, txid, txid);
-        header.timestamp_ms = timestamp_ms;
-        header.pre_apply_checksum = pre.checksum;
+        let mut header = self.header(txid, txid, timestamp_ms);
+        if self.checksums_in_file {
+            header.pre_apply_checksum = pre.checksum;
+        }
         header.wal_offset = committed.start_offset as i64;
         header.wal_size = (committed.cursor.offset - committed.start_offset) as i64;
         header.wal_salt1 = committed.cursor.salt1;
@@ -252,8 +292,7 @@ impl CaptureState {
         timestamp_ms: i64,
         files: &Files<'_>,
     ) -> Result<Publication> {
-        let mut header = Header::new(self.page_size, self.commit, Txid(1), post.txid);
-        header.timestamp_ms = timestamp_ms;
+        let header = self.header(Txid(1), post.txid, timestamp_ms);
         let lock = lock_pgno(self.page_size);
         let mut db = match File::open(files.db) {
             Ok(f) => Some(f),

@@ -57,6 +57,12 @@ pub struct CellConfig {
     pub ledger_prune_max: u32,
     /// SQLite VM instructions one command or query may take.
     pub statement_steps_max: u64,
+    /// Write the rolling database checksums into the LTX files (header
+    /// flags 0, as LiteFS does). Off by default: files are then written as
+    /// Litestream writes them (flag `0x2`, zero checksums), which is the
+    /// only form Litestream 0.5's `restore` accepts. Either way the engine
+    /// computes the checksums and returns them in each [`Publication`].
+    pub ltx_checksums_in_file: bool,
 }
 
 impl Default for CellConfig {
@@ -71,6 +77,7 @@ impl Default for CellConfig {
             skew_margin_ms: 500,
             ledger_prune_max: 256,
             statement_steps_max: 50_000_000,
+            ltx_checksums_in_file: false,
         }
     }
 }
@@ -222,7 +229,7 @@ impl Cell {
         } else {
             config.page_size
         };
-        let capture = CaptureState::from_database(path, page_size)?;
+        let capture = CaptureState::from_database(path, page_size, config.ltx_checksums_in_file)?;
         let found = Position {
             txid: ledger::txid(&write)?,
             checksum: capture.checksum,

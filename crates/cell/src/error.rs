@@ -54,6 +54,15 @@ pub enum Error {
     MigrationChanged { index: usize },
     #[error("the cell has {applied} migrations applied but the kind declares only {declared}")]
     MigrationsAhead { applied: usize, declared: usize },
+    #[error(
+        "recovery: after the file ending at txid {txid} the database is at {found:?}, \
+         not at the recorded {expected:?}"
+    )]
+    ChainMismatch {
+        txid: Txid,
+        expected: Position,
+        found: Position,
+    },
     #[error("recovery: {0}")]
     Recovery(String),
     #[error("rejected: {0:?}")]

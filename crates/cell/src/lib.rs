@@ -28,4 +28,4 @@ pub use id::CellId;
 pub use kind::{Kind, KindError, Limits, RustKind, Typed};
 pub use kv::Kv;
 pub use manifest::Manifest;
-pub use recovery::recover;
+pub use recovery::{recover, ChainFile};

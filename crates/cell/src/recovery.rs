@@ -1,13 +1,20 @@
 //! Recovery: rebuild a Cell's database file from its published chain.
 //!
-//! Ordering: every file is applied to a scratch file next to the target
-//! (each application checks the file's position, checksums and, for files
-//! that track them, the post-apply database checksum); the scratch file's
-//! full rolling checksum is recomputed and must equal the chain's final
-//! position (and the caller's expected position, when given); only then is
-//! it synced, the target's stale `-wal`/`-shm` removed, and the scratch file
-//! renamed over the target and the directory synced. A target held open by
-//! a [`crate::Cell`] (its lock file is locked) is never touched.
+//! Each chain file comes with the position the publisher recorded for it
+//! (its post-apply TXID and rolling checksum, kept in the authority root),
+//! because files written in the Litestream form carry no database
+//! checksums and [`cellfleet_ltx::apply`] then checks only the TXID.
+//!
+//! Ordering: every file is applied to a scratch file next to the target;
+//! after each one the position [`cellfleet_ltx::apply`] computed
+//! incrementally must equal the file's recorded position (a mismatch names
+//! the TXID: [`Error::ChainMismatch`]); files that carry checksums are also
+//! checked by `apply` itself. The scratch file's full rolling checksum is
+//! then recomputed from its bytes and must equal the final position; only
+//! then is it synced, the target's stale `-wal`/`-shm` removed, and the
+//! scratch file renamed over the target and the directory synced. A target
+//! held open by a [`crate::Cell`] (its lock file is locked) is never
+//! touched.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -17,6 +24,23 @@ use cellfleet_ltx::{database_checksum, Position};
 
 use crate::cell::lock_cell;
 use crate::{Error, Result};
+
+/// One file of a published chain and the position it leaves the Cell at.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainFile<R> {
+    /// The encoded LTX file (anything readable: a byte slice, a file).
+    pub ltx: R,
+    /// The position after applying it, as recorded when it was published
+    /// ([`crate::Publication::post`]).
+    pub post: Position,
+}
+
+impl<'a> ChainFile<&'a [u8]> {
+    /// A chain entry over bytes.
+    pub fn new(ltx: &'a [u8], post: Position) -> Self {
+        ChainFile { ltx, post }
+    }
+}
 
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_os_string();
@@ -33,17 +57,17 @@ fn remove_if_present(path: &Path) -> Result<()> {
 }
 
 /// Rebuild the database at `target` from `chain` (a snapshot, then deltas,
-/// oldest first). Returns the final position. An empty chain leaves no
+/// oldest first), checking every file against its recorded position.
+/// Returns the final position (the last file's). An empty chain leaves no
 /// database (the empty position).
 pub fn recover<R: Read>(
-    chain: impl IntoIterator<Item = R>,
+    chain: impl IntoIterator<Item = ChainFile<R>>,
     target: &Path,
-    expected: Option<Position>,
 ) -> Result<Position> {
     let _lock = lock_cell(target)?;
     let scratch = sidecar(target, ".recover");
     remove_if_present(&scratch)?;
-    let result = rebuild(chain, &scratch, expected);
+    let result = rebuild(chain, &scratch);
     let position = match result {
         Ok(p) => p,
         Err(e) => {
@@ -66,9 +90,8 @@ pub fn recover<R: Read>(
 }
 
 fn rebuild<R: Read>(
-    chain: impl IntoIterator<Item = R>,
+    chain: impl IntoIterator<Item = ChainFile<R>>,
     scratch: &Path,
-    expected: Option<Position>,
 ) -> Result<Position> {
     let mut file = OpenOptions::new()
         .create_new(true)
@@ -77,9 +100,10 @@ fn rebuild<R: Read>(
         .open(scratch)?;
     let mut position = Position::EMPTY;
     let mut page_size = None;
-    for (index, ltx) in chain.into_iter().enumerate() {
-        let mut buffered = std::io::BufReader::new(ltx);
-        // Peek the page size from the header for the final check.
+    for (index, entry) in chain.into_iter().enumerate() {
+        let mut buffered = std::io::BufReader::new(entry.ltx);
+        // Peek the header: the chain must start with a snapshot, and the
+        // page size is needed for the final check.
         let mut header = [0u8; cellfleet_ltx::HEADER_SIZE];
         buffered
             .read_exact(&mut header)
@@ -89,8 +113,21 @@ fn rebuild<R: Read>(
             return Err(Error::Recovery("a chain must start with a snapshot".into()));
         }
         page_size = Some(parsed.page_size);
-        position = cellfleet_ltx::apply(&mut file, header.as_slice().chain(buffered), position)
-            .map_err(|e| Error::Recovery(format!("file {index} of the chain: {e}")))?;
+        let found = cellfleet_ltx::apply(&mut file, header.as_slice().chain(buffered), position)
+            .map_err(|e| {
+                Error::Recovery(format!(
+                    "file {index} of the chain (txid {}): {e}",
+                    parsed.max_txid
+                ))
+            })?;
+        if found != entry.post {
+            return Err(Error::ChainMismatch {
+                txid: parsed.max_txid,
+                expected: entry.post,
+                found,
+            });
+        }
+        position = found;
     }
     if let Some(page_size) = page_size {
         use std::io::Seek;
@@ -100,13 +137,6 @@ fn rebuild<R: Read>(
             return Err(Error::Recovery(format!(
                 "rebuilt database checksum {computed} differs from the chain's {}",
                 position.checksum
-            )));
-        }
-    }
-    if let Some(expected) = expected {
-        if expected != position {
-            return Err(Error::Recovery(format!(
-                "the chain ends at {position:?}, not at the expected {expected:?}"
             )));
         }
     }

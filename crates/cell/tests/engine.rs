@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use cellfleet_cell::kv::{KvCommand, KvOutput, KvQuery};
 use cellfleet_cell::{
-    kind::to_wire, Cell, CellConfig, Command, Error, Kind, Kv, Manifest, Outcome, Position,
-    RejectCode, Typed,
+    kind::to_wire, Cell, CellConfig, Checksum, Command, Error, Kind, Kv, Manifest, Outcome,
+    Position, RejectCode, Typed,
 };
+use cellfleet_ltx::HEADER_FLAG_NO_CHECKSUM;
 use common::{id, Harness, NOW};
 use serde_json::{json, Value};
 
@@ -97,7 +98,10 @@ fn exactly_once_same_group_later_group_and_after_recovery() {
     // After recovery into a fresh engine.
     let pos = h.position();
     let fresh = h.dir.path().join("fresh.db");
-    cellfleet_cell::recover(h.chain.iter().map(|c| c.as_slice()), &fresh, Some(pos)).unwrap();
+    assert_eq!(
+        cellfleet_cell::recover(h.chain_files(), &fresh).unwrap(),
+        pos
+    );
     let mut cell = Cell::open(&fresh, kv(), CellConfig::default(), pos, NOW)
         .unwrap()
         .cell;
@@ -178,8 +182,7 @@ fn abort_after_checkpoint_and_of_creation() {
     let p2 = r.publication.unwrap();
     cell.confirm(p2.txid).unwrap();
     let target = dir.path().join("r.db");
-    let pos =
-        cellfleet_cell::recover([p1.ltx.as_slice(), p2.ltx.as_slice()], &target, None).unwrap();
+    let pos = cellfleet_cell::recover([p1.chain_file(), p2.chain_file()], &target).unwrap();
     assert_eq!(pos, cell.position());
 }
 
@@ -193,17 +196,14 @@ fn open_refuses_a_database_ahead_of_the_published_position() {
     let err = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW).unwrap_err();
     assert!(matches!(err, Error::NotAtPosition { .. }), "{err}");
     // Recovery puts it back, and a live cell's file is never overwritten.
-    cellfleet_cell::recover(
-        h.chain.iter().map(|c| c.as_slice()),
-        &h.path,
-        Some(published),
-    )
-    .unwrap();
+    assert_eq!(
+        cellfleet_cell::recover(h.chain_files(), &h.path).unwrap(),
+        published
+    );
     let cell = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
         .unwrap()
         .cell;
-    let err =
-        cellfleet_cell::recover(h.chain.iter().map(|c| c.as_slice()), &h.path, None).unwrap_err();
+    let err = cellfleet_cell::recover(h.chain_files(), &h.path).unwrap_err();
     assert!(matches!(err, Error::Live(_)), "{err}");
     assert_eq!(get(&cell, "a"), None);
 }
@@ -374,8 +374,7 @@ fn migrations_append_on_reopen_and_refuse_edits() {
     assert!(matches!(err, Error::MigrationChanged { index: 0 }), "{err}");
 }
 
-#[test]
-fn shrinking_database_and_snapshots_and_compaction() {
+fn shrinking_database_and_snapshots_and_compaction(checksums_in_file: bool) {
     let manifest = Manifest::parse(
         r#"
         [kinds.blobs]
@@ -389,6 +388,7 @@ fn shrinking_database_and_snapshots_and_compaction() {
     .unwrap();
     let config = CellConfig {
         snapshot_delta_bytes: 64 * 4096,
+        ltx_checksums_in_file: checksums_in_file,
         ..CellConfig::default()
     };
     let mut h = Harness::new(manifest.kind("blobs").unwrap(), config);
@@ -410,7 +410,7 @@ fn shrinking_database_and_snapshots_and_compaction() {
         .chain
         .last()
         .map(|f| {
-            cellfleet_ltx::Decoder::new(f.as_slice())
+            cellfleet_ltx::Decoder::new(f.0.as_slice())
                 .unwrap()
                 .header()
                 .commit
@@ -422,23 +422,188 @@ fn shrinking_database_and_snapshots_and_compaction() {
     let live = h.live_bytes();
     assert_eq!(recovered, live);
     // Compaction of the whole chain and of a suffix.
-    let refs: Vec<&[u8]> = h.chain.iter().map(|c| c.as_slice()).collect();
-    let merged = cellfleet_cell::compact(&refs).unwrap();
+    let files = h.chain_files();
+    let merged = cellfleet_cell::compact(&files).unwrap();
     assert!(merged.header.is_snapshot());
-    assert_eq!(merged.trailer.post_apply_checksum, pos.checksum);
+    assert_eq!(merged.post, pos);
+    assert_eq!(merged.header.tracks_checksums(), checksums_in_file);
+    let in_file = if checksums_in_file {
+        pos.checksum
+    } else {
+        Checksum::NONE
+    };
+    assert_eq!(merged.trailer.post_apply_checksum, in_file);
     let target = h.dir.path().join("m.db");
     assert_eq!(
-        cellfleet_cell::recover([merged.ltx.as_slice()], &target, Some(pos)).unwrap(),
+        cellfleet_cell::recover([merged.chain_file()], &target).unwrap(),
         pos
     );
     assert_eq!(std::fs::read(&target).unwrap(), live);
-    let suffix = cellfleet_cell::compact(&refs[1..]).unwrap();
+    let suffix = cellfleet_cell::compact(&files[1..]).unwrap();
     let target = h.dir.path().join("s.db");
-    cellfleet_cell::recover([refs[0], suffix.ltx.as_slice()], &target, Some(pos)).unwrap();
+    cellfleet_cell::recover([files[0], suffix.chain_file()], &target).unwrap();
     assert_eq!(std::fs::read(&target).unwrap(), live);
     let snap = h.cell().snapshot(NOW).unwrap();
     assert_eq!(snap.post, pos);
+    assert_eq!(snap.header.tracks_checksums(), checksums_in_file);
     let target = h.dir.path().join("snap.db");
-    cellfleet_cell::recover([snap.ltx.as_slice()], &target, Some(pos)).unwrap();
+    cellfleet_cell::recover([snap.chain_file()], &target).unwrap();
     assert_eq!(std::fs::read(&target).unwrap(), live);
+}
+
+#[test]
+fn shrinking_snapshots_and_compaction_litestream_form() {
+    shrinking_database_and_snapshots_and_compaction(false);
+}
+
+#[test]
+fn shrinking_snapshots_and_compaction_checksums_in_file() {
+    shrinking_database_and_snapshots_and_compaction(true);
+}
+
+/// Each published file's header and trailer in one checksum mode.
+fn published_files_have_the_mode(checksums_in_file: bool) {
+    let config = CellConfig {
+        ltx_checksums_in_file: checksums_in_file,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(kv(), config);
+    for n in 0..4u64 {
+        h.run(&[put(n, &format!("k{n}"), json!(n))]);
+    }
+    let mut at = Position::EMPTY;
+    for (ltx, post) in &h.chain {
+        let file = cellfleet_ltx::decode_all(ltx.as_slice()).unwrap();
+        let (header, trailer) = (file.header, file.trailer);
+        if checksums_in_file {
+            assert_eq!(header.flags, 0);
+            let pre = if header.is_snapshot() {
+                Checksum::NONE
+            } else {
+                at.checksum
+            };
+            assert_eq!(header.pre_apply_checksum, pre);
+            assert_eq!(trailer.post_apply_checksum, post.checksum);
+        } else {
+            assert_eq!(header.flags, HEADER_FLAG_NO_CHECKSUM);
+            assert_eq!(header.pre_apply_checksum, Checksum::NONE);
+            assert_eq!(trailer.post_apply_checksum, Checksum::NONE);
+        }
+        assert_eq!(header.max_txid, post.txid);
+        assert!(post.checksum.is_flagged());
+        at = *post;
+    }
+    assert_eq!(at, h.position());
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
+#[test]
+fn files_are_written_as_litestream_writes_them_by_default() {
+    assert!(!CellConfig::default().ltx_checksums_in_file);
+    published_files_have_the_mode(false);
+}
+
+#[test]
+fn files_carry_checksums_when_configured() {
+    published_files_have_the_mode(true);
+}
+
+/// A file that applies at the right TXID but leaves another state (here:
+/// an aborted publication of the same TXID) is caught at its own step, not
+/// only at the end; so is a wrong recorded position.
+fn recovery_checks_every_step(checksums_in_file: bool) {
+    let config = CellConfig {
+        ltx_checksums_in_file: checksums_in_file,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(kv(), config);
+    h.run(&[put(1, "a", json!(1))]);
+    let aborted = h
+        .cell()
+        .execute(&[put(2, "b", json!("aborted"))], NOW)
+        .unwrap()
+        .publication
+        .unwrap();
+    h.cell().abort().unwrap();
+    let real = h.run(&[put(3, "b", json!("real"))]).publication.unwrap();
+    assert_eq!(aborted.txid, real.txid);
+    assert_ne!(aborted.post, real.post);
+    h.run(&[put(4, "c", json!(1))]);
+    let index = h.chain.iter().position(|(_, p)| *p == real.post).unwrap();
+    assert!(index + 1 < h.chain.len(), "a file follows the forged one");
+
+    // The aborted file in place of the published one, recorded position kept.
+    let mut forged = h.chain_files();
+    forged[index].ltx = aborted.ltx.as_slice();
+    let err = cellfleet_cell::recover(forged, &h.dir.path().join("f.db")).unwrap_err();
+    match err {
+        Error::ChainMismatch {
+            txid,
+            expected,
+            found,
+        } => {
+            assert_eq!(txid, real.txid);
+            assert_eq!(expected, real.post);
+            assert_eq!(found, aborted.post);
+        }
+        other => panic!("{other}"),
+    }
+    // The right file with a wrong recorded checksum.
+    let mut wrong = h.chain_files();
+    wrong[index].post.checksum = aborted.post.checksum;
+    let err = cellfleet_cell::recover(wrong, &h.dir.path().join("w.db")).unwrap_err();
+    assert!(
+        matches!(err, Error::ChainMismatch { txid, .. } if txid == real.txid),
+        "{err}"
+    );
+    assert!(!h.dir.path().join("w.db").exists());
+    // And the honest chain recovers.
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
+#[test]
+fn recovery_checks_every_step_litestream_form() {
+    recovery_checks_every_step(false);
+}
+
+#[test]
+fn recovery_checks_every_step_checksums_in_file() {
+    recovery_checks_every_step(true);
+}
+
+#[test]
+fn compaction_refuses_a_chain_mixing_checksum_modes() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1))]);
+    let pos = h.position();
+    h.cell.take();
+    h.config.ltx_checksums_in_file = true;
+    let mut cell = Cell::open(&h.path, kv(), h.config.clone(), pos, NOW)
+        .unwrap()
+        .cell;
+    let p = cell
+        .execute(&[put(2, "b", json!(2))], NOW)
+        .unwrap()
+        .publication
+        .unwrap();
+    cell.confirm(p.txid).unwrap();
+    assert!(p.header.tracks_checksums());
+    let mut files = h.chain_files();
+    files.push(p.chain_file());
+    // Recovery takes either form ...
+    let target = h.dir.path().join("mixed.db");
+    assert_eq!(
+        cellfleet_cell::recover(files.clone(), &target).unwrap(),
+        p.post
+    );
+    // ... but merging needs one.
+    let err = cellfleet_cell::compact(&files).unwrap_err();
+    assert!(
+        matches!(err, Error::Ltx(cellfleet_ltx::Error::Incompatible(_))),
+        "{err}"
+    );
 }

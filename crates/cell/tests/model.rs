@@ -1,7 +1,8 @@
 //! Model-based property test: random groups of commands (failing ones,
 //! duplicates, reused ids, aborted publications, a migration, compactions,
-//! reopen); after every step, recovering from the published chain gives a
-//! byte-identical database and identical query results.
+//! reopen), with and without checksums in the LTX files; after every step,
+//! recovering from the published chain gives a byte-identical database and
+//! identical query results.
 
 mod common;
 
@@ -171,10 +172,11 @@ fn check(h: &mut Harness, model: &Model, cfg: &CellConfig) -> Result<(), TestCas
     Ok(())
 }
 
-fn run_steps(steps: Vec<Step>) -> Result<(), TestCaseError> {
+fn run_steps(steps: Vec<Step>, checksums_in_file: bool) -> Result<(), TestCaseError> {
     let cfg = CellConfig {
         snapshot_delta_bytes: 24 * 4096,
         checkpoint_wal_bytes: 64 * 1024,
+        ltx_checksums_in_file: checksums_in_file,
         ..CellConfig::default()
     };
     let mut h = Harness::new(kind(false), cfg.clone());
@@ -246,20 +248,23 @@ fn run_steps(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
             Step::Compact { suffix } => {
-                let refs: Vec<&[u8]> = h.chain.iter().map(|c| c.as_slice()).collect();
-                if suffix && refs.len() > 2 {
-                    let merged = cellfleet_cell::compact(&refs[1..]).unwrap();
+                let files = h.chain_files();
+                if suffix && files.len() > 2 {
+                    let merged = cellfleet_cell::compact(&files[1..]).unwrap();
+                    prop_assert_eq!(merged.post, h.position());
                     let first = h.chain[0].clone();
-                    h.chain = vec![first, merged.ltx];
+                    h.chain = vec![first, (merged.ltx, merged.post)];
                 } else {
-                    let merged = cellfleet_cell::compact(&refs).unwrap();
-                    let ltx = if merged.shrank {
-                        merged.ltx
+                    let merged = cellfleet_cell::compact(&files).unwrap();
+                    prop_assert_eq!(merged.post, h.position());
+                    let file = if merged.shrank {
+                        (merged.ltx, merged.post)
                     } else {
                         let now = h.now;
-                        h.cell().snapshot(now).unwrap().ltx
+                        let snapshot = h.cell().snapshot(now).unwrap();
+                        (snapshot.ltx, snapshot.post)
                     };
-                    h.chain = vec![ltx];
+                    h.chain = vec![file];
                 }
             }
             Step::Reopen => h.open(),
@@ -272,7 +277,10 @@ fn run_steps(steps: Vec<Step>) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     #[test]
-    fn recovery_matches_the_live_cell(steps in prop::collection::vec(step(), 1..12)) {
-        run_steps(steps)?;
+    fn recovery_matches_the_live_cell(
+        steps in prop::collection::vec(step(), 1..12),
+        checksums_in_file in any::<bool>(),
+    ) {
+        run_steps(steps, checksums_in_file)?;
     }
 }

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cellfleet_cell::{Cell, CellConfig, Command, GroupResult, Kind, Position, Publication};
+use cellfleet_cell::{
+    Cell, CellConfig, ChainFile, Command, GroupResult, Kind, Position, Publication,
+};
 
 pub const NOW: i64 = 1_700_000_000_000;
 
@@ -16,8 +18,9 @@ pub struct Harness {
     pub kind: Arc<dyn Kind>,
     pub config: CellConfig,
     pub cell: Option<Cell>,
-    /// The published chain, oldest first.
-    pub chain: Vec<Vec<u8>>,
+    /// The published chain, oldest first: each file and its recorded
+    /// post-apply position (what an authority root keeps).
+    pub chain: Vec<(Vec<u8>, Position)>,
     pub now: i64,
 }
 
@@ -50,7 +53,7 @@ impl Harness {
         if p.is_snapshot() {
             self.chain.clear();
         }
-        self.chain.push(p.ltx.clone());
+        self.chain.push((p.ltx.clone(), p.post));
         self.cell().confirm(p.txid).unwrap();
     }
 
@@ -60,12 +63,8 @@ impl Harness {
             if self.chain.is_empty() {
                 Position::EMPTY
             } else {
-                cellfleet_cell::recover(
-                    self.chain.iter().map(|c| c.as_slice()),
-                    &self.dir.path().join("probe.db"),
-                    None,
-                )
-                .unwrap()
+                let probe = self.dir.path().join("probe.db");
+                cellfleet_cell::recover(self.chain_files(), &probe).unwrap()
             }
         });
         let opened = Cell::open(
@@ -98,11 +97,18 @@ impl Harness {
         result
     }
 
+    /// The published chain as recovery and compaction take it.
+    pub fn chain_files(&self) -> Vec<ChainFile<&[u8]>> {
+        self.chain
+            .iter()
+            .map(|(ltx, post)| ChainFile::new(ltx, *post))
+            .collect()
+    }
+
     /// Recover the published chain into `name` and return its bytes.
     pub fn recover_bytes(&self, name: &str) -> (Position, Vec<u8>) {
         let target = self.dir.path().join(name);
-        let pos = cellfleet_cell::recover(self.chain.iter().map(|c| c.as_slice()), &target, None)
-            .unwrap();
+        let pos = cellfleet_cell::recover(self.chain_files(), &target).unwrap();
         (pos, std::fs::read(&target).unwrap())
     }
 

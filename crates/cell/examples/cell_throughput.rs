@@ -1,14 +1,24 @@
 //! Commands per second into one Cell (execute + capture + LTX encode +
-//! confirm) for group sizes 1, 16 and 128, next to the floor measured in
-//! the same run: the same inserts as bare SQLite transactions (WAL,
-//! synchronous=NORMAL), no ledger, no capture. Runs are interleaved
-//! (A B B A ...) and medians printed.
+//! confirm) for group sizes 1, 16 and 128, next to floors measured in the
+//! same run, so the report can say where the time goes:
 //!
-//! `cargo run --release -p cellfleet-cell --example cell_throughput [commands_per_run] [rounds]`
+//! - `sqlite`: the same inserts as bare SQLite transactions (WAL,
+//!   synchronous=NORMAL), no ledger, no capture;
+//! - `sqlite+ledger`: plus, per command, the ledger lookup and one ledger
+//!   row (the engine's schema) and, per group, the TXID bump;
+//! - `sqlite+ledger+savepoint`: plus a savepoint around each command;
+//! - `cell`: the engine, whose own capture timer (WAL read, checksums, LTX
+//!   encode) splits its time into capture and the rest.
+//!
+//! Runs are interleaved (A B C D, D C B A, ...) and medians printed.
+//!
+//! `cargo run --release -p cellfleet-cell --example cell_throughput [commands_per_run] [rounds] [groups] [variants]`
+//! e.g. `... 4096 7 16 cell,sqlite` (groups and variants are comma lists).
 
 use std::time::Instant;
 
 use cellfleet_cell::{Cell, CellConfig, Command, Manifest, Position};
+use rusqlite::Connection;
 use serde_json::json;
 
 const MANIFEST: &str = r#"
@@ -18,9 +28,64 @@ migrations = ["CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)"]
 sql = "INSERT INTO t (v) VALUES (:v)"
 "#;
 
+/// The engine's ledger, as `crates/cell/src/ledger.rs` declares it.
+const LEDGER: &str = "
+CREATE TABLE _cellfleet_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO _cellfleet_meta VALUES ('txid', 0);
+CREATE TABLE _cellfleet_ledger (
+    id BLOB PRIMARY KEY,
+    digest BLOB NOT NULL,
+    txid INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
+";
+
 const NOW: i64 = 1_700_000_000_000;
 
-fn engine_run(group: usize, commands: usize, seq: &mut u64) -> f64 {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Sqlite,
+    Ledger,
+    Savepoint,
+    Cell,
+}
+
+impl Variant {
+    fn parse(name: &str) -> Option<Variant> {
+        Some(match name {
+            "sqlite" => Variant::Sqlite,
+            "sqlite+ledger" => Variant::Ledger,
+            "sqlite+ledger+savepoint" => Variant::Savepoint,
+            "cell" => Variant::Cell,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Sqlite => "sqlite",
+            Variant::Ledger => "sqlite+ledger",
+            Variant::Savepoint => "sqlite+ledger+savepoint",
+            Variant::Cell => "cell",
+        }
+    }
+}
+
+/// One run: commands per second and, for the engine, the capture share.
+struct Sample {
+    commands_per_second: f64,
+    capture_fraction: f64,
+}
+
+fn command_id(seq: u64) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[8..].copy_from_slice(&seq.to_be_bytes());
+    id
+}
+
+fn engine_run(group: usize, commands: usize, seq: &mut u64) -> Sample {
     let dir = tempfile::tempdir().expect("tempdir");
     let kind = Manifest::parse(MANIFEST)
         .expect("manifest")
@@ -33,16 +98,15 @@ fn engine_run(group: usize, commands: usize, seq: &mut u64) -> f64 {
     if let Some(p) = opened.migration {
         cell.confirm(p.txid).expect("confirm");
     }
+    let before = cell.capture_stats();
     let mut ltx_bytes = 0usize;
     let start = Instant::now();
     for _ in 0..commands / group {
         let batch: Vec<Command> = (0..group)
             .map(|_| {
                 *seq += 1;
-                let mut id = [0u8; 16];
-                id[8..].copy_from_slice(&seq.to_be_bytes());
                 Command::new(
-                    id,
+                    command_id(*seq),
                     "insert",
                     json!({"v": format!("value-{seq}")}),
                     NOW + 60_000,
@@ -56,31 +120,86 @@ fn engine_run(group: usize, commands: usize, seq: &mut u64) -> f64 {
     }
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(ltx_bytes);
-    (commands / group * group) as f64 / secs
+    let capture = cell.capture_stats().capture_nanos_total - before.capture_nanos_total;
+    Sample {
+        commands_per_second: (commands / group * group) as f64 / secs,
+        capture_fraction: capture as f64 / 1e9 / secs,
+    }
 }
 
-fn floor_run(group: usize, commands: usize, seq: &mut u64) -> f64 {
+fn floor_run(variant: Variant, group: usize, commands: usize, seq: &mut u64) -> Sample {
     let dir = tempfile::tempdir().expect("tempdir");
-    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).expect("open");
+    let conn = Connection::open(dir.path().join("floor.db")).expect("open");
     conn.execute_batch(
         "PRAGMA page_size = 4096; PRAGMA auto_vacuum = FULL; PRAGMA journal_mode = WAL; \
          PRAGMA synchronous = NORMAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL);",
     )
     .expect("schema");
+    let ledger = variant != Variant::Sqlite;
+    let savepoint = variant == Variant::Savepoint;
+    if ledger {
+        conn.execute_batch(LEDGER).expect("ledger schema");
+    }
+    let outcome = r#"{"status":"applied","result":{"changes":1}}"#;
+    let mut txid = 1i64;
     let start = Instant::now();
     for _ in 0..commands / group {
-        conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
+            .expect("begin");
         for _ in 0..group {
             *seq += 1;
+            let id = command_id(*seq);
+            if ledger {
+                let seen = conn
+                    .prepare_cached(
+                        "SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1",
+                    )
+                    .and_then(|mut s| s.exists([&id[..]]))
+                    .expect("lookup");
+                assert!(!seen);
+            }
+            if savepoint {
+                conn.prepare_cached("SAVEPOINT command")
+                    .and_then(|mut s| s.execute([]))
+                    .expect("savepoint");
+            }
             conn.prepare_cached("INSERT INTO t (v) VALUES (?1)")
                 .expect("prepare")
                 .execute([format!("value-{seq}")])
                 .expect("insert");
+            if savepoint {
+                conn.prepare_cached("RELEASE command")
+                    .and_then(|mut s| s.execute([]))
+                    .expect("release");
+            }
+            if ledger {
+                let mut digest = [0u8; 32];
+                digest[..16].copy_from_slice(&id);
+                digest[16..].copy_from_slice(&id);
+                conn.prepare_cached(
+                    "INSERT INTO _cellfleet_ledger (id, digest, txid, expires_at_ms, outcome) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .and_then(|mut s| s.execute((&id[..], &digest[..], txid, NOW + 60_000, outcome)))
+                .expect("record");
+            }
         }
-        conn.execute_batch("COMMIT").expect("commit");
+        if ledger {
+            txid += 1;
+            conn.prepare_cached("UPDATE _cellfleet_meta SET value = ?1 WHERE key = 'txid'")
+                .and_then(|mut s| s.execute([txid]))
+                .expect("txid");
+        }
+        conn.prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
+            .expect("commit");
     }
     let secs = start.elapsed().as_secs_f64();
-    (commands / group * group) as f64 / secs
+    Sample {
+        commands_per_second: (commands / group * group) as f64 / secs,
+        capture_fraction: 0.0,
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -92,28 +211,73 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let commands: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
-    println!("commands per run: {commands}, rounds: {rounds} (interleaved A B B A)");
+    let groups: Vec<usize> = args
+        .next()
+        .map(|a| a.split(',').filter_map(|g| g.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 128]);
+    let variants: Vec<Variant> = args
+        .next()
+        .map(|a| a.split(',').filter_map(Variant::parse).collect())
+        .unwrap_or_else(|| {
+            vec![
+                Variant::Sqlite,
+                Variant::Ledger,
+                Variant::Savepoint,
+                Variant::Cell,
+            ]
+        });
+    println!("commands per run: {commands}, rounds: {rounds} (interleaved, order reversed every other round)");
     println!(
-        "{:>6} {:>14} {:>14} {:>10}",
-        "group", "cell cmd/s", "floor cmd/s", "overhead"
+        "{:>6} {:<26} {:>12} {:>12} {:>12}",
+        "group", "variant", "cmd/s", "us/command", "vs sqlite"
     );
     let mut seq = 0u64;
-    for group in [1usize, 16, 128] {
-        let (mut cell, mut floor) = (Vec::new(), Vec::new());
+    for &group in &groups {
+        let mut samples: Vec<Vec<Sample>> = variants.iter().map(|_| Vec::new()).collect();
         for round in 0..rounds {
-            if round % 2 == 0 {
-                cell.push(engine_run(group, commands, &mut seq));
-                floor.push(floor_run(group, commands, &mut seq));
-            } else {
-                floor.push(floor_run(group, commands, &mut seq));
-                cell.push(engine_run(group, commands, &mut seq));
+            let mut order: Vec<usize> = (0..variants.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let sample = match variants[i] {
+                    Variant::Cell => engine_run(group, commands, &mut seq),
+                    floor => floor_run(floor, group, commands, &mut seq),
+                };
+                samples[i].push(sample);
             }
         }
-        let (c, f) = (median(cell), median(floor));
-        println!(
-            "{group:>6} {c:>14.0} {f:>14.0} {:>9.1}%",
-            (f / c - 1.0) * 100.0
-        );
+        let rates: Vec<f64> = samples
+            .iter()
+            .map(|s| median(s.iter().map(|x| x.commands_per_second).collect()))
+            .collect();
+        let sqlite = variants
+            .iter()
+            .position(|v| *v == Variant::Sqlite)
+            .map(|i| rates[i]);
+        for (i, variant) in variants.iter().enumerate() {
+            let overhead = sqlite
+                .map(|f| format!("{:>+11.1}%", (f / rates[i] - 1.0) * 100.0))
+                .unwrap_or_default();
+            println!(
+                "{group:>6} {:<26} {:>12.0} {:>12.2} {overhead}",
+                variant.name(),
+                rates[i],
+                1e6 / rates[i],
+            );
+            if *variant == Variant::Cell {
+                let fraction = median(samples[i].iter().map(|x| x.capture_fraction).collect());
+                println!(
+                    "{group:>6} {:<26} {:>12} {:>12.2} {:>11.1}% of cell time",
+                    "  of which capture",
+                    "",
+                    fraction * 1e6 / rates[i],
+                    fraction * 100.0
+                );
+            }
+        }
     }
-    println!("overhead = extra time per command relative to the floor (floor/cell - 1)");
+    println!(
+        "vs sqlite = extra time per command relative to the bare SQLite floor (floor/variant - 1)"
+    );
 }

@@ -92,6 +92,19 @@ pub struct GroupResult {
     pub publication: Option<Publication>,
 }
 
+/// Counters of the captures this engine made since it was opened (for
+/// metrics and for benchmarks that separate capture from execution).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureStats {
+    /// Transactions captured (published or aborted later).
+    pub captures_total: u64,
+    /// Time spent capturing: reading the WAL, updating the checksums and
+    /// encoding the LTX file.
+    pub capture_nanos_total: u64,
+    /// Bytes of LTX produced.
+    pub ltx_bytes_total: u64,
+}
+
 /// A freshly opened Cell, with the migration it had to run (pending).
 #[derive(Debug)]
 pub struct Opened {
@@ -121,6 +134,11 @@ pub struct Cell {
     published: Position,
     pending: Option<Pending>,
     poisoned: bool,
+    stats: CaptureStats,
+    /// A lower bound of the earliest expiry in the ledger (`i64::MAX` when
+    /// it is empty), so groups skip the prune statement when nothing can
+    /// have expired; `None` when unknown (after open, abort or an error).
+    ledger_expiry_floor: Option<i64>,
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
     migrations_published: usize,
@@ -259,6 +277,8 @@ impl Cell {
             published,
             pending: None,
             poisoned: false,
+            stats: CaptureStats::default(),
+            ledger_expiry_floor: None,
             migrations_declared: 0,
             migrations_published: 0,
             _lock: lock,
@@ -293,6 +313,11 @@ impl Cell {
     /// The database file path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What capturing has cost so far.
+    pub fn capture_stats(&self) -> CaptureStats {
+        self.stats
     }
 
     /// Number of outcomes in the ledger.
@@ -405,29 +430,29 @@ impl Cell {
         let txid = self.published.txid.next().ok_or(Error::TxidOverflow)?;
         self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let outcome = self.run_group(group, txid, now_ms);
-        let (results, changed) = match outcome {
+        let (results, expiry_floor) = match outcome {
             Ok(v) => v,
             Err(e) => {
                 // Nothing was committed: the published state is intact.
-                if !self.write.is_autocommit() {
-                    self.write.execute_batch("ROLLBACK")?;
-                }
+                self.ledger_expiry_floor = None;
+                self.rollback()?;
                 return Err(e);
             }
         };
-        if !changed {
-            self.write.execute_batch("ROLLBACK")?;
+        let Some(expiry_floor) = expiry_floor else {
+            self.rollback()?;
             return Ok(GroupResult {
                 results,
                 publication: None,
             });
-        }
-        if let Err(e) = self.write.execute_batch("COMMIT") {
-            if !self.write.is_autocommit() {
-                self.write.execute_batch("ROLLBACK")?;
-            }
+        };
+        if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
+            self.ledger_expiry_floor = None;
+            self.rollback()?;
             return Err(e.into());
         }
+        // Undone by abort (which forgets the floor).
+        self.ledger_expiry_floor = Some(expiry_floor);
         match self.capture(txid, now_ms) {
             Ok(publication) => Ok(GroupResult {
                 results,
@@ -435,6 +460,7 @@ impl Cell {
             }),
             Err(e) => {
                 // Committed locally but not captured: throw it away now.
+                self.ledger_expiry_floor = None;
                 if let Err(discard) = self.discard_unpublished(None) {
                     self.poisoned = true;
                     return Err(discard);
@@ -444,14 +470,21 @@ impl Cell {
         }
     }
 
+    fn rollback(&self) -> Result<()> {
+        if !self.write.is_autocommit() {
+            self.write.prepare_cached("ROLLBACK")?.execute([])?;
+        }
+        Ok(())
+    }
+
     /// Run the commands inside the open transaction; returns the results
-    /// and whether the database changed.
+    /// and, when the database changed, the new ledger expiry floor.
     fn run_group(
         &self,
         group: &[Command],
         txid: Txid,
         now_ms: i64,
-    ) -> Result<(Vec<CommandResult>, bool)> {
+    ) -> Result<(Vec<CommandResult>, Option<i64>)> {
         let behind = self.behind()?;
         let mut changed = behind;
         if behind {
@@ -459,6 +492,7 @@ impl Cell {
         }
         let kind_name = self.kind.name().to_string();
         let mut results = Vec::with_capacity(group.len());
+        let mut recorded_expiry = i64::MAX;
         for command in group {
             if let Some(rejection) = self.refuse_early(command, now_ms) {
                 results.push(CommandResult {
@@ -504,6 +538,7 @@ impl Cell {
                 &outcome,
             )?;
             changed = true;
+            recorded_expiry = recorded_expiry.min(command.expires_at_ms);
             results.push(CommandResult {
                 id: command.id,
                 outcome,
@@ -511,12 +546,23 @@ impl Cell {
                 duplicate: false,
             });
         }
-        if changed {
-            ledger::set_txid(&self.write, txid)?;
-            let cutoff = now_ms.saturating_sub(self.config.skew_margin_ms);
-            ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)?;
+        if !changed {
+            return Ok((results, None));
         }
-        Ok((results, changed))
+        ledger::set_txid(&self.write, txid)?;
+        let mut floor = match self.ledger_expiry_floor {
+            Some(floor) => floor.min(recorded_expiry),
+            None => ledger::earliest_expiry(&self.write)?,
+        };
+        // Pruning prepares anew on every run (SQLite re-plans a range
+        // bound on an indexed column), so it runs only when some entry can
+        // have expired.
+        let cutoff = now_ms.saturating_sub(self.config.skew_margin_ms);
+        if floor < cutoff {
+            ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)?;
+            floor = ledger::earliest_expiry(&self.write)?;
+        }
+        Ok((results, Some(floor)))
     }
 
     /// One command in its own savepoint.
@@ -573,6 +619,17 @@ impl Cell {
 
     /// Read the frames the last commit wrote and encode them.
     fn capture(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
+        let started = std::time::Instant::now();
+        let captured = self.capture_inner(txid, now_ms);
+        self.stats.captures_total += 1;
+        self.stats.capture_nanos_total += started.elapsed().as_nanos() as u64;
+        if let Ok(p) = &captured {
+            self.stats.ltx_bytes_total += p.ltx.len() as u64;
+        }
+        captured
+    }
+
+    fn capture_inner(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
         let committed: Committed =
             wal::read_committed(&self.wal_path, &self.capture.cursor, self.capture.page_size)?
                 .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?;
@@ -630,6 +687,7 @@ impl Cell {
             return Err(Error::Poisoned);
         }
         let pending = self.pending.take().ok_or(Error::NoPendingPublication)?;
+        self.ledger_expiry_floor = None;
         if let Err(e) = self.discard_unpublished(Some(pending.undo)) {
             self.poisoned = true;
             return Err(e);

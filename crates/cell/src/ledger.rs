@@ -114,6 +114,14 @@ pub(crate) fn record(
     Ok(())
 }
 
+/// The earliest expiry in the ledger; `i64::MAX` when it is empty.
+pub(crate) fn earliest_expiry(conn: &Connection) -> Result<i64> {
+    let earliest: Option<i64> = conn
+        .prepare_cached("SELECT min(expires_at_ms) FROM _cellfleet_ledger")?
+        .query_row([], |r| r.get(0))?;
+    Ok(earliest.unwrap_or(i64::MAX))
+}
+
 /// Delete at most `max` entries whose validity window ended before
 /// `cutoff_ms`; returns how many went.
 pub(crate) fn prune(conn: &Connection, cutoff_ms: i64, max: u32) -> Result<usize> {

@@ -607,3 +607,55 @@ fn compaction_refuses_a_chain_mixing_checksum_modes() {
         "{err}"
     );
 }
+
+#[test]
+fn expired_ledger_entries_are_pruned_in_bounded_steps() {
+    let config = CellConfig {
+        ledger_prune_max: 3,
+        skew_margin_ms: 500,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(kv(), config);
+    let with_expiry = |n: u64, expires_at_ms: i64| {
+        let mut c = put(n, &format!("k{n}"), json!(n));
+        c.expires_at_ms = expires_at_ms;
+        c
+    };
+    let short: Vec<Command> = (1..=5).map(|n| with_expiry(n, NOW + 1_000)).collect();
+    h.run(&short);
+    h.run(&[with_expiry(6, NOW + 100_000), with_expiry(7, NOW + 100_000)]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 7);
+    // Expired, but still inside the skew margin: kept.
+    h.now = NOW + 1_400;
+    h.run(&[with_expiry(8, NOW + 100_000)]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 8);
+    // Past expiry plus margin: at most three go per group.
+    h.now = NOW + 1_501;
+    h.run(&[with_expiry(9, NOW + 100_000)]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 9 - 3);
+    // The group that prunes the last two is aborted: they come back, and
+    // the next group prunes them again.
+    let now = h.now;
+    let pruning = h
+        .cell()
+        .execute(&[with_expiry(10, NOW + 100_000)], now)
+        .unwrap();
+    assert!(pruning.publication.is_some());
+    assert_eq!(h.cell().ledger_len().unwrap(), 7 - 2);
+    h.cell().abort().unwrap();
+    assert_eq!(h.cell().ledger_len().unwrap(), 6);
+    h.run(&[with_expiry(10, NOW + 100_000)]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 7 - 2);
+    h.open();
+    h.run(&[with_expiry(11, NOW + 100_000)]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 6, "nothing left to prune");
+    // A retry of a pruned command is refused as expired, never re-run.
+    let r = h.run(&[with_expiry(1, NOW + 1_000)]);
+    assert!(
+        matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Expired)
+    );
+    assert!(r.publication.is_none());
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}

@@ -308,6 +308,66 @@ impl Kind for SqlKind {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    fn sql_fragment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("CREATE TABLE t (x)".to_string()),
+            Just("SELECT :a".to_string()),
+            Just("INSERT INTO t VALUES (:x)".to_string()),
+            Just("DROP TABLE t".to_string()),
+            Just("PRAGMA user_version = 1".to_string()),
+            Just("ATTACH 'x' AS y".to_string()),
+            "[ -~]{0,40}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Arbitrary text is refused with a typed error, never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,400}") {
+            if let Err(e) = Manifest::parse(&text) {
+                prop_assert!(matches!(e, Error::Manifest(_)), "{e}");
+            }
+        }
+
+        /// Manifests of the right shape with arbitrary SQL, names and
+        /// limits: accepted only when every statement prepares, refused
+        /// with a typed error otherwise.
+        #[test]
+        fn arbitrary_kinds_never_panic(
+            name in "[a-z_$]{0,8}",
+            migrations in prop::collection::vec(sql_fragment(), 0..3),
+            command in sql_fragment(),
+            query in sql_fragment(),
+            rows_max in any::<i64>(),
+            raw_sql in any::<bool>(),
+        ) {
+            let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+            let text = format!(
+                "[kinds.{k}]\nraw_sql = {raw_sql}\nmigrations = [{m}]\n\
+                 [kinds.{k}.commands.c]\nsql = {c}\n[kinds.{k}.queries.q]\nsql = {q}\n\
+                 [kinds.{k}.limits]\nrows_max = {rows_max}\n",
+                k = quote(&name),
+                m = migrations.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", "),
+                c = quote(&command),
+                q = quote(&query),
+            );
+            match Manifest::parse(&text) {
+                Ok(manifest) => {
+                    let kind = manifest.kind(&name);
+                    prop_assert!(kind.is_ok());
+                    prop_assert!(rows_max >= 0);
+                }
+                Err(e) => prop_assert!(
+                    matches!(e, Error::Manifest(_) | Error::BadSql(_)),
+                    "{e}"
+                ),
+            }
+        }
+    }
+
     use super::*;
 
     const GOOD: &str = r#"

@@ -239,4 +239,54 @@ mod tests {
             "a truncated wal starts over with new salts"
         );
     }
+
+    /// A valid WAL header for `page_size` (little-endian checksums).
+    fn header(page_size: u32, salts: (u32, u32)) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend_from_slice(&MAGIC_LE.to_be_bytes());
+        h.extend_from_slice(&3_007_000u32.to_be_bytes());
+        h.extend_from_slice(&page_size.to_be_bytes());
+        h.extend_from_slice(&0u32.to_be_bytes());
+        h.extend_from_slice(&salts.0.to_be_bytes());
+        h.extend_from_slice(&salts.1.to_be_bytes());
+        let sum = checksum(false, &h, (0, 0));
+        h.extend_from_slice(&sum.0.to_be_bytes());
+        h.extend_from_slice(&sum.1.to_be_bytes());
+        h
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+        /// Untrusted WAL bytes (garbage, or a valid header followed by
+        /// garbage frames), read from any cursor: a typed result, never a
+        /// panic, and only whole frames up to a commit are ever returned.
+        #[test]
+        fn arbitrary_wal_bytes_never_panic(
+            valid_header in proptest::bool::ANY,
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..3000),
+            offset in 0u64..4000,
+            salts in (proptest::num::u32::ANY, proptest::num::u32::ANY),
+            same_salts in proptest::bool::ANY,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let wal = dir.path().join("x-wal");
+            let mut bytes = if valid_header { header(512, salts) } else { Vec::new() };
+            bytes.extend_from_slice(&body);
+            std::fs::write(&wal, &bytes).unwrap();
+            let cursor = WalCursor {
+                offset,
+                salt1: if same_salts { salts.0 } else { salts.0.wrapping_add(1) },
+                salt2: salts.1,
+                checksum: (1, 2),
+                big_endian: false,
+            };
+            if let Ok(Some(committed)) = read_committed(&wal, &cursor, 512) {
+                let frame = FRAME_HEADER_SIZE + 512;
+                proptest::prop_assert!(committed.cursor.offset <= bytes.len() as u64);
+                proptest::prop_assert_eq!((committed.cursor.offset - committed.start_offset) % frame, 0);
+                proptest::prop_assert!(committed.pages.values().all(|p| p.len() == 512));
+                proptest::prop_assert!(committed.commit > 0);
+            }
+        }
+    }
 }

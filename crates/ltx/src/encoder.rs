@@ -21,6 +21,8 @@ pub struct Encoder<W: Write> {
     index: Vec<IndexEntry>,
     sequence: PageSequence,
     compressed: Vec<u8>,
+    /// LZ4's hash table, reused across pages instead of allocated per page.
+    table: lz4_flex::block::CompressTable,
     /// For snapshots that track checksums: the database checksum of the
     /// pages written, checked against the caller's post-apply checksum.
     snapshot_checksum: Option<RollingChecksum>,
@@ -53,6 +55,7 @@ impl<W: Write> Encoder<W> {
             index: Vec::new(),
             sequence: PageSequence::new(&header),
             compressed: vec![0; max_block_size(header.page_size) as usize],
+            table: lz4_flex::block::CompressTable::default(),
             snapshot_checksum,
         })
     }
@@ -65,8 +68,9 @@ impl<W: Write> Encoder<W> {
     /// Append one page; `pgno` must be above every page written so far.
     pub fn encode_page(&mut self, pgno: u32, data: &[u8]) -> Result<()> {
         self.check_page(pgno, data)?;
-        let size = lz4_flex::block::compress_into(data, &mut self.compressed)
-            .map_err(|_| Error::Usage("compression buffer too small"))?;
+        let size =
+            lz4_flex::block::compress_into_with_table(data, &mut self.compressed, &mut self.table)
+                .map_err(|_| Error::Usage("compression buffer too small"))?;
         let page_header = encode_page_header(pgno, PAGE_FLAG_SIZE_PREFIX);
         let prefix = (size as u32).to_be_bytes();
         self.writer.write_all(&page_header)?;

@@ -1,0 +1,300 @@
+//! Object-store value types: keys, ETags, objects, conditions, listings and operation kinds.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+/// Longest key accepted, in bytes (S3's limit).
+pub const KEY_BYTES_MAX: usize = 1024;
+
+/// An entity tag: the store's version token of one object's bytes.
+///
+/// Stored without the surrounding quotes S3 puts on the wire. On S3 it is an
+/// MD5 content hash (`-N` suffixed for multipart uploads); on
+/// [`crate::LocalStore`] and [`crate::MemoryStore`] a SHA-256 content hash. In
+/// every backend identical bytes give identical ETags.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ETag(String);
+
+impl ETag {
+    /// Wraps a raw ETag, stripping surrounding quotes and a weak prefix.
+    pub fn new(raw: impl AsRef<str>) -> Self {
+        let raw = raw.as_ref().trim();
+        let raw = raw.strip_prefix("W/").unwrap_or(raw);
+        Self(raw.trim_matches('"').to_owned())
+    }
+
+    /// The unquoted ETag.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The quoted form used in `If-Match` headers.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+}
+
+impl fmt::Debug for ETag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ETag({})", self.0)
+    }
+}
+
+impl fmt::Display for ETag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An object's bytes (all of them, or a range) and the whole object's ETag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    /// The bytes read.
+    pub body: Bytes,
+    /// The ETag of the whole object.
+    pub etag: ETag,
+    /// The whole object's size in bytes.
+    pub size: u64,
+}
+
+/// An object's metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The object's ETag.
+    pub etag: ETag,
+    /// The object's size in bytes.
+    pub size: u64,
+}
+
+/// The precondition of a [`crate::ObjectStore::put`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutCondition {
+    /// Unconditional overwrite. Only for data that is immutable by naming
+    /// (content-addressed keys); never for records that fence writers.
+    Overwrite,
+    /// Create only: fails if the key exists (`If-None-Match: *`).
+    IfNoneMatch,
+    /// Replace only if the current ETag equals this one (`If-Match`).
+    IfMatch(ETag),
+}
+
+impl PutCondition {
+    /// Whether a resend of this put is harmless whatever happened to the
+    /// first attempt (only unconditional puts are).
+    pub fn is_idempotent(&self) -> bool {
+        matches!(self, PutCondition::Overwrite)
+    }
+}
+
+/// One key of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntry {
+    /// The full key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The ETag, where the backend reports it in listings.
+    pub etag: Option<ETag>,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Keys in lexicographic order.
+    pub entries: Vec<ListEntry>,
+    /// Where the next page starts (pass as `start_after`), `None` at the end.
+    pub next_start_after: Option<String>,
+}
+
+/// The kinds of store operation, for counters, fault rules and errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// [`crate::ObjectStore::get`]
+    Get,
+    /// [`crate::ObjectStore::get_range`]
+    GetRange,
+    /// [`crate::ObjectStore::head`]
+    Head,
+    /// [`crate::ObjectStore::put`] with [`PutCondition::Overwrite`]
+    Put,
+    /// [`crate::ObjectStore::put`] with [`PutCondition::IfNoneMatch`]
+    PutIfNoneMatch,
+    /// [`crate::ObjectStore::put`] with [`PutCondition::IfMatch`]
+    PutIfMatch,
+    /// [`crate::ObjectStore::delete`]
+    Delete,
+    /// [`crate::ObjectStore::list`]
+    List,
+}
+
+impl Op {
+    /// Every operation kind.
+    pub const ALL: [Op; 8] = [
+        Op::Get,
+        Op::GetRange,
+        Op::Head,
+        Op::Put,
+        Op::PutIfNoneMatch,
+        Op::PutIfMatch,
+        Op::Delete,
+        Op::List,
+    ];
+
+    /// The operation kind of a put with this condition.
+    pub fn of_put(condition: &PutCondition) -> Op {
+        match condition {
+            PutCondition::Overwrite => Op::Put,
+            PutCondition::IfNoneMatch => Op::PutIfNoneMatch,
+            PutCondition::IfMatch(_) => Op::PutIfMatch,
+        }
+    }
+
+    /// Whether repeating the operation is harmless whatever happened to an
+    /// earlier attempt.
+    pub fn is_idempotent(self) -> bool {
+        !matches!(self, Op::PutIfNoneMatch | Op::PutIfMatch)
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Op::Get => "get",
+            Op::GetRange => "get_range",
+            Op::Head => "head",
+            Op::Put => "put",
+            Op::PutIfNoneMatch => "put_if_none_match",
+            Op::PutIfMatch => "put_if_match",
+            Op::Delete => "delete",
+            Op::List => "list",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Checks a key: 1..=[`KEY_BYTES_MAX`] bytes, `/`-separated non-empty
+/// segments, no `.` or `..` segment, no leading or trailing `/`, no control
+/// characters or backslashes. The same rule for every backend, so a layout
+/// that works locally works on S3.
+pub fn validate_key(key: &str) -> Result<()> {
+    let invalid = |reason: &str| {
+        Err(Error::InvalidKey {
+            key: key.chars().take(200).collect(),
+            reason: reason.to_owned(),
+        })
+    };
+    if key.is_empty() {
+        return invalid("empty");
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return invalid("longer than 1024 bytes");
+    }
+    if key.chars().any(|c| c.is_control() || c == '\\') {
+        return invalid("control character or backslash");
+    }
+    for segment in key.split('/') {
+        if segment.is_empty() {
+            return invalid("empty path segment (leading, trailing or double '/')");
+        }
+        if segment == "." || segment == ".." {
+            return invalid("'.' or '..' segment");
+        }
+    }
+    Ok(())
+}
+
+/// Checks a listing prefix: empty, or a key prefix without `.`/`..` segments.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
+    if trimmed.is_empty() {
+        return Err(Error::InvalidKey {
+            key: prefix.to_owned(),
+            reason: "prefix '/'".to_owned(),
+        });
+    }
+    validate_key(trimmed)
+}
+
+/// Clamps `range` to an object of `size` bytes, HTTP style.
+pub(crate) fn clamp_range(
+    key: &str,
+    range: &std::ops::Range<u64>,
+    size: u64,
+) -> Result<std::ops::Range<usize>> {
+    if range.start >= range.end || range.start >= size {
+        return Err(Error::InvalidRange {
+            key: key.to_owned(),
+            start: range.start,
+            end: range.end,
+            size,
+        });
+    }
+    let end = range.end.min(size);
+    let start = usize::try_from(range.start).map_err(|_| Error::InvalidRange {
+        key: key.to_owned(),
+        start: range.start,
+        end: range.end,
+        size,
+    })?;
+    let end = usize::try_from(end).unwrap_or(usize::MAX);
+    Ok(start..end)
+}
+
+/// SHA-256 hex of `bytes`: the ETag of the local and memory backends.
+pub(crate) fn content_etag(bytes: &[u8]) -> ETag {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(bytes);
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    ETag(hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etag_strips_quotes() {
+        assert_eq!(ETag::new("\"abc\"").as_str(), "abc");
+        assert_eq!(ETag::new("W/\"abc\"").as_str(), "abc");
+        assert_eq!(ETag::new("abc").quoted(), "\"abc\"");
+    }
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(validate_key("a/b/c.json").is_ok());
+        for bad in ["", "/a", "a/", "a//b", "a/../b", "./a", "a\\b", "a\nb"] {
+            assert!(
+                matches!(validate_key(bad), Err(Error::InvalidKey { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(validate_key(&"x".repeat(1025)).is_err());
+    }
+
+    #[test]
+    fn ranges_clamp_like_http() {
+        assert_eq!(clamp_range("k", &(2..100), 10).unwrap(), 2..10);
+        assert!(clamp_range("k", &(10..11), 10).is_err());
+        assert!(clamp_range("k", &(3..3), 10).is_err());
+    }
+
+    #[test]
+    fn content_etag_is_stable() {
+        assert_eq!(content_etag(b"a"), content_etag(b"a"));
+        assert_ne!(content_etag(b"a"), content_etag(b"b"));
+        assert_eq!(content_etag(b"").as_str().len(), 64);
+    }
+}

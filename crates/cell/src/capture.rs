@@ -51,8 +51,9 @@ pub(crate) struct CaptureState {
     pub checksums_in_file: bool,
 }
 
-/// How to put one capture back.
-#[derive(Debug)]
+/// How to put one capture back (cloned to describe an earlier state
+/// without leaving the current one, see [`crate::Cell::snapshot`]).
+#[derive(Debug, Clone)]
 pub(crate) struct Undo {
     commit: u32,
     checksum: Checksum,

@@ -1,23 +1,49 @@
 //! The Cell engine: one SQLite database with one writer, executing groups
 //! of commands as single transactions and capturing each as one LTX file.
 //!
+//! Publications are pipelined: up to [`CellConfig::pending_publications_max`]
+//! captured groups may wait for the caller to make them durable. Each one
+//! builds on the one before it ([`Publication::pre`] is the previous pending
+//! publication's `post`), so they are confirmed in TXID order, and aborting
+//! voids all of them.
+//!
 //! Ordering, the rules this file keeps:
 //! - Automatic checkpoints are off and connections never checkpoint on
-//!   close; the WAL is checkpointed (TRUNCATE) only after the caller
-//!   [`Cell::confirm`]s the publication of everything in it.
-//! - At most one publication is pending. Until it is confirmed or aborted
-//!   the Cell refuses new groups and queries (a query must never see state
-//!   that may still be thrown away).
-//! - [`Cell::abort`] rebuilds the last published state from local files:
-//!   both connections are closed, the WAL is cut back to the end of the last
-//!   published frame, the shared-memory index is deleted so SQLite rebuilds
-//!   it from the WAL, the captured checksums are restored from the undo
-//!   record, and the TXID read back from the database must equal the
-//!   published one. If any step fails the Cell is poisoned and the caller
-//!   must close it and [`crate::recover`] from the published chain.
+//!   close; the WAL is checkpointed (TRUNCATE) only when nothing is pending,
+//!   after the caller [`Cell::confirm`]s the publication of everything in
+//!   it. While anything is pending the WAL holds unpublished frames, and
+//!   [`Cell::execute`] refuses a new group once the WAL has outgrown
+//!   [`CellConfig::checkpoint_wal_bytes`], so the pipeline drains and the
+//!   WAL stays bounded.
+//! - Queries answer from the published (confirmed) state only, and are
+//!   never refused because something is pending. Before a group's
+//!   `BEGIN IMMEDIATE`, a read connection opens a read transaction on the
+//!   state the group builds on (a *pin*, see [`crate::reader`]): the
+//!   published state when nothing is pending, else the newest pending one.
+//!   Queries run on the pin of the published state; on confirm the next
+//!   pending state's pin takes its place, and when nothing is left pending
+//!   the pin is released (the latest state then *is* the published one).
+//!   Pins are verified (the TXID read through the pin) when they are taken,
+//!   and after every query: a pin that SQLite dropped (an I/O error rolls
+//!   a transaction back) makes queries refuse until nothing is pending,
+//!   never answer from pending state.
+//! - [`Cell::abort`] voids every pending publication and rebuilds the last
+//!   published state from local files: every connection is closed, the WAL
+//!   is cut back to the end of the last published frame, the shared-memory
+//!   index is deleted so SQLite rebuilds it from the WAL, the captured
+//!   checksums are restored from the undo records (newest first), and the
+//!   TXID read back from the database must equal the published one. If any
+//!   step fails the Cell is poisoned and the caller must close it and
+//!   [`crate::recover`] from the published chain.
+//! - The ledger is exactly-once across the pipeline: a command id whose
+//!   first execution is still pending returns the stored outcome together
+//!   with [`CommandResult::depends_on_txid`], the pending TXID the answer
+//!   rests on; if that publication is aborted the answer is void (and the
+//!   id is free again, since the aborted group's ledger rows are gone).
 //! - [`Cell::open`] checkpoints whatever the files hold and then refuses to
 //!   serve unless the database is exactly at the published position.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +58,7 @@ use crate::capture::{CaptureState, Files, Publication, Undo};
 use crate::command::{Command, CommandResult, Outcome, RejectCode, Rejection};
 use crate::guard::{Guard, Mode};
 use crate::kind::{Kind, KindError};
+use crate::reader::{Pin, Reader};
 use crate::sql::value_bytes;
 use crate::wal::{self, Committed};
 use crate::{ledger, Error, Result};
@@ -47,8 +74,13 @@ pub struct CellConfig {
     pub group_commands_max: usize,
     /// A delta with more page bytes than this is published as a snapshot.
     pub snapshot_delta_bytes: u64,
-    /// After a confirmed publication, checkpoint once the WAL is this big.
+    /// When a confirm leaves nothing pending, checkpoint once the WAL is
+    /// this big; while anything is pending, a WAL this big refuses new
+    /// groups ([`Error::CheckpointDue`]) until the pipeline drains.
     pub checkpoint_wal_bytes: u64,
+    /// Most publications pending at once (at least 1): a group may execute
+    /// while this many minus one earlier ones are still being published.
+    pub pending_publications_max: usize,
     /// Furthest a command's expiry may lie in the future.
     pub validity_ms_max: i64,
     /// Clock skew margin: ledger entries live until expiry plus this.
@@ -73,6 +105,7 @@ impl Default for CellConfig {
             group_commands_max: 1024,
             snapshot_delta_bytes: 16 << 20,
             checkpoint_wal_bytes: 4 << 20,
+            pending_publications_max: 2,
             validity_ms_max: 24 * 3600 * 1000,
             skew_margin_ms: 500,
             ledger_prune_max: 256,
@@ -112,10 +145,15 @@ pub struct Opened {
     pub migration: Option<Publication>,
 }
 
+/// One captured group waiting for [`Cell::confirm`] or [`Cell::abort`].
 #[derive(Debug)]
 struct Pending {
-    txid: Txid,
+    post: Position,
     undo: Undo,
+    /// A reader pinned at `post`, taken before the next group committed;
+    /// `None` while this is the newest pending publication (its state is
+    /// the latest one, and nothing needs to hold it).
+    reader: Option<Reader>,
 }
 
 /// One open Cell.
@@ -128,11 +166,17 @@ pub struct Cell {
     config: CellConfig,
     write: Connection,
     write_guard: Guard,
-    read: Connection,
-    read_guard: Guard,
+    /// Queries run here: pinned at the published state while anything is
+    /// pending, free (and so seeing the published state) otherwise.
+    published_reader: Reader,
+    /// Free readers for the next pins, opened on first need (at most
+    /// `pending_publications_max - 1` are ever pinned at once besides the
+    /// published one).
+    spare_readers: Vec<Reader>,
     capture: CaptureState,
     published: Position,
-    pending: Option<Pending>,
+    /// Oldest first; at most `pending_publications_max`.
+    pending: VecDeque<Pending>,
     poisoned: bool,
     stats: CaptureStats,
     /// A lower bound of the earliest expiry in the ledger (`i64::MAX` when
@@ -231,6 +275,11 @@ impl Cell {
                 config.page_size
             )));
         }
+        if config.pending_publications_max == 0 {
+            return Err(Error::BadParameters(
+                "pending_publications_max must be at least 1".into(),
+            ));
+        }
         let lock = lock_cell(path)?;
         let exists = path.exists();
         if !exists && published != Position::EMPTY {
@@ -241,7 +290,7 @@ impl Cell {
         let (write, write_guard) = open_connection(path, false, &config)?;
         // Whatever the WAL holds goes into the file; the position check
         // below decides whether that is the published state.
-        checkpoint(&write)?;
+        checkpoint(&write, &wal_path)?;
         let page_size = if exists {
             write.query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))?
         } else {
@@ -261,7 +310,7 @@ impl Cell {
                 expected: published,
             });
         }
-        let (read, read_guard) = open_connection(path, true, &config)?;
+        let published_reader = Reader::open(path, &config)?;
         write.set_prepared_statement_cache_capacity(64);
         let mut cell = Cell {
             path: path.to_path_buf(),
@@ -271,11 +320,11 @@ impl Cell {
             config,
             write,
             write_guard,
-            read,
-            read_guard,
+            published_reader,
+            spare_readers: Vec::new(),
             capture,
             published,
-            pending: None,
+            pending: VecDeque::new(),
             poisoned: false,
             stats: CaptureStats::default(),
             ledger_expiry_floor: None,
@@ -295,14 +344,39 @@ impl Cell {
         Ok(Opened { cell, migration })
     }
 
-    /// The published position.
-    pub fn position(&self) -> Position {
+    /// The published position: the state the caller last
+    /// [`Cell::confirm`]ed (or opened at), which queries answer from and
+    /// the authority root names.
+    pub fn published_position(&self) -> Position {
         self.published
     }
 
-    /// The TXID of the pending publication, if any.
+    /// The position of the latest executed state, which the next group
+    /// builds on: the newest pending publication's `post`, or the published
+    /// position when nothing is pending.
+    pub fn position(&self) -> Position {
+        self.pending.back().map_or(self.published, |p| p.post)
+    }
+
+    /// The TXID of the oldest pending publication (the one to confirm
+    /// next), if any.
     pub fn pending_txid(&self) -> Option<Txid> {
-        self.pending.as_ref().map(|p| p.txid)
+        self.pending.front().map(|p| p.post.txid)
+    }
+
+    /// The TXIDs of all pending publications, oldest first.
+    pub fn pending_txids(&self) -> Vec<Txid> {
+        self.pending.iter().map(|p| p.post.txid).collect()
+    }
+
+    /// Whether [`Cell::execute`] would take a group now: the Cell is not
+    /// poisoned, fewer than [`CellConfig::pending_publications_max`]
+    /// publications are pending, and the WAL is not waiting for the
+    /// pipeline to drain so it can be checkpointed. A caller that drains a
+    /// mailbox into a group asks this first and otherwise waits for a
+    /// confirm.
+    pub fn can_execute(&self) -> bool {
+        self.check_executable().is_ok()
     }
 
     /// The kind this Cell runs.
@@ -320,17 +394,43 @@ impl Cell {
         self.stats
     }
 
-    /// Number of outcomes in the ledger.
+    /// Number of outcomes in the ledger, pending ones included.
     pub fn ledger_len(&self) -> Result<u64> {
         ledger::len(&self.write)
     }
 
-    fn check_usable(&self) -> Result<()> {
+    fn check_not_poisoned(&self) -> Result<()> {
         if self.poisoned {
             return Err(Error::Poisoned);
         }
-        if let Some(p) = &self.pending {
-            return Err(Error::PublicationPending(p.txid));
+        Ok(())
+    }
+
+    /// Usable, and nothing pending.
+    fn check_settled(&self) -> Result<()> {
+        self.check_not_poisoned()?;
+        if let Some(txid) = self.pending_txid() {
+            return Err(Error::PublicationPending(txid));
+        }
+        Ok(())
+    }
+
+    fn check_executable(&self) -> Result<()> {
+        self.check_not_poisoned()?;
+        let Some(oldest) = self.pending_txid() else {
+            return Ok(());
+        };
+        if self.pending.len() >= self.config.pending_publications_max {
+            return Err(Error::PipelineFull {
+                oldest,
+                pending: self.pending.len(),
+            });
+        }
+        if self.capture.cursor.offset >= self.config.checkpoint_wal_bytes {
+            return Err(Error::CheckpointDue {
+                oldest,
+                wal_bytes: self.capture.cursor.offset,
+            });
         }
         Ok(())
     }
@@ -355,7 +455,7 @@ impl Cell {
     fn behind(&self) -> Result<bool> {
         // Migrations only ever run on open (or on the first group after an
         // aborted migration), so the cheap check comes first.
-        Ok(self.published.txid == Txid::ZERO
+        Ok(self.position().txid == Txid::ZERO
             || self.migrations_declared > self.migrations_published
                 && ledger::applied_migrations(&self.write)?.len() < self.migrations_declared)
     }
@@ -418,8 +518,16 @@ impl Cell {
     /// another digest it is refused. Expired commands are refused before
     /// anything runs. The returned publication is pending: call
     /// [`Cell::confirm`] once it is durable, or [`Cell::abort`].
+    ///
+    /// Earlier publications may still be pending (up to
+    /// [`CellConfig::pending_publications_max`]); the group then builds on
+    /// the newest of them, and each result's
+    /// [`CommandResult::depends_on_txid`] says which publication must be
+    /// confirmed before it may be released. Refused with
+    /// [`Error::PipelineFull`] or [`Error::CheckpointDue`] (nothing ran)
+    /// when [`Cell::can_execute`] is false.
     pub fn execute(&mut self, group: &[Command], now_ms: i64) -> Result<GroupResult> {
-        self.check_usable()?;
+        self.check_executable()?;
         if group.len() > self.config.group_commands_max {
             return Err(Error::LimitExceeded {
                 what: "group size",
@@ -427,32 +535,33 @@ impl Cell {
                 limit: self.config.group_commands_max as u64,
             });
         }
-        let txid = self.published.txid.next().ok_or(Error::TxidOverflow)?;
-        self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let outcome = self.run_group(group, txid, now_ms);
-        let (results, expiry_floor) = match outcome {
+        let head = self.position();
+        let txid = head.txid.next().ok_or(Error::TxidOverflow)?;
+        // Hold the state this group builds on before it can change.
+        self.pin_head(head.txid)?;
+        let (results, expiry_floor) = match self.run_transaction(group, txid, now_ms) {
             Ok(v) => v,
             Err(e) => {
-                // Nothing was committed: the published state is intact.
+                // Nothing was committed: the state is intact.
                 self.ledger_expiry_floor = None;
-                self.rollback()?;
+                self.unpin_head()?;
                 return Err(e);
             }
         };
-        let Some(expiry_floor) = expiry_floor else {
-            self.rollback()?;
-            return Ok(GroupResult {
-                results,
-                publication: None,
-            });
+        let results = match expiry_floor {
+            Some(floor) => {
+                // Undone by abort (which forgets the floor).
+                self.ledger_expiry_floor = Some(floor);
+                results
+            }
+            None => {
+                self.unpin_head()?;
+                return Ok(GroupResult {
+                    results,
+                    publication: None,
+                });
+            }
         };
-        if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
-            self.ledger_expiry_floor = None;
-            self.rollback()?;
-            return Err(e.into());
-        }
-        // Undone by abort (which forgets the floor).
-        self.ledger_expiry_floor = Some(expiry_floor);
         match self.capture(txid, now_ms) {
             Ok(publication) => Ok(GroupResult {
                 results,
@@ -461,13 +570,79 @@ impl Cell {
             Err(e) => {
                 // Committed locally but not captured: throw it away now.
                 self.ledger_expiry_floor = None;
-                if let Err(discard) = self.discard_unpublished(None) {
+                if !self.pending.is_empty() {
+                    // Cutting the WAL back would drop the pins of the
+                    // pending states, which cannot be taken again.
+                    self.poisoned = true;
+                    return Err(e);
+                }
+                if let Err(discard) = self.discard_unpublished() {
                     self.poisoned = true;
                     return Err(discard);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// BEGIN, run the group, and COMMIT when it changed anything (the new
+    /// ledger expiry floor is then `Some`) or roll back when not.
+    fn run_transaction(
+        &mut self,
+        group: &[Command],
+        txid: Txid,
+        now_ms: i64,
+    ) -> Result<(Vec<CommandResult>, Option<i64>)> {
+        self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let (results, expiry_floor) = match self.run_group(group, txid, now_ms) {
+            Ok(v) => v,
+            Err(e) => {
+                self.rollback()?;
+                return Err(e);
+            }
+        };
+        if expiry_floor.is_none() {
+            self.rollback()?;
+            return Ok((results, None));
+        }
+        if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
+            self.rollback()?;
+            return Err(e.into());
+        }
+        Ok((results, expiry_floor))
+    }
+
+    /// Pin a reader at the latest state (`head`) before a group changes
+    /// it: the published reader when nothing is pending, else a spare one
+    /// kept by the newest pending publication.
+    fn pin_head(&mut self, head: Txid) -> Result<()> {
+        if self.pending.is_empty() {
+            return self.published_reader.pin_at(head);
+        }
+        let mut reader = match self.spare_readers.pop() {
+            Some(reader) => reader,
+            None => Reader::open(&self.path, &self.config)?,
+        };
+        if let Err(e) = reader.pin_at(head) {
+            self.spare_readers.push(reader);
+            return Err(e);
+        }
+        let newest = self.pending.back_mut().expect("something is pending");
+        debug_assert!(newest.reader.is_none());
+        newest.reader = Some(reader);
+        Ok(())
+    }
+
+    /// Undo [`Cell::pin_head`] after a group that left the state alone.
+    fn unpin_head(&mut self) -> Result<()> {
+        let Some(newest) = self.pending.back_mut() else {
+            return self.published_reader.unpin();
+        };
+        if let Some(mut reader) = newest.reader.take() {
+            reader.unpin()?;
+            self.spare_readers.push(reader);
+        }
+        Ok(())
     }
 
     fn rollback(&self) -> Result<()> {
@@ -500,17 +675,22 @@ impl Cell {
                     outcome: Outcome::Rejected { rejection },
                     txid: None,
                     duplicate: false,
+                    depends_on_txid: None,
                 });
                 continue;
             }
             let digest = command.digest(&kind_name);
             if let Some(entry) = ledger::lookup(&self.write, &command.id)? {
+                // An entry of a pending group (or of this one) stands only
+                // if that group's publication is confirmed.
+                let depends_on_txid = (entry.txid > self.published.txid).then_some(entry.txid);
                 let result = if entry.digest == digest {
                     CommandResult {
                         id: command.id,
                         outcome: entry.outcome,
                         txid: Some(entry.txid),
                         duplicate: true,
+                        depends_on_txid,
                     }
                 } else {
                     CommandResult {
@@ -523,6 +703,7 @@ impl Cell {
                         },
                         txid: None,
                         duplicate: false,
+                        depends_on_txid,
                     }
                 };
                 results.push(result);
@@ -544,6 +725,7 @@ impl Cell {
                 outcome,
                 txid: Some(txid),
                 duplicate: false,
+                depends_on_txid: Some(txid),
             });
         }
         if !changed {
@@ -633,7 +815,7 @@ impl Cell {
         let committed: Committed =
             wal::read_committed(&self.wal_path, &self.capture.cursor, self.capture.page_size)?
                 .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?;
-        let pre = self.published;
+        let pre = self.position();
         let undo = self.capture.apply(&committed);
         let encoded = self.capture.encode(
             &committed,
@@ -645,7 +827,11 @@ impl Cell {
         );
         match encoded {
             Ok(publication) => {
-                self.pending = Some(Pending { txid, undo });
+                self.pending.push_back(Pending {
+                    post: publication.post,
+                    undo,
+                    reader: None,
+                });
                 Ok(publication)
             }
             Err(e) => {
@@ -655,60 +841,89 @@ impl Cell {
         }
     }
 
-    /// The pending publication is durable: make it the published state.
+    /// The oldest pending publication, `txid`, is durable: make it the
+    /// published state. Publications are confirmed in TXID order; any other
+    /// TXID is refused with [`Error::WrongPublication`] and changes nothing.
+    /// Queries see the new state from now on. When nothing is left pending
+    /// and the WAL has outgrown [`CellConfig::checkpoint_wal_bytes`] it is
+    /// checkpointed (TRUNCATE).
     pub fn confirm(&mut self, txid: Txid) -> Result<Position> {
-        if self.poisoned {
-            return Err(Error::Poisoned);
-        }
-        let pending = self.pending.as_ref().ok_or(Error::NoPendingPublication)?;
-        if pending.txid != txid {
+        self.check_not_poisoned()?;
+        let oldest = self.pending_txid().ok_or(Error::NoPendingPublication)?;
+        if oldest != txid {
             return Err(Error::WrongPublication {
                 got: txid,
-                pending: pending.txid,
+                pending: oldest,
             });
         }
-        self.pending = None;
+        let confirmed = self.pending.pop_front().expect("something is pending");
         // Every group applies outstanding migrations first.
         self.migrations_published = self.migrations_declared;
-        self.published = Position {
-            txid,
-            checksum: self.capture.checksum,
-        };
-        if self.capture.cursor.offset >= self.config.checkpoint_wal_bytes {
+        self.published = confirmed.post;
+        if let Err(e) = self.rotate_published_reader(confirmed.reader) {
+            self.poisoned = true;
+            return Err(e);
+        }
+        if self.pending.is_empty() && self.capture.cursor.offset >= self.config.checkpoint_wal_bytes
+        {
             self.checkpoint()?;
         }
         Ok(self.published)
     }
 
-    /// Throw the pending publication away: the Cell returns to its last
-    /// published state (see the module docs for how).
-    pub fn abort(&mut self) -> Result<()> {
-        if self.poisoned {
-            return Err(Error::Poisoned);
-        }
-        let pending = self.pending.take().ok_or(Error::NoPendingPublication)?;
-        self.ledger_expiry_floor = None;
-        if let Err(e) = self.discard_unpublished(Some(pending.undo)) {
-            self.poisoned = true;
-            return Err(e);
+    /// Queries move to the newly published state: to the reader pinned at
+    /// it when later publications are pending, else to the latest state.
+    fn rotate_published_reader(&mut self, pinned: Option<Reader>) -> Result<()> {
+        match pinned {
+            Some(next) => {
+                debug_assert!(!self.pending.is_empty());
+                let mut previous = std::mem::replace(&mut self.published_reader, next);
+                previous.unpin()?;
+                self.spare_readers.push(previous);
+            }
+            None => {
+                debug_assert!(self.pending.is_empty());
+                self.published_reader.unpin()?;
+            }
         }
         Ok(())
     }
 
-    /// Cut the WAL back to the published cursor and reopen.
-    fn discard_unpublished(&mut self, undo: Option<Undo>) -> Result<()> {
-        let published_cursor = match undo {
-            Some(undo) => {
-                self.capture.undo(undo);
-                self.capture.cursor
-            }
-            None => self.capture.cursor,
-        };
-        // Close both connections; neither checkpoints on close.
-        let (placeholder_w, placeholder_r) =
-            (Connection::open_in_memory()?, Connection::open_in_memory()?);
-        drop(std::mem::replace(&mut self.write, placeholder_w));
-        drop(std::mem::replace(&mut self.read, placeholder_r));
+    /// Throw every pending publication away (a later one builds on an
+    /// earlier one, so none survives the first): the Cell returns to its
+    /// last published state (see the module docs for how). Returns the
+    /// discarded TXIDs, oldest first.
+    pub fn abort(&mut self) -> Result<Vec<Txid>> {
+        self.check_not_poisoned()?;
+        if self.pending.is_empty() {
+            return Err(Error::NoPendingPublication);
+        }
+        let discarded = self.pending_txids();
+        while let Some(pending) = self.pending.pop_back() {
+            self.capture.undo(pending.undo);
+        }
+        self.ledger_expiry_floor = None;
+        if let Err(e) = self.discard_unpublished() {
+            self.poisoned = true;
+            return Err(e);
+        }
+        Ok(discarded)
+    }
+
+    /// Cut the WAL back to the captured cursor (the published one: nothing
+    /// is pending) and reopen every connection.
+    fn discard_unpublished(&mut self) -> Result<()> {
+        debug_assert!(self.pending.is_empty());
+        let published_cursor = self.capture.cursor;
+        // Close every connection; none checkpoints on close.
+        let placeholder_write = Connection::open_in_memory()?;
+        let placeholder_read = Reader::placeholder(&self.config)?;
+        drop(std::mem::replace(&mut self.write, placeholder_write));
+        drop(std::mem::replace(
+            &mut self.published_reader,
+            placeholder_read,
+        ));
+        self.spare_readers.clear();
         if let Ok(wal) = OpenOptions::new().write(true).open(&self.wal_path) {
             if published_cursor.offset > 0 {
                 let mut header = [0u8; 32];
@@ -734,11 +949,9 @@ impl Cell {
             Err(e) => return Err(e.into()),
         }
         let (write, write_guard) = open_connection(&self.path, false, &self.config)?;
-        let (read, read_guard) = open_connection(&self.path, true, &self.config)?;
         self.write = write;
         self.write_guard = write_guard;
-        self.read = read;
-        self.read_guard = read_guard;
+        self.published_reader = Reader::open(&self.path, &self.config)?;
         let txid = ledger::txid(&self.write)?;
         if txid != self.published.txid {
             return Err(Error::Recovery(format!(
@@ -750,26 +963,40 @@ impl Cell {
     }
 
     /// Checkpoint the published WAL into the database file (TRUNCATE).
+    /// Refused while anything is pending (the WAL then holds unpublished
+    /// frames, and pinned readers hold it).
     pub fn checkpoint(&mut self) -> Result<()> {
-        self.check_usable()?;
-        checkpoint(&self.write)?;
+        self.check_settled()?;
+        checkpoint(&self.write, &self.wal_path)?;
         self.capture.checkpointed();
         Ok(())
     }
 
     /// A snapshot of the published state (to replace a chain that merging
-    /// would not shrink).
+    /// would not shrink), also while publications are pending: nothing is
+    /// checkpointed while they are, so the published pages are still where
+    /// the published state left them (database file and WAL frames), and
+    /// the pending captures are undone on a copy of the capture state.
     pub fn snapshot(&self, now_ms: i64) -> Result<Publication> {
-        self.check_usable()?;
+        self.check_not_poisoned()?;
         if self.published.txid == Txid::ZERO {
             return Err(Error::BadParameters("an empty cell has no snapshot".into()));
         }
-        self.capture.snapshot(self.published, now_ms, &self.files())
+        if self.pending.is_empty() {
+            return self.capture.snapshot(self.published, now_ms, &self.files());
+        }
+        let mut published = self.capture.clone();
+        for pending in self.pending.iter().rev() {
+            published.undo(pending.undo.clone());
+        }
+        debug_assert_eq!(published.checksum, self.published.checksum);
+        published.snapshot(self.published, now_ms, &self.files())
     }
 
-    /// Run query `name` of the kind on the read-only connection.
+    /// Run query `name` of the kind on the published state (never on
+    /// pending state, and never refused because something is pending).
     pub fn query(&self, name: &str, args: &Value) -> Result<Value> {
-        self.check_usable()?;
+        self.check_not_poisoned()?;
         let limits = self.kind.limits();
         let payload = name.len() as u64 + value_bytes(args);
         if payload > limits.payload_bytes_max {
@@ -779,18 +1006,20 @@ impl Cell {
                 limit: limits.payload_bytes_max,
             });
         }
-        let ran = self
-            .read_guard
-            .run(Mode::Kind, || self.kind.query(&self.read, name, args));
+        let reader = &self.published_reader;
+        self.check_published_view()?;
+        let ran = reader
+            .guard
+            .run(Mode::Kind, || self.kind.query(&reader.conn, name, args));
+        // A pin lost while the query ran may have let it read pending
+        // state: whatever it returned is discarded.
+        self.check_published_view()?;
         let value = match ran {
             Ok(v) => v,
             Err(KindError::Rejected(r)) => return Err(Error::Rejected(r)),
             Err(KindError::Sqlite(e)) if is_fatal(&e) => return Err(e.into()),
             Err(KindError::Sqlite(e)) => {
-                return Err(Error::Rejected(rejection_of(
-                    e,
-                    self.read_guard.steps_max(),
-                )))
+                return Err(Error::Rejected(rejection_of(e, reader.guard.steps_max())))
             }
         };
         let bytes = value_bytes(&value);
@@ -804,12 +1033,24 @@ impl Cell {
         Ok(value)
     }
 
+    /// The published reader sees exactly the published state.
+    fn check_published_view(&self) -> Result<()> {
+        match (self.published_reader.pin(), self.pending_txid()) {
+            (Pin::Free, None) => Ok(()),
+            (Pin::Pinned(txid), Some(_)) if txid == self.published.txid => Ok(()),
+            (_, pending) => Err(Error::PublishedViewLost {
+                published: self.published.txid,
+                pending,
+            }),
+        }
+    }
+
     /// Close the Cell. A pending publication is left in the WAL and makes
     /// the next [`Cell::open`] refuse the file (recover it instead).
     pub fn close(self) {}
 }
 
-fn open_connection(
+pub(crate) fn open_connection(
     path: &Path,
     read_only: bool,
     config: &CellConfig,
@@ -847,7 +1088,9 @@ fn open_connection(
     Ok((conn, guard))
 }
 
-fn checkpoint(conn: &Connection) -> Result<()> {
+/// TRUNCATE checkpoint, verified: SQLite reports no reader in the way and
+/// the WAL file is empty afterwards.
+fn checkpoint(conn: &Connection, wal_path: &Path) -> Result<()> {
     let (busy, _log, _done): (i64, i64, i64) =
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -856,6 +1099,16 @@ fn checkpoint(conn: &Connection) -> Result<()> {
         return Err(Error::Wal(
             "checkpoint could not complete: a reader holds the wal".into(),
         ));
+    }
+    let wal_bytes = match std::fs::metadata(wal_path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if wal_bytes != 0 {
+        return Err(Error::Wal(format!(
+            "a truncating checkpoint left {wal_bytes} bytes in the wal"
+        )));
     }
     Ok(())
 }

@@ -114,6 +114,14 @@ pub struct CommandResult {
     pub txid: Option<Txid>,
     /// True when the outcome comes from the ledger (an earlier execution).
     pub duplicate: bool,
+    /// The publication that must be confirmed before this result may be
+    /// released: the command's own group for a fresh outcome, the earlier
+    /// group for a duplicate (or a reused id) whose first execution is
+    /// still pending. `None` when the result rests on published state only
+    /// (a duplicate of a published outcome, a refusal before the ledger).
+    /// If that publication is aborted the result is void: the command did
+    /// not commit, and its id is free again.
+    pub depends_on_txid: Option<Txid>,
 }
 
 /// SHA-256 over the canonical encoding of `(kind, name, args)`.

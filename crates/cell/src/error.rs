@@ -34,8 +34,27 @@ pub enum Error {
     PublicationPending(Txid),
     #[error("no publication is pending")]
     NoPendingPublication,
-    #[error("publication txid {got} does not match the pending txid {pending}")]
+    #[error(
+        "publications are confirmed in txid order: got txid {got}, but the oldest pending is txid {pending}"
+    )]
     WrongPublication { got: Txid, pending: Txid },
+    #[error(
+        "{pending} publications are pending, the most allowed: confirm txid {oldest} (or abort) first"
+    )]
+    PipelineFull { oldest: Txid, pending: usize },
+    #[error(
+        "the wal holds {wal_bytes} bytes and must be checkpointed: confirm the pending \
+         publications (oldest txid {oldest}) before executing more"
+    )]
+    CheckpointDue { oldest: Txid, wal_bytes: u64 },
+    #[error(
+        "queries are refused until no publication is pending: the read snapshot of the \
+         published txid {published} was lost (pending: {pending:?})"
+    )]
+    PublishedViewLost {
+        published: Txid,
+        pending: Option<Txid>,
+    },
     #[error(
         "the local database is at {found:?}, not at the published position {expected:?}: \
          recover it from the published chain"

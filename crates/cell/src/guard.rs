@@ -48,10 +48,17 @@ impl Guard {
             authorize(mode.load(Ordering::Relaxed), &ctx)
         }))?;
         let steps = guard.steps.clone();
+        let mode = guard.mode.clone();
         let budget = steps_max / STEPS_PER_CALLBACK + 1;
+        // Only kind code and migrations spend the budget: the engine's own
+        // statements (ledger lookups, pins of read snapshots) run between
+        // budgets and must never be interrupted, however many run in a row.
         conn.progress_handler(
             STEPS_PER_CALLBACK as i32,
-            Some(move || steps.fetch_add(1, Ordering::Relaxed) >= budget),
+            Some(move || {
+                mode.load(Ordering::Relaxed) != Mode::Engine as u8
+                    && steps.fetch_add(1, Ordering::Relaxed) >= budget
+            }),
         )?;
         Ok(guard)
     }

@@ -13,6 +13,7 @@ pub mod kind;
 pub mod kv;
 mod ledger;
 pub mod manifest;
+mod reader;
 mod recovery;
 pub mod replica;
 mod sql;

@@ -41,8 +41,9 @@ impl Harness {
         h
     }
 
+    /// The published position (what the chain recovers to).
     pub fn position(&self) -> Position {
-        self.cell.as_ref().unwrap().position()
+        self.cell.as_ref().unwrap().published_position()
     }
 
     pub fn cell(&mut self) -> &mut Cell {
@@ -59,14 +60,18 @@ impl Harness {
 
     /// Open (or reopen) at the published position, publishing migrations.
     pub fn open(&mut self) {
-        let published = self.cell.take().map(|c| c.position()).unwrap_or_else(|| {
-            if self.chain.is_empty() {
-                Position::EMPTY
-            } else {
-                let probe = self.dir.path().join("probe.db");
-                cellfleet_cell::recover(self.chain_files(), &probe).unwrap()
-            }
-        });
+        let published = self
+            .cell
+            .take()
+            .map(|c| c.published_position())
+            .unwrap_or_else(|| {
+                if self.chain.is_empty() {
+                    Position::EMPTY
+                } else {
+                    let probe = self.dir.path().join("probe.db");
+                    cellfleet_cell::recover(self.chain_files(), &probe).unwrap()
+                }
+            });
         let opened = Cell::open(
             &self.path,
             self.kind.clone(),

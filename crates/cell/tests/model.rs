@@ -1,15 +1,20 @@
 //! Model-based property test: random groups of commands (failing ones,
-//! duplicates, reused ids, aborted publications, a migration, compactions,
-//! reopen), with and without checksums in the LTX files; after every step,
-//! recovering from the published chain gives a byte-identical database and
-//! identical query results.
+//! duplicates, reused ids, aborted publications, pipelined publications
+//! confirmed in order or aborted together, a migration, compactions,
+//! reopen), with and without checksums in the LTX files. Queries always
+//! answer from the published state, also while publications are pending;
+//! after every step, recovering from the published chain gives a
+//! byte-identical database and identical query results.
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use cellfleet_cell::{Cell, CellConfig, Command, Kind, Manifest, Outcome, RejectCode};
+use cellfleet_cell::{
+    Cell, CellConfig, Command, Error, GroupResult, Kind, Manifest, Outcome, Position, Publication,
+    RejectCode, Txid,
+};
 use common::{id, Harness, NOW};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -59,12 +64,30 @@ enum Op {
     Reuse(usize, i64),
 }
 
+/// What happens to two pipelined groups.
+#[derive(Clone, Copy, Debug)]
+enum Fate {
+    ConfirmBoth,
+    /// The first publication fails: both are void.
+    AbortBoth,
+    ConfirmFirstAbortSecond,
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Group(Vec<Op>),
     Aborted(Vec<Op>),
+    /// Execute `first`, then `second` while `first` is pending (queries
+    /// checked while one and two are pending), then settle by `fate`.
+    Pipelined {
+        first: Vec<Op>,
+        second: Vec<Op>,
+        fate: Fate,
+    },
     Migrate,
-    Compact { suffix: bool },
+    Compact {
+        suffix: bool,
+    },
     Reopen,
 }
 
@@ -83,6 +106,16 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         8 => prop::collection::vec(op(), 0..12).prop_map(Step::Group),
         2 => prop::collection::vec(op(), 1..6).prop_map(Step::Aborted),
+        4 => (
+            prop::collection::vec(op(), 0..8),
+            prop::collection::vec(op(), 0..8),
+            prop_oneof![
+                Just(Fate::ConfirmBoth),
+                Just(Fate::AbortBoth),
+                Just(Fate::ConfirmFirstAbortSecond)
+            ],
+        )
+            .prop_map(|(first, second, fate)| Step::Pipelined { first, second, fate }),
         1 => Just(Step::Migrate),
         2 => any::<bool>().prop_map(|suffix| Step::Compact { suffix }),
         1 => Just(Step::Reopen),
@@ -93,8 +126,9 @@ fn step() -> impl Strategy<Value = Step> {
 struct Model {
     items: BTreeMap<i64, String>,
     blobs: BTreeMap<i64, i64>,
-    /// Every published command: its id, payload and outcome.
-    published: Vec<(Command, Outcome)>,
+    /// Every executed command (published, or pending in a scratch model):
+    /// its id, payload, outcome and the TXID of its group.
+    published: Vec<(Command, Outcome, Txid)>,
     by_id: HashMap<[u8; 16], usize>,
     next_id: u64,
 }
@@ -147,13 +181,79 @@ impl Model {
     }
 }
 
-fn check(h: &mut Harness, model: &Model, cfg: &CellConfig) -> Result<(), TestCaseError> {
+/// The commands of a group built from `ops`, each with the index of the
+/// command it repeats.
+fn build(model: &mut Model, ops: &[Op]) -> (Vec<Command>, Vec<(Command, Option<usize>)>) {
+    let mut expected = Vec::new();
+    let mut group = Vec::new();
+    for op in ops {
+        let (c, repeat) = model.command(op);
+        group.push(c.clone());
+        expected.push((c, repeat));
+    }
+    (group, expected)
+}
+
+/// Check a group's results against `model` and fold its fresh commands
+/// in. `published` is the published TXID: an outcome stored by a later
+/// (pending) group must name that group as its dependency.
+fn expect(
+    model: &mut Model,
+    expected: &[(Command, Option<usize>)],
+    result: &GroupResult,
+    published: Txid,
+) -> Result<(), TestCaseError> {
+    let pending = |txid: Txid| (txid > published).then_some(txid);
+    let group_txid = result.publication.as_ref().map(|p| p.txid);
+    let mut fresh_in_group: HashMap<[u8; 16], usize> = HashMap::new();
+    for ((c, repeat), got) in expected.iter().zip(&result.results) {
+        if let Some(i) = repeat {
+            prop_assert!(got.duplicate);
+            prop_assert_eq!(&got.outcome, &model.published[*i].1);
+            prop_assert_eq!(got.depends_on_txid, pending(model.published[*i].2));
+        } else if let Some(&i) = model.by_id.get(&c.id.0).or(fresh_in_group.get(&c.id.0)) {
+            let same = model.published.get(i).map(|p| p.0 == *c).unwrap_or(false);
+            if same {
+                prop_assert!(got.duplicate);
+            } else {
+                let reused = matches!(&got.outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused);
+                prop_assert!(reused);
+            }
+            prop_assert_eq!(got.depends_on_txid, pending(model.published[i].2));
+        } else {
+            let applied = model.apply(c);
+            prop_assert_eq!(
+                matches!(got.outcome, Outcome::Applied { .. }),
+                applied,
+                "{:?} -> {:?}",
+                c,
+                got
+            );
+            prop_assert!(group_txid.is_some());
+            prop_assert_eq!(got.depends_on_txid, group_txid);
+            let txid = group_txid.unwrap();
+            model.published.push((c.clone(), got.outcome.clone(), txid));
+            model.by_id.insert(c.id.0, model.published.len() - 1);
+            fresh_in_group.insert(c.id.0, model.published.len() - 1);
+        }
+    }
+    Ok(())
+}
+
+/// Queries answer exactly `model` (the published state).
+fn check_queries(h: &mut Harness, model: &Model) -> Result<(Value, Value), TestCaseError> {
     let items = h.cell().query("items", &json!({})).unwrap();
     let expected: Vec<Value> = model.items.iter().map(|(k, v)| json!([k, v])).collect();
     prop_assert_eq!(&items["rows"], &Value::Array(expected));
     let blobs = h.cell().query("blobs", &json!({})).unwrap();
     let expected: Vec<Value> = model.blobs.iter().map(|(k, n)| json!([k, n])).collect();
     prop_assert_eq!(&blobs["rows"], &Value::Array(expected));
+    Ok((items, blobs))
+}
+
+fn check(h: &mut Harness, model: &Model, cfg: &CellConfig) -> Result<(), TestCaseError> {
+    prop_assert!(h.cell().pending_txids().is_empty());
+    let (items, blobs) = check_queries(h, model)?;
     let name = format!("rec-{}.db", h.position().txid.0);
     let (pos, recovered) = h.recover_bytes(&name);
     prop_assert_eq!(pos, h.position());
@@ -175,7 +275,7 @@ fn check(h: &mut Harness, model: &Model, cfg: &CellConfig) -> Result<(), TestCas
 fn run_steps(steps: Vec<Step>, checksums_in_file: bool) -> Result<(), TestCaseError> {
     let cfg = CellConfig {
         snapshot_delta_bytes: 24 * 4096,
-        checkpoint_wal_bytes: 64 * 1024,
+        checkpoint_wal_bytes: 128 * 1024,
         ltx_checksums_in_file: checksums_in_file,
         ..CellConfig::default()
     };
@@ -186,46 +286,16 @@ fn run_steps(steps: Vec<Step>, checksums_in_file: bool) -> Result<(), TestCaseEr
         match step {
             Step::Group(ops) | Step::Aborted(ops) if ops.is_empty() => {}
             Step::Group(ops) => {
-                let before = model.clone();
-                let mut expected = Vec::new();
-                let mut group = Vec::new();
-                let mut fresh_in_group: HashMap<[u8; 16], usize> = HashMap::new();
-                for op in &ops {
-                    let (c, repeat) = model.command(op);
-                    group.push(c.clone());
-                    expected.push((c, repeat));
-                }
+                let published = h.position().txid;
+                let (group, expected) = build(&mut model, &ops);
                 let result = h.run(&group);
-                for ((c, repeat), got) in expected.iter().zip(&result.results) {
-                    if let Some(i) = repeat {
-                        prop_assert!(got.duplicate);
-                        prop_assert_eq!(&got.outcome, &model.published[*i].1);
-                    } else if let Some(&i) =
-                        model.by_id.get(&c.id.0).or(fresh_in_group.get(&c.id.0))
-                    {
-                        let same = model.published.get(i).map(|p| p.0 == *c).unwrap_or(false);
-                        if same {
-                            prop_assert!(got.duplicate);
-                        } else {
-                            let reused = matches!(&got.outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused);
-                            prop_assert!(reused);
-                        }
-                    } else {
-                        let applied = model.apply(c);
-                        prop_assert_eq!(
-                            matches!(got.outcome, Outcome::Applied { .. }),
-                            applied,
-                            "{:?} -> {:?}",
-                            c,
-                            got
-                        );
-                        model.published.push((c.clone(), got.outcome.clone()));
-                        model.by_id.insert(c.id.0, model.published.len() - 1);
-                        fresh_in_group.insert(c.id.0, model.published.len() - 1);
-                    }
-                }
-                let _ = before;
+                expect(&mut model, &expected, &result, published)?;
             }
+            Step::Pipelined {
+                first,
+                second,
+                fate,
+            } => pipelined(&mut h, &mut model, &first, &second, fate)?,
             Step::Aborted(ops) => {
                 let before_pos = h.position();
                 let mut scratch = model.clone();
@@ -274,8 +344,103 @@ fn run_steps(steps: Vec<Step>, checksums_in_file: bool) -> Result<(), TestCaseEr
     Ok(())
 }
 
+/// What a publication following `before` must name as its `pre`: a delta
+/// chains on it, a snapshot (a large delta converted) applies to nothing.
+fn chained_pre(p: &Publication, before: Position) -> Position {
+    if p.is_snapshot() {
+        Position::EMPTY
+    } else {
+        before
+    }
+}
+
+fn pipelined(
+    h: &mut Harness,
+    model: &mut Model,
+    first: &[Op],
+    second: &[Op],
+    fate: Fate,
+) -> Result<(), TestCaseError> {
+    let published = h.position();
+    let now = h.now;
+    let mut first_model = model.clone();
+    let (group, expected) = build(&mut first_model, first);
+    let r1 = h.cell().execute(&group, now).unwrap();
+    expect(&mut first_model, &expected, &r1, published.txid)?;
+    let p1: Option<Publication> = r1.publication;
+    if let Some(p1) = &p1 {
+        prop_assert_eq!(p1.pre, chained_pre(p1, published));
+    }
+    check_queries(h, model)?;
+
+    let mut second_model = first_model.clone();
+    let (group, expected) = build(&mut second_model, second);
+    let p2 = match h.cell().execute(&group, now) {
+        Ok(r2) => {
+            expect(&mut second_model, &expected, &r2, published.txid)?;
+            r2.publication
+        }
+        // The WAL outgrew the checkpoint bound while the first is
+        // pending: the pipeline must drain first, and nothing ran.
+        Err(Error::CheckpointDue { oldest, .. }) => {
+            prop_assert_eq!(Some(oldest), p1.as_ref().map(|p| p.txid));
+            second_model = first_model.clone();
+            None
+        }
+        Err(e) => return Err(TestCaseError::fail(format!("second group: {e}"))),
+    };
+    if let Some(p2) = &p2 {
+        let before = p1.as_ref().map_or(published, |p1| p1.post);
+        prop_assert_eq!(p2.pre, chained_pre(p2, before));
+    }
+    let pending: Vec<Txid> = p1.iter().chain(&p2).map(|p| p.txid).collect();
+    prop_assert_eq!(h.cell().pending_txids(), pending.clone());
+    check_queries(h, model)?;
+    prop_assert_eq!(h.position(), published);
+    // A snapshot taken now describes the published state.
+    if published.txid != Txid::ZERO {
+        let snapshot = h.cell().snapshot(now).unwrap();
+        prop_assert_eq!(snapshot.post, published);
+        let target = h.dir.path().join(format!("snap-{}.db", published.txid.0));
+        let at = cellfleet_cell::recover([snapshot.chain_file()], &target).unwrap();
+        prop_assert_eq!(at, published);
+        let (_, chain_bytes) = h.recover_bytes(&format!("chain-{}.db", published.txid.0));
+        prop_assert_eq!(std::fs::read(&target).unwrap(), chain_bytes);
+    }
+
+    match fate {
+        Fate::ConfirmBoth => {
+            if let Some(p1) = p1 {
+                h.publish(p1);
+            }
+            check_queries(h, &first_model)?;
+            if let Some(p2) = p2 {
+                h.publish(p2);
+            }
+            *model = second_model;
+        }
+        Fate::AbortBoth => {
+            if !pending.is_empty() {
+                prop_assert_eq!(h.cell().abort().unwrap(), pending);
+            }
+            prop_assert_eq!(h.position(), published);
+            // The model is unchanged: the voided ids come back fresh.
+        }
+        Fate::ConfirmFirstAbortSecond => {
+            if let Some(p1) = p1 {
+                h.publish(p1);
+            }
+            if let Some(p2) = p2 {
+                prop_assert_eq!(h.cell().abort().unwrap(), vec![p2.txid]);
+            }
+            *model = first_model;
+        }
+    }
+    Ok(())
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
     #[test]
     fn recovery_matches_the_live_cell(
         steps in prop::collection::vec(step(), 1..12),

@@ -1,0 +1,187 @@
+//! Where every object lives in the bucket (DESIGN.md §4): the only place that builds or parses keys.
+//!
+//! ```text
+//! {prefix}/cluster.json
+//! {prefix}/nodes/{node_id}.json
+//! {prefix}/cells/{cell_id}/root.json
+//! {prefix}/cells/{cell_id}/ltx/{epoch:016x}/{min:016x}-{max:016x}-{digest}.ltx
+//! ```
+//!
+//! Numbers are fixed-width lowercase hex so listings sort numerically.
+
+use crate::ids::{CellId, Epoch, NodeId};
+
+/// Key builder for one cluster's prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    prefix: String,
+}
+
+/// A parsed LTX key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LtxKey {
+    /// The Cell.
+    pub cell_id: CellId,
+    /// The epoch that uploaded it.
+    pub epoch: Epoch,
+    /// First TXID in the file.
+    pub min_txid: u64,
+    /// Last TXID in the file.
+    pub max_txid: u64,
+    /// Hex digest of the file's bytes.
+    pub digest: String,
+}
+
+impl Layout {
+    /// A layout under `prefix` (may be empty; surrounding `/` are trimmed).
+    /// The prefix must itself be a valid key path.
+    pub fn new(prefix: &str) -> Result<Self, cellfleet_store::Error> {
+        let prefix = prefix.trim_matches('/');
+        if !prefix.is_empty() {
+            cellfleet_store::validate_key(prefix)?;
+        }
+        Ok(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The prefix, without trailing `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn join(&self, rest: &str) -> String {
+        if self.prefix.is_empty() {
+            rest.to_owned()
+        } else {
+            format!("{}/{rest}", self.prefix)
+        }
+    }
+
+    /// `{prefix}/cluster.json`.
+    pub fn cluster_key(&self) -> String {
+        self.join("cluster.json")
+    }
+
+    /// `{prefix}/nodes/`: list this to find node leases.
+    pub fn nodes_prefix(&self) -> String {
+        self.join("nodes/")
+    }
+
+    /// `{prefix}/nodes/{node_id}.json`.
+    pub fn node_lease_key(&self, node: &NodeId) -> String {
+        self.join(&format!("nodes/{node}.json"))
+    }
+
+    /// The node id of a lease key, if it is one.
+    pub fn parse_node_lease_key(&self, key: &str) -> Option<NodeId> {
+        let name = key
+            .strip_prefix(&self.nodes_prefix())?
+            .strip_suffix(".json")?;
+        NodeId::new(name).ok()
+    }
+
+    /// `{prefix}/cells/`.
+    pub fn cells_prefix(&self) -> String {
+        self.join("cells/")
+    }
+
+    /// `{prefix}/cells/{cell_id}/root.json`.
+    pub fn root_key(&self, cell: &CellId) -> String {
+        self.join(&format!("cells/{cell}/root.json"))
+    }
+
+    /// `{prefix}/cells/{cell_id}/ltx/`.
+    pub fn ltx_prefix(&self, cell: &CellId) -> String {
+        self.join(&format!("cells/{cell}/ltx/"))
+    }
+
+    /// `{prefix}/cells/{cell_id}/ltx/{epoch:016x}/{min:016x}-{max:016x}-{digest}.ltx`.
+    /// `digest` must be lowercase hex (a hash of the file's bytes).
+    pub fn ltx_key(
+        &self,
+        cell: &CellId,
+        epoch: Epoch,
+        min_txid: u64,
+        max_txid: u64,
+        digest: &str,
+    ) -> String {
+        format!(
+            "{}{:016x}/{min_txid:016x}-{max_txid:016x}-{digest}.ltx",
+            self.ltx_prefix(cell),
+            epoch.get()
+        )
+    }
+
+    /// Parses a key made by [`Layout::ltx_key`].
+    pub fn parse_ltx_key(&self, key: &str) -> Option<LtxKey> {
+        let rest = key.strip_prefix(&self.cells_prefix())?;
+        let (cell, rest) = rest.split_once("/ltx/")?;
+        let (epoch, file) = rest.split_once('/')?;
+        let stem = file.strip_suffix(".ltx")?;
+        let mut parts = stem.splitn(3, '-');
+        let (min, max, digest) = (parts.next()?, parts.next()?, parts.next()?);
+        let hex16 = |s: &str| {
+            (s.len() == 16)
+                .then(|| u64::from_str_radix(s, 16).ok())
+                .flatten()
+        };
+        let digest_ok = !digest.is_empty()
+            && digest
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !digest_ok {
+            return None;
+        }
+        Some(LtxKey {
+            cell_id: cell.parse().ok()?,
+            epoch: Epoch::new(hex16(epoch)?)?,
+            min_txid: hex16(min)?,
+            max_txid: hex16(max)?,
+            digest: digest.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_design_layout() {
+        let layout = Layout::new("/prod/eu/").unwrap();
+        let cell = CellId::for_kind_key("kv", b"k");
+        let node = NodeId::new("n1").unwrap();
+        assert_eq!(layout.cluster_key(), "prod/eu/cluster.json");
+        assert_eq!(layout.node_lease_key(&node), "prod/eu/nodes/n1.json");
+        assert_eq!(
+            layout.parse_node_lease_key("prod/eu/nodes/n1.json"),
+            Some(node)
+        );
+        assert_eq!(
+            layout.root_key(&cell),
+            format!("prod/eu/cells/{cell}/root.json")
+        );
+        let epoch = Epoch::new(2).unwrap();
+        let key = layout.ltx_key(&cell, epoch, 1, 0x1f, "ab12");
+        assert_eq!(
+            key,
+            format!("prod/eu/cells/{cell}/ltx/0000000000000002/0000000000000001-000000000000001f-ab12.ltx")
+        );
+        let parsed = layout.parse_ltx_key(&key).unwrap();
+        assert_eq!(
+            (
+                parsed.cell_id,
+                parsed.epoch,
+                parsed.min_txid,
+                parsed.max_txid
+            ),
+            (cell, epoch, 1, 0x1f)
+        );
+        assert!(layout
+            .parse_ltx_key("prod/eu/cells/x/ltx/1/2-3-z.ltx")
+            .is_none());
+        assert_eq!(Layout::new("").unwrap().cluster_key(), "cluster.json");
+        assert!(Layout::new("a//b").is_err());
+    }
+}

@@ -1,0 +1,39 @@
+//! Authority roots and node leases: versioned records, pure CAS transitions, fencing rules and lost-reply reconciliation.
+//!
+//! Two objects decide who may write a Cell (DESIGN.md §4–§5):
+//!
+//! * the **node lease** (`{prefix}/nodes/{node_id}.json`, [`LeaseRecord`]),
+//!   renewed by CAS, which lets a node serve without reading the bucket while
+//!   its local deadline holds ([`lease`], executed by [`NodeLeases`]);
+//! * the **authority root** (`{prefix}/cells/{cell_id}/root.json`,
+//!   [`RootRecord`]), replaced only by CAS, whose epoch fences stale owners
+//!   ([`transition`] decides, [`Roots`] executes, [`reconcile`] settles lost
+//!   replies).
+//!
+//! Decisions are pure functions tested by property tests; the executors are
+//! thin. Time comes from an injected [`Clock`].
+//!
+//! *Invariant:* this crate knows nothing about SQLite or the network beyond
+//! the object store; it never deletes a root or a lease.
+
+mod clock;
+mod error;
+mod ids;
+pub mod layout;
+pub mod lease;
+mod node_lease;
+pub mod reconcile;
+pub mod root;
+mod roots;
+pub mod transition;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use ids::{CellId, Epoch, IdError, NodeId, SessionId};
+pub use layout::{Layout, LtxKey};
+pub use lease::{Endpoints, LeaseConfig, LeaseRecord, LeaseState, Liveness};
+pub use node_lease::{HeldLease, NodeLeases};
+pub use reconcile::{reconcile, Reconciliation};
+pub use root::{InvalidRecord, LtxRef, RootRecord, RootState};
+pub use roots::{Activated, OwnedHow, Roots, Versioned};
+pub use transition::{Activation, Holder, NewCell};

@@ -1,0 +1,342 @@
+//! The thin executor that performs root transitions by compare-and-swap and reconciles ambiguous outcomes.
+//!
+//! Ordering (the caller's duty, restated where it matters): the root is
+//! replaced only after every LTX file it names has been uploaded
+//! (create-only) and verified. [`Roots::replace`] validates the proposal
+//! before writing and every root after reading.
+//!
+//! Outcomes of a CAS:
+//! * success → the new root and ETag;
+//! * 412/409 → re-read; if the exact proposal is there it committed (e.g. an
+//!   earlier attempt's reply was lost), else [`Error::Fenced`] when the owner
+//!   or epoch moved on, [`Error::Conflict`] otherwise;
+//! * unknown outcome (timeout, lost reply) → re-read and [`reconcile`];
+//!   `Unknown` (or a failed re-read) is [`Error::Unavailable`] with
+//!   `ambiguous: true`: report the fate as unknown, never replay.
+//!
+//! Cancellation: a dropped `replace` future may leave the write applied or
+//! not; callers that must know (publication) run it in a spawned task.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cellfleet_store::{ETag, ObjectStore, PutCondition};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::ids::{CellId, NodeId};
+use crate::layout::Layout;
+use crate::lease::{session_liveness, LeaseRecord, Liveness};
+use crate::reconcile::{reconcile, Reconciliation};
+use crate::root::RootRecord;
+use crate::transition::{self, Activation, Holder, NewCell};
+
+/// A record and the ETag it was read or written with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned<T> {
+    /// The record.
+    pub record: T,
+    /// Its ETag: the precondition of the next CAS.
+    pub etag: ETag,
+}
+
+/// How [`Roots::activate`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Activated {
+    /// This session owns the Cell: `how` says whether it created, adopted or
+    /// took over the root.
+    Owned {
+        /// The root now owned (boxed: roots are large, the other variant small).
+        root: Box<Versioned<RootRecord>>,
+        /// Create, adopt or takeover.
+        how: OwnedHow,
+    },
+    /// A live session owns it: route to `owner`.
+    OwnerLive {
+        /// The owner.
+        owner: NodeId,
+        /// Wall-clock ms until which it counts as live.
+        until_ms: u64,
+    },
+}
+
+/// How ownership was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnedHow {
+    /// The root was absent and this session created it (epoch 1).
+    Created,
+    /// The root already named this session.
+    Adopted,
+    /// This session took it over (epoch + 1).
+    TookOver,
+}
+
+/// Reads and replaces authority roots.
+#[derive(Debug, Clone)]
+pub struct Roots {
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    clock: Arc<dyn Clock>,
+    margin_ms: u64,
+}
+
+impl Roots {
+    /// Roots under `layout` in `store`; `margin_ms` is the lease drift margin
+    /// used to judge owners' leases.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        layout: Layout,
+        clock: Arc<dyn Clock>,
+        margin_ms: u64,
+    ) -> Self {
+        Self {
+            store,
+            layout,
+            clock,
+            margin_ms,
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Reads and validates a Cell's root; `None` if it has none.
+    pub async fn read(&self, cell: &CellId) -> Result<Option<Versioned<RootRecord>>> {
+        let key = self.layout.root_key(cell);
+        let object = match self.store.get(&key).await {
+            Ok(object) => object,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(Error::store(e)),
+        };
+        let record = RootRecord::decode(&object.body).map_err(|e| Error::Corrupt {
+            key: key.clone(),
+            reason: e.0,
+        })?;
+        if record.cell_id != *cell {
+            return Err(Error::Corrupt {
+                key,
+                reason: format!("the root names cell {}", record.cell_id),
+            });
+        }
+        Ok(Some(Versioned {
+            record,
+            etag: object.etag,
+        }))
+    }
+
+    /// Creates a Cell's first root (create-only).
+    pub async fn create(&self, proposal: RootRecord) -> Result<Versioned<RootRecord>> {
+        self.write(None, proposal).await
+    }
+
+    /// Replaces `current` by `proposal` (If-Match on `current.etag`).
+    /// `proposal.revision` must be `current.revision + 1`.
+    pub async fn replace(
+        &self,
+        current: &Versioned<RootRecord>,
+        proposal: RootRecord,
+    ) -> Result<Versioned<RootRecord>> {
+        if proposal.revision != current.record.revision.wrapping_add(1)
+            || proposal.cell_id != current.record.cell_id
+        {
+            return Err(Error::invalid(
+                "a replacement must be the same cell at the next revision",
+            ));
+        }
+        self.write(Some(current), proposal).await
+    }
+
+    async fn write(
+        &self,
+        base: Option<&Versioned<RootRecord>>,
+        proposal: RootRecord,
+    ) -> Result<Versioned<RootRecord>> {
+        if base.is_none() && proposal.revision != 1 {
+            return Err(Error::invalid("a new root starts at revision 1"));
+        }
+        let bytes = proposal
+            .encode()
+            .map_err(|e| Error::invalid(format!("proposal breaks the root rules: {e}")))?;
+        let key = self.layout.root_key(&proposal.cell_id);
+        let condition = match base {
+            None => PutCondition::IfNoneMatch,
+            Some(base) => PutCondition::IfMatch(base.etag.clone()),
+        };
+        match self.store.put(&key, Bytes::from(bytes), condition).await {
+            Ok(etag) => Ok(Versioned {
+                record: proposal,
+                etag,
+            }),
+            Err(
+                e @ (cellfleet_store::Error::PreconditionFailed { .. }
+                | cellfleet_store::Error::Conflict { .. }),
+            ) => {
+                tracing::debug!(cell = %proposal.cell_id, error = %e, "root cas refused; re-reading");
+                self.after_refusal(base, &proposal).await
+            }
+            Err(e) if e.may_have_applied() => {
+                tracing::warn!(cell = %proposal.cell_id, error = %e, "root cas outcome unknown; reconciling");
+                self.after_ambiguity(base, &proposal, e).await
+            }
+            Err(e) => Err(Error::store(e)),
+        }
+    }
+
+    /// A refused CAS: committed only if the exact proposal is there (an
+    /// earlier lost reply); fenced if someone else owns it now.
+    async fn after_refusal(
+        &self,
+        base: Option<&Versioned<RootRecord>>,
+        proposal: &RootRecord,
+    ) -> Result<Versioned<RootRecord>> {
+        let observed = self.read(&proposal.cell_id).await?;
+        if let Some(observed) = observed.as_ref().filter(|o| o.record == *proposal) {
+            return Ok(observed.clone());
+        }
+        Err(self.refusal_error(base, proposal, observed.as_ref()))
+    }
+
+    async fn after_ambiguity(
+        &self,
+        base: Option<&Versioned<RootRecord>>,
+        proposal: &RootRecord,
+        cause: cellfleet_store::Error,
+    ) -> Result<Versioned<RootRecord>> {
+        let observed = match self.read(&proposal.cell_id).await {
+            Ok(observed) => observed,
+            Err(Error::Unavailable { source, .. }) => {
+                return Err(Error::Unavailable {
+                    source,
+                    ambiguous: true,
+                })
+            }
+            Err(other) => return Err(other),
+        };
+        let verdict = reconcile(
+            base.map(|b| &b.record),
+            proposal,
+            observed.as_ref().map(|o| &o.record),
+        );
+        match verdict {
+            Reconciliation::Committed => match observed {
+                Some(observed) if observed.record == *proposal => Ok(observed),
+                // Committed, then superseded by a later owner: we are fenced
+                // now, but the proposal's content is durable.
+                _ => Err(Error::fenced(
+                    "the proposal committed but a later owner has since replaced the root",
+                )),
+            },
+            Reconciliation::NotCommitted => {
+                Err(self.refusal_error(base, proposal, observed.as_ref()))
+            }
+            Reconciliation::Unknown => Err(Error::Unavailable {
+                source: cause,
+                ambiguous: true,
+            }),
+        }
+    }
+
+    fn refusal_error(
+        &self,
+        base: Option<&Versioned<RootRecord>>,
+        proposal: &RootRecord,
+        observed: Option<&Versioned<RootRecord>>,
+    ) -> Error {
+        let Some(observed) = observed else {
+            return Error::Conflict {
+                reason: "the root vanished".to_owned(),
+            };
+        };
+        let observed = &observed.record;
+        let same_owner = observed.epoch == proposal.epoch
+            && observed.owner_session == proposal.owner_session
+            && observed.owner == proposal.owner;
+        let moved_on = base.is_some_and(|base| observed.epoch > base.record.epoch);
+        if !same_owner || moved_on {
+            Error::fenced(format!(
+                "cell {} is now at epoch {} owned by {:?}",
+                observed.cell_id, observed.epoch, observed.owner
+            ))
+        } else {
+            Error::Conflict {
+                reason: format!(
+                    "cell {} root changed to revision {}",
+                    observed.cell_id, observed.revision
+                ),
+            }
+        }
+    }
+
+    /// Reads the lease of a root's owner and judges the owning session.
+    pub async fn owner_liveness(&self, root: &RootRecord) -> Result<Liveness> {
+        let (Some(owner), Some(session)) = (&root.owner, root.owner_session) else {
+            return Ok(Liveness::Dead);
+        };
+        let key = self.layout.node_lease_key(owner);
+        let lease = match self.store.get(&key).await {
+            Ok(object) => Some(
+                LeaseRecord::decode(&object.body).map_err(|e| Error::Corrupt {
+                    key: key.clone(),
+                    reason: e.0,
+                })?,
+            ),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(Error::store(e)),
+        };
+        Ok(session_liveness(
+            lease.as_ref(),
+            session,
+            self.clock.now_wall_ms(),
+            self.margin_ms,
+        ))
+    }
+
+    /// Activation (DESIGN.md §5): read the root; create it if absent; adopt
+    /// it if this session owns it; take it over (epoch + 1) if its owner's
+    /// lease expired plus margin or it was released; else report the live
+    /// owner. A lost race is [`Error::Conflict`] (re-run) or
+    /// [`Error::Fenced`].
+    pub async fn activate(&self, new: &NewCell, me: &Holder) -> Result<Activated> {
+        let current = self.read(&new.cell_id).await?;
+        let liveness = match &current {
+            Some(current)
+                if !current
+                    .record
+                    .is_owned_by(&me.node, me.session, current.record.epoch) =>
+            {
+                self.owner_liveness(&current.record).await?
+            }
+            _ => Liveness::Dead,
+        };
+        let now_ms = self.clock.now_wall_ms();
+        let decision = transition::activate(
+            current.as_ref().map(|c| &c.record),
+            liveness,
+            me,
+            new,
+            now_ms,
+        )?;
+        match (decision, current) {
+            (Activation::Create(proposal), _) => Ok(Activated::Owned {
+                root: Box::new(self.create(proposal).await?),
+                how: OwnedHow::Created,
+            }),
+            (Activation::Adopt, Some(current)) => Ok(Activated::Owned {
+                root: Box::new(current),
+                how: OwnedHow::Adopted,
+            }),
+            (Activation::Takeover(proposal), Some(current)) => Ok(Activated::Owned {
+                root: Box::new(self.replace(&current, proposal).await?),
+                how: OwnedHow::TookOver,
+            }),
+            (Activation::OwnerLive { owner, until_ms }, _) => {
+                Ok(Activated::OwnerLive { owner, until_ms })
+            }
+            (_, None) => Err(Error::invalid(
+                "activation decided on a root it did not read",
+            )),
+        }
+    }
+}

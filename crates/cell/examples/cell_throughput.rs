@@ -8,7 +8,10 @@
 //!   row (the engine's schema) and, per group, the TXID bump;
 //! - `sqlite+ledger+savepoint`: plus a savepoint around each command;
 //! - `cell`: the engine, whose own capture timer (WAL read, checksums, LTX
-//!   encode) splits its time into capture and the rest.
+//!   encode) splits its time into capture and the rest;
+//! - `cell-pipelined`: the engine with each group confirmed only after the
+//!   next one executed (two pending at a time, as a runtime publishing one
+//!   group while executing the next drives it).
 //!
 //! Runs are interleaved (A B C D, D C B A, ...) and medians printed.
 //!
@@ -50,6 +53,7 @@ enum Variant {
     Ledger,
     Savepoint,
     Cell,
+    CellPipelined,
 }
 
 impl Variant {
@@ -59,6 +63,7 @@ impl Variant {
             "sqlite+ledger" => Variant::Ledger,
             "sqlite+ledger+savepoint" => Variant::Savepoint,
             "cell" => Variant::Cell,
+            "cell-pipelined" => Variant::CellPipelined,
             _ => return None,
         })
     }
@@ -69,6 +74,7 @@ impl Variant {
             Variant::Ledger => "sqlite+ledger",
             Variant::Savepoint => "sqlite+ledger+savepoint",
             Variant::Cell => "cell",
+            Variant::CellPipelined => "cell-pipelined",
         }
     }
 }
@@ -85,7 +91,7 @@ fn command_id(seq: u64) -> [u8; 16] {
     id
 }
 
-fn engine_run(group: usize, commands: usize, seq: &mut u64) -> Sample {
+fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> Sample {
     let dir = tempfile::tempdir().expect("tempdir");
     let kind = Manifest::parse(MANIFEST)
         .expect("manifest")
@@ -100,6 +106,7 @@ fn engine_run(group: usize, commands: usize, seq: &mut u64) -> Sample {
     }
     let before = cell.capture_stats();
     let mut ltx_bytes = 0usize;
+    let mut previous = None;
     let start = Instant::now();
     for _ in 0..commands / group {
         let batch: Vec<Command> = (0..group)
@@ -113,10 +120,25 @@ fn engine_run(group: usize, commands: usize, seq: &mut u64) -> Sample {
                 )
             })
             .collect();
+        if !cell.can_execute() {
+            // The WAL waits for a checkpoint: drain the pipeline.
+            if let Some(txid) = previous.take() {
+                cell.confirm(txid).expect("confirm");
+            }
+        }
         let result = cell.execute(&batch, NOW).expect("execute");
         let p = result.publication.expect("a publication");
         ltx_bytes += p.ltx.len();
-        cell.confirm(p.txid).expect("confirm");
+        if pipelined {
+            if let Some(txid) = previous.replace(p.txid) {
+                cell.confirm(txid).expect("confirm");
+            }
+        } else {
+            cell.confirm(p.txid).expect("confirm");
+        }
+    }
+    if let Some(txid) = previous {
+        cell.confirm(txid).expect("confirm");
     }
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(ltx_bytes);
@@ -224,6 +246,7 @@ fn main() {
                 Variant::Ledger,
                 Variant::Savepoint,
                 Variant::Cell,
+                Variant::CellPipelined,
             ]
         });
     println!("commands per run: {commands}, rounds: {rounds} (interleaved, order reversed every other round)");
@@ -241,7 +264,8 @@ fn main() {
             }
             for i in order {
                 let sample = match variants[i] {
-                    Variant::Cell => engine_run(group, commands, &mut seq),
+                    Variant::Cell => engine_run(group, commands, false, &mut seq),
+                    Variant::CellPipelined => engine_run(group, commands, true, &mut seq),
                     floor => floor_run(floor, group, commands, &mut seq),
                 };
                 samples[i].push(sample);
@@ -265,7 +289,7 @@ fn main() {
                 rates[i],
                 1e6 / rates[i],
             );
-            if *variant == Variant::Cell {
+            if matches!(variant, Variant::Cell | Variant::CellPipelined) {
                 let fraction = median(samples[i].iter().map(|x| x.capture_fraction).collect());
                 println!(
                     "{group:>6} {:<26} {:>12} {:>12.2} {:>11.1}% of cell time",

@@ -50,6 +50,11 @@ pub(crate) fn txid(conn: &Connection) -> Result<Txid> {
     if !exists(conn)? {
         return Ok(Txid::ZERO);
     }
+    stored_txid(conn)
+}
+
+/// The TXID stored in a database whose engine tables exist (TXID 1 on).
+pub(crate) fn stored_txid(conn: &Connection) -> Result<Txid> {
     let v: i64 = conn
         .prepare_cached("SELECT value FROM _cellfleet_meta WHERE key = 'txid'")?
         .query_row([], |r| r.get(0))?;

@@ -78,7 +78,13 @@ impl Reader {
     pub(crate) fn pin_at(&mut self, expected: Txid) -> Result<()> {
         debug_assert_eq!(self.pin, Pin::Free, "pinning a pinned reader");
         self.conn.prepare_cached("BEGIN")?.execute([])?;
-        let seen = ledger::txid(&self.conn);
+        // One read starts the transaction; past TXID 0 the engine tables
+        // exist, and one statement both starts it and checks the state.
+        let seen = if expected == Txid::ZERO {
+            ledger::txid(&self.conn)
+        } else {
+            ledger::stored_txid(&self.conn)
+        };
         match seen {
             Ok(seen) if seen == expected => {
                 self.pin = Pin::Pinned(expected);

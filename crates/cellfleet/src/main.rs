@@ -1,6 +1,7 @@
 //! The `cellfleet` command-line tool.
 
 mod ltx_cmd;
+mod store_cmd;
 
 use std::process::ExitCode;
 
@@ -20,12 +21,16 @@ enum Command {
     /// Inspect, verify and restore LTX files (Litestream compatible).
     #[command(subcommand)]
     Ltx(ltx_cmd::LtxCommand),
+    /// Check an object store before trusting it with a cluster's data.
+    #[command(subcommand)]
+    Store(store_cmd::StoreCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Ltx(command) => ltx_cmd::run(command),
+        Command::Store(command) => store_cmd::run(command),
     };
     match result {
         Ok(code) => code,

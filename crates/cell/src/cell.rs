@@ -55,7 +55,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::capture::{CaptureState, Files, Publication, Undo};
-use crate::command::{Command, CommandResult, Outcome, RejectCode, Rejection};
+use crate::command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection};
 use crate::guard::{Guard, Mode};
 use crate::kind::{Kind, KindError};
 use crate::reader::{Pin, Reader};
@@ -1031,6 +1031,23 @@ impl Cell {
             });
         }
         Ok(value)
+    }
+
+    /// The stored outcome of command `id` in the published state (never in
+    /// pending state): its TXID and outcome, or `None` if the published
+    /// ledger has no entry. The runtime's `resolve` answers from this.
+    pub fn published_outcome(&self, id: &CommandId) -> Result<Option<(Txid, Outcome)>> {
+        self.check_not_poisoned()?;
+        self.check_published_view()?;
+        if self.published.txid == Txid::ZERO {
+            return Ok(None);
+        }
+        let entry = ledger::lookup(&self.published_reader.conn, id)?;
+        // As for queries: an answer read through a lost pin is void.
+        self.check_published_view()?;
+        Ok(entry
+            .filter(|entry| entry.txid <= self.published.txid)
+            .map(|entry| (entry.txid, entry.outcome)))
     }
 
     /// The published reader sees exactly the published state.

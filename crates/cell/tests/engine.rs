@@ -658,3 +658,36 @@ fn expired_ledger_entries_are_pruned_in_bounded_steps() {
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());
 }
+
+#[test]
+fn published_outcomes_exclude_pending_groups() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1))]);
+    let now = h.now;
+    let pending = h.cell().execute(&[put(2, "b", json!(2))], now).unwrap();
+    let txid = pending.publication.as_ref().unwrap().txid;
+    let cell = h.cell();
+    let (stored_txid, outcome) = cell
+        .published_outcome(&cellfleet_cell::CommandId(id(1)))
+        .unwrap()
+        .expect("published command is found");
+    assert_eq!(stored_txid.0, 2);
+    assert!(matches!(outcome, Outcome::Applied { .. }));
+    assert!(
+        cell.published_outcome(&cellfleet_cell::CommandId(id(2)))
+            .unwrap()
+            .is_none(),
+        "a pending command is not published"
+    );
+    cell.confirm(txid).unwrap();
+    assert_eq!(
+        cell.published_outcome(&cellfleet_cell::CommandId(id(2)))
+            .unwrap()
+            .map(|(t, _)| t),
+        Some(txid)
+    );
+    assert!(cell
+        .published_outcome(&cellfleet_cell::CommandId(id(99)))
+        .unwrap()
+        .is_none());
+}

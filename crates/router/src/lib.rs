@@ -1,0 +1,1 @@
+//! Ingress of a Cellfleet node (being written).

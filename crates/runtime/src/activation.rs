@@ -1,0 +1,263 @@
+//! Activation (DESIGN.md §5): win ownership through the authority, then rebuild and verify the Cell before it serves.
+//!
+//! Ordering:
+//! 1. Read the root and decide (create / adopt / take over / route to the
+//!    live owner) — [`cellfleet_authority::Roots::activate`]. A node that
+//!    loses the CAS race stops here: it downloads nothing.
+//! 2. Open the local file at the root's position; [`Cell::open`] refuses
+//!    unless the file's TXID *and* rolling checksum equal the root's.
+//! 3. Otherwise download every chain file (size checked against the root),
+//!    rebuild with [`cellfleet_cell::recover`] (each file's post-apply
+//!    position checked against the root's record), and open again — which
+//!    re-verifies the full rolling checksum.
+//! 4. Only then does the Cell serve. A migration the kind needs is returned
+//!    pending and published by the actor through the normal pipeline before
+//!    any command.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cellfleet_authority::{
+    Activated, CellId, Epoch, Holder, NewCell, NodeId, OwnedHow, RootRecord, Roots, Versioned,
+};
+use cellfleet_cell::{Cell, CellConfig, ChainFile, Checksum, Kind, Position, Publication, Txid};
+use cellfleet_store::ObjectStore;
+
+use crate::error::{Error, Result};
+
+/// A Cell ready to serve.
+#[derive(Debug)]
+pub struct Ready {
+    /// The open engine.
+    pub cell: Cell,
+    /// The root this session owns.
+    pub root: Versioned<RootRecord>,
+    /// The epoch owned.
+    pub epoch: Epoch,
+    /// A pending migration to publish before serving commands.
+    pub migration: Option<Publication>,
+    /// The chain's bytes, when small enough to keep for merging.
+    pub chain_bytes: Vec<Option<Arc<Vec<u8>>>>,
+    /// How ownership was obtained.
+    pub how: OwnedHow,
+    /// Whether the chain was downloaded and replayed.
+    pub recovered: bool,
+}
+
+/// The result of an activation attempt.
+#[derive(Debug)]
+pub enum Activation {
+    /// Owned and verified.
+    Ready(Box<Ready>),
+    /// A live node owns it.
+    OwnerLive {
+        /// The owner.
+        owner: NodeId,
+    },
+}
+
+/// What activation needs from the node.
+#[derive(Debug, Clone)]
+pub struct Activator {
+    /// The bucket.
+    pub store: Arc<dyn ObjectStore>,
+    /// Root operations.
+    pub roots: Roots,
+    /// This session.
+    pub me: Holder,
+    /// `{data_dir}/cells`.
+    pub cells_dir: PathBuf,
+    /// Engine settings.
+    pub cell_config: CellConfig,
+    /// Races lost before giving up.
+    pub attempts_max: usize,
+    /// Most chain bytes kept in memory.
+    pub chain_cache_bytes_max: u64,
+    /// Wall clock for engine timestamps.
+    pub clock: Arc<dyn cellfleet_authority::Clock>,
+}
+
+/// The published position a root names.
+pub fn root_position(root: &RootRecord) -> Position {
+    if root.txid == 0 {
+        return Position::EMPTY;
+    }
+    Position {
+        txid: Txid(root.txid),
+        checksum: Checksum(root.checksum),
+    }
+}
+
+fn remove_local_files(path: &Path) {
+    for suffix in ["", "-wal", "-shm", ".recover"] {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(name));
+    }
+}
+
+impl Activator {
+    /// Where Cell `cell` keeps its database.
+    pub fn path(&self, cell: &CellId) -> PathBuf {
+        self.cells_dir.join(format!("{cell}.db"))
+    }
+
+    /// Discards a Cell's local files (after a fence or an unknown fate).
+    pub fn discard(&self, cell: &CellId) {
+        remove_local_files(&self.path(cell));
+    }
+
+    /// Activates `(kind, key)`; `parked` is the root this session wrote
+    /// last for a passivated Cell (trusted only while the lease is live:
+    /// nobody else can have written it).
+    pub async fn activate(
+        &self,
+        cell_id: &CellId,
+        kind: Arc<dyn Kind>,
+        key: &[u8],
+        parked: Option<Versioned<RootRecord>>,
+    ) -> Result<Activation> {
+        let (root, how) = match parked {
+            Some(root) => (root, OwnedHow::Adopted),
+            None => match self.win(cell_id, kind.name(), key).await? {
+                Ok(won) => won,
+                Err(owner) => return Ok(Activation::OwnerLive { owner }),
+            },
+        };
+        let epoch = root.record.epoch;
+        let path = self.path(cell_id);
+        let position = root_position(&root.record);
+        if how == OwnedHow::Created {
+            remove_local_files(&path);
+        }
+        let now_ms = self.now_ms();
+        let first = open_blocking(
+            path.clone(),
+            kind.clone(),
+            self.cell_config.clone(),
+            position,
+            now_ms,
+        )
+        .await?;
+        let (opened, chain_bytes, recovered) = match first {
+            Ok(opened) => (opened, vec![None; root.record.chain.len()], false),
+            Err(error) => {
+                tracing::debug!(cell = %cell_id, %error, "local file not at the root's position; recovering");
+                let chain = self.download(&root.record).await?;
+                let chain_bytes = chain.clone();
+                let target = path.clone();
+                let record = root.record.clone();
+                tokio::task::spawn_blocking(move || {
+                    let files: Vec<ChainFile<&[u8]>> = record
+                        .chain
+                        .iter()
+                        .zip(&chain)
+                        .map(|(entry, bytes)| ChainFile {
+                            ltx: bytes.as_slice(),
+                            post: Position {
+                                txid: Txid(entry.max_txid),
+                                checksum: Checksum(entry.post_apply_checksum),
+                            },
+                        })
+                        .collect();
+                    cellfleet_cell::recover(files, &target)
+                })
+                .await
+                .map_err(|e| Error::Closed(format!("recovery task failed: {e}")))??;
+                let opened = open_blocking(path, kind, self.cell_config.clone(), position, now_ms)
+                    .await?
+                    .map_err(|e| Error::cell(&e))?;
+                let total: u64 = chain_bytes.iter().map(|b| b.len() as u64).sum();
+                let cache = if total <= self.chain_cache_bytes_max {
+                    chain_bytes.into_iter().map(Some).collect()
+                } else {
+                    vec![None; root.record.chain.len()]
+                };
+                (opened, cache, true)
+            }
+        };
+        Ok(Activation::Ready(Box::new(Ready {
+            cell: opened.cell,
+            root,
+            epoch,
+            migration: opened.migration,
+            chain_bytes,
+            how,
+            recovered,
+        })))
+    }
+
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.clock.now_wall_ms()).unwrap_or(i64::MAX)
+    }
+
+    /// Wins ownership, or names the live owner. Retries lost races (which
+    /// wrote nothing) up to `attempts_max` times.
+    async fn win(
+        &self,
+        cell_id: &CellId,
+        kind: &str,
+        key: &[u8],
+    ) -> Result<std::result::Result<(Versioned<RootRecord>, OwnedHow), NodeId>> {
+        let new = NewCell {
+            cell_id: cell_id.clone(),
+            kind: kind.to_owned(),
+            key: std::str::from_utf8(key)
+                .ok()
+                .filter(|k| k.len() <= 1024 && !k.chars().any(char::is_control))
+                .map(str::to_owned),
+            page_size: self.cell_config.page_size,
+            schema_version: 0,
+        };
+        let mut last = None;
+        for _ in 0..self.attempts_max.max(1) {
+            match self.roots.activate(&new, &self.me).await {
+                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how))),
+                Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
+                Err(error) if error.is_retryable() && !error.is_ambiguous() => last = Some(error),
+                Err(error) if error.is_fenced() => last = Some(error),
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(last
+            .map(Error::from)
+            .unwrap_or_else(|| Error::Closed("activation kept losing races".into())))
+    }
+
+    async fn download(&self, root: &RootRecord) -> Result<Vec<Arc<Vec<u8>>>> {
+        let mut files = Vec::with_capacity(root.chain.len());
+        for entry in &root.chain {
+            let object = self.store.get(&entry.key).await?;
+            if object.body.len() as u64 != entry.size {
+                return Err(Error::Store(cellfleet_store::Error::Corrupt {
+                    key: entry.key.clone(),
+                    reason: format!(
+                        "{} bytes, the root records {}",
+                        object.body.len(),
+                        entry.size
+                    ),
+                }));
+            }
+            files.push(Arc::new(object.body.to_vec()));
+        }
+        Ok(files)
+    }
+}
+
+async fn open_blocking(
+    path: PathBuf,
+    kind: Arc<dyn Kind>,
+    config: CellConfig,
+    position: Position,
+    now_ms: i64,
+) -> Result<cellfleet_cell::Result<cellfleet_cell::Opened>> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Cell {
+            message: format!("cannot create {}: {e}", dir.display()),
+            retryable: false,
+        })?;
+    }
+    tokio::task::spawn_blocking(move || Cell::open(&path, kind, config, position, now_ms))
+        .await
+        .map_err(|e| Error::Closed(format!("open task failed: {e}")))
+}

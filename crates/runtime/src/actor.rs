@@ -1,0 +1,1222 @@
+//! The Cell actor: one task per open Cell that owns the engine, groups its mailbox, and releases replies in commit order.
+//!
+//! Driving sequence (the engine's pipelined publications):
+//! 1. drain the mailbox into a group, bounded by `group_commands_max` and
+//!    `group_bytes_max`;
+//! 2. execute it on the blocking pool ([`Cell::execute`]) — SQLite never
+//!    runs on an async worker thread; the engine moves into
+//!    `spawn_blocking` and back, so one Cell is never touched by two
+//!    threads at once;
+//! 3. start the LTX upload at once (create-only), and queue the group;
+//! 4. the oldest queued group's CAS runs in a spawned task (so a dropped
+//!    request can never cut a CAS in half) once its upload finished; the
+//!    next group may execute meanwhile (up to the engine's
+//!    `pending_publications_max`);
+//! 5. on success: [`Cell::confirm`], then release every held reply whose
+//!    `depends_on_txid` is now published — so replies keep commit order;
+//! 6. on a fence: abort, answer the held replies `NotCommitted`, discard the
+//!    local files and stop; on an unknown fate: that group's replies are
+//!    `Unknown`, later ones `NotCommitted` (their CAS never ran), local
+//!    files discarded, stop.
+//!
+//! Compaction: once the root's chain reaches `chain_files_max` files, a
+//! merged file (or, when merging does not shrink or the chain's bytes are
+//! not all in memory, a snapshot of the published state) is prepared and
+//! uploaded privately; the next CAS carries it together with its delta.
+//! The root does not change while it is prepared.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cellfleet_authority::{CellId, Clock, Epoch, LtxRef, RootRecord, Versioned};
+use cellfleet_cell::{
+    Cell, ChainFile, Checksum, Command, CommandId, CommandResult, Outcome, Position, Publication,
+    Txid,
+};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::task::JoinHandle;
+
+use crate::activation::Activator;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::publication::{LtxFile, PublishFailure, PublishRequest, Publisher};
+
+/// A committed (or stored) command's proof: read-your-writes fence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The Cell.
+    pub cell: CellId,
+    /// The epoch that answered.
+    pub epoch: Epoch,
+    /// The TXID whose publication holds the outcome.
+    pub txid: u64,
+}
+
+/// The answer to a command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executed {
+    /// Where the outcome is durable.
+    pub receipt: Receipt,
+    /// What the command did (a rejection is an outcome too).
+    pub outcome: Outcome,
+    /// Whether the outcome came from the ledger (a retry).
+    pub duplicate: bool,
+}
+
+/// The fate of a command id, as `resolve` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    /// Published: the ledger holds this outcome.
+    Committed {
+        /// The publication holding it.
+        receipt: Receipt,
+        /// The stored outcome.
+        outcome: Outcome,
+    },
+    /// Not in the published ledger, and its validity window (if given) is open.
+    Absent,
+    /// Being published right now (or queued): ask again.
+    Unknown,
+    /// Not in the ledger and its validity window has passed: a retry is refused.
+    Expired,
+}
+
+/// A snapshot of one Cell for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellDescription {
+    /// The Cell.
+    pub cell: CellId,
+    /// Its kind.
+    pub kind: String,
+    /// The epoch this node owns.
+    pub epoch: Epoch,
+    /// The published TXID.
+    pub txid: u64,
+    /// The root's revision.
+    pub revision: u64,
+    /// Files in the root's chain.
+    pub chain_files: usize,
+    /// Whether the Cell is open (else passivated, still owned).
+    pub open: bool,
+    /// Requests waiting (mailbox, group, held replies).
+    pub queued: usize,
+}
+
+/// A reply channel that keeps the queue-depth counters true however it ends.
+#[derive(Debug)]
+pub(crate) struct Reply<T> {
+    tx: Option<oneshot::Sender<Result<T>>>,
+    load: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+}
+
+impl<T> Reply<T> {
+    pub(crate) fn new(
+        tx: oneshot::Sender<Result<T>>,
+        load: Arc<AtomicUsize>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        load.fetch_add(1, Ordering::Relaxed);
+        metrics.queue_depth_commands.fetch_add(1, Ordering::Relaxed);
+        Self {
+            tx: Some(tx),
+            load,
+            metrics,
+        }
+    }
+
+    pub(crate) fn send(mut self, value: Result<T>) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(value);
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        self.load.fetch_sub(1, Ordering::Relaxed);
+        self.metrics
+            .queue_depth_commands
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why an actor stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StopHow {
+    /// Finish accepted work, close, keep ownership (the root is parked).
+    Passivate,
+    /// Finish accepted work, close, release the root.
+    Drain,
+    /// Stop now: another owner exists or the lease is gone.
+    Fence(String),
+}
+
+/// A request to a Cell actor.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    Execute {
+        command: Command,
+        bytes: usize,
+        reply: Reply<Executed>,
+    },
+    Query {
+        name: String,
+        args: Value,
+        min_txid: Option<u64>,
+        reply: Reply<Value>,
+    },
+    Resolve {
+        id: CommandId,
+        expires_at_ms: Option<i64>,
+        reply: Reply<Resolution>,
+    },
+    Describe {
+        reply: oneshot::Sender<CellDescription>,
+    },
+    Stop {
+        how: StopHow,
+        done: Option<oneshot::Sender<Result<()>>>,
+    },
+}
+
+/// How an actor ended, for the dispatcher.
+#[derive(Debug)]
+pub(crate) enum Exit {
+    /// Closed, still owned: reopen from this root without reading it.
+    Parked(Box<Versioned<RootRecord>>),
+    /// Released or lost: forget it.
+    Gone,
+}
+
+/// What every actor shares with its node.
+#[derive(Debug)]
+pub(crate) struct ActorContext {
+    pub publisher: Arc<dyn Publisher>,
+    pub activator: Activator,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub group_commands_max: usize,
+    pub group_bytes_max: usize,
+    pub chain_files_max: usize,
+    pub chain_cache_bytes_max: u64,
+    pub query_wait_ms_max: u64,
+    pub query_waiters_max: usize,
+    pub skew_margin_ms: i64,
+}
+
+#[derive(Debug)]
+struct Queued {
+    command: Command,
+    bytes: usize,
+    reply: Reply<Executed>,
+}
+
+#[derive(Debug)]
+struct Held {
+    txid: u64,
+    result: CommandResult,
+    reply: Reply<Executed>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    txid: u64,
+    upload: Option<JoinHandle<std::result::Result<LtxRef, PublishFailure>>>,
+    bytes: Arc<Vec<u8>>,
+    started: Instant,
+    commands: usize,
+}
+
+#[derive(Debug)]
+struct QueryWaiter {
+    min_txid: u64,
+    name: String,
+    args: Value,
+    reply: Reply<Value>,
+    deadline: tokio::time::Instant,
+}
+
+type Prepared = std::result::Result<(LtxRef, Arc<Vec<u8>>), PublishFailure>;
+
+struct CasDone {
+    result: std::result::Result<Versioned<RootRecord>, PublishFailure>,
+    compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
+}
+
+enum Event {
+    Cas(std::result::Result<CasDone, tokio::task::JoinError>),
+    Msg(Option<Msg>),
+    Tick,
+    Idle,
+}
+
+/// One Cell's actor.
+pub(crate) struct Actor {
+    cell_id: CellId,
+    epoch: Epoch,
+    cell: Option<Cell>,
+    root: Versioned<RootRecord>,
+    chain_bytes: Vec<Option<Arc<Vec<u8>>>>,
+    ctx: Arc<ActorContext>,
+    rx: mpsc::Receiver<Msg>,
+    rx_done: bool,
+    load: Arc<AtomicUsize>,
+    batch: VecDeque<Queued>,
+    held: Vec<Held>,
+    inflight: VecDeque<InFlight>,
+    cas: Option<JoinHandle<CasDone>>,
+    compaction: Option<JoinHandle<Prepared>>,
+    snapshot_compaction: bool,
+    waiters: Vec<QueryWaiter>,
+    stopping: Option<StopHow>,
+    stop_done: Vec<oneshot::Sender<Result<()>>>,
+    failed: Option<String>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Actor")
+            .field("cell", &self.cell_id)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything [`Actor::new`] needs.
+#[derive(Debug)]
+pub(crate) struct ActorStart {
+    pub cell_id: CellId,
+    pub epoch: Epoch,
+    pub cell: Cell,
+    pub root: Versioned<RootRecord>,
+    pub chain_bytes: Vec<Option<Arc<Vec<u8>>>>,
+    pub migration: Option<Publication>,
+    pub rx: mpsc::Receiver<Msg>,
+    pub load: Arc<AtomicUsize>,
+    pub permit: OwnedSemaphorePermit,
+}
+
+impl Actor {
+    pub(crate) fn new(ctx: Arc<ActorContext>, start: ActorStart) -> (Self, Option<Publication>) {
+        let actor = Self {
+            cell_id: start.cell_id,
+            epoch: start.epoch,
+            cell: Some(start.cell),
+            root: start.root,
+            chain_bytes: start.chain_bytes,
+            ctx,
+            rx: start.rx,
+            rx_done: false,
+            load: start.load,
+            batch: VecDeque::new(),
+            held: Vec::new(),
+            inflight: VecDeque::new(),
+            cas: None,
+            compaction: None,
+            snapshot_compaction: false,
+            waiters: Vec::new(),
+            stopping: None,
+            stop_done: Vec::new(),
+            failed: None,
+            _permit: start.permit,
+        };
+        (actor, start.migration)
+    }
+
+    fn published_txid(&self) -> u64 {
+        self.root.record.txid
+    }
+
+    fn receipt(&self, txid: u64) -> Receipt {
+        Receipt {
+            cell: self.cell_id.clone(),
+            epoch: self.epoch,
+            txid,
+        }
+    }
+
+    /// Runs until stopped; returns how it ended.
+    pub(crate) async fn run(mut self, migration: Option<Publication>) -> Exit {
+        if let Some(migration) = migration {
+            self.start_publication(migration, 0);
+        }
+        loop {
+            self.try_execute().await;
+            self.try_start_cas().await;
+            if self.finished() {
+                break;
+            }
+            let event = self.next_event().await;
+            match event {
+                Event::Cas(Ok(done)) => self.on_cas(done).await,
+                Event::Cas(Err(join)) => {
+                    if let Some(front) = self.inflight.pop_front() {
+                        let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+                            .into_iter()
+                            .partition(|h| h.txid == front.txid);
+                        self.held = kept;
+                        for held in unknown {
+                            held.reply.send(Err(Error::Unknown {
+                                reason: format!("publication task failed: {join}"),
+                            }));
+                        }
+                    }
+                    self.fail(
+                        format!("publication task failed: {join}"),
+                        FailKind::Unknown,
+                    )
+                    .await;
+                }
+                Event::Msg(Some(msg)) => self.on_msg(msg).await,
+                Event::Msg(None) => {
+                    self.rx_done = true;
+                    if self.stopping.is_none() {
+                        self.stopping = Some(StopHow::Passivate);
+                    }
+                }
+                Event::Tick => self.expire_waiters(),
+                Event::Idle => {
+                    // Work is queued but the engine refuses it and nothing
+                    // is in flight to unblock it: give up on the Cell.
+                    self.fail(
+                        "the cell cannot execute and nothing is publishing".into(),
+                        FailKind::NotCommitted,
+                    )
+                    .await;
+                }
+            }
+        }
+        self.finish().await
+    }
+
+    async fn next_event(&mut self) -> Event {
+        let cas_active = self.cas.is_some();
+        let accept = !self.rx_done && self.batch.len() < self.ctx.group_commands_max;
+        let deadline = self.waiters.iter().map(|w| w.deadline).min();
+        let cas = &mut self.cas;
+        let rx = &mut self.rx;
+        tokio::select! {
+            biased;
+            done = async { cas.as_mut().expect("guarded by cas_active").await }, if cas_active => {
+                *cas = None;
+                Event::Cas(done)
+            }
+            msg = rx.recv(), if accept => Event::Msg(msg),
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => Event::Tick,
+            else => Event::Idle,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        match &self.stopping {
+            None => self.failed.is_some(),
+            Some(StopHow::Fence(_)) => true,
+            Some(_) => {
+                self.failed.is_some()
+                    || (self.rx_done
+                        && self.batch.is_empty()
+                        && self.inflight.is_empty()
+                        && self.cas.is_none())
+            }
+        }
+    }
+
+    async fn on_msg(&mut self, msg: Msg) {
+        match msg {
+            Msg::Execute {
+                command,
+                bytes,
+                reply,
+            } => {
+                self.batch.push_back(Queued {
+                    command,
+                    bytes,
+                    reply,
+                });
+                // Take whatever else is waiting into the same group.
+                while self.batch.len() < self.ctx.group_commands_max {
+                    match self.rx.try_recv() {
+                        Ok(Msg::Execute {
+                            command,
+                            bytes,
+                            reply,
+                        }) => self.batch.push_back(Queued {
+                            command,
+                            bytes,
+                            reply,
+                        }),
+                        Ok(other) => {
+                            Box::pin(self.on_msg(other)).await;
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            Msg::Query {
+                name,
+                args,
+                min_txid,
+                reply,
+            } => self.on_query(name, args, min_txid, reply).await,
+            Msg::Resolve {
+                id,
+                expires_at_ms,
+                reply,
+            } => {
+                let answer = self.resolve(id, expires_at_ms).await;
+                reply.send(answer);
+            }
+            Msg::Describe { reply } => {
+                let _ = reply.send(CellDescription {
+                    cell: self.cell_id.clone(),
+                    kind: self.root.record.kind.clone(),
+                    epoch: self.epoch,
+                    txid: self.published_txid(),
+                    revision: self.root.record.revision,
+                    chain_files: self.root.record.chain.len(),
+                    open: true,
+                    queued: self.load.load(Ordering::Relaxed),
+                });
+            }
+            Msg::Stop { how, done } => {
+                if let Some(done) = done {
+                    self.stop_done.push(done);
+                }
+                self.rx.close();
+                match how {
+                    StopHow::Fence(reason) => {
+                        self.fail(reason.clone(), FailKind::Fenced).await;
+                        self.stopping = Some(StopHow::Fence(reason));
+                    }
+                    StopHow::Drain => self.stopping = Some(StopHow::Drain),
+                    StopHow::Passivate => {
+                        if self.stopping.is_none() {
+                            self.stopping = Some(StopHow::Passivate);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `work` on the engine on the blocking pool. `None` if the
+    /// engine was lost (the task panicked): the actor must stop.
+    async fn with_cell<T, F>(&mut self, work: F) -> Option<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Cell) -> T + Send + 'static,
+    {
+        let mut cell = self.cell.take()?;
+        let joined = tokio::task::spawn_blocking(move || {
+            let out = work(&mut cell);
+            (cell, out)
+        })
+        .await;
+        match joined {
+            Ok((cell, out)) => {
+                self.cell = Some(cell);
+                Some(out)
+            }
+            Err(error) => {
+                tracing::error!(cell = %self.cell_id, %error, "cell engine task failed");
+                None
+            }
+        }
+    }
+
+    async fn on_query(
+        &mut self,
+        name: String,
+        args: Value,
+        min_txid: Option<u64>,
+        reply: Reply<Value>,
+    ) {
+        match min_txid {
+            Some(min) if min > self.published_txid() => {
+                let executed = self.cell.as_ref().map_or(0, |cell| cell.position().txid.0);
+                if min > executed || self.waiters.len() >= self.ctx.query_waiters_max {
+                    reply.send(Err(Error::ReceiptNotReached {
+                        txid: min,
+                        waited_ms: 0,
+                    }));
+                    return;
+                }
+                let deadline = tokio::time::Instant::now()
+                    + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
+                self.waiters.push(QueryWaiter {
+                    min_txid: min,
+                    name,
+                    args,
+                    reply,
+                    deadline,
+                });
+            }
+            _ => {
+                let answer = self.run_query(name, args).await;
+                reply.send(answer);
+            }
+        }
+    }
+
+    async fn run_query(&mut self, name: String, args: Value) -> Result<Value> {
+        match self.with_cell(move |cell| cell.query(&name, &args)).await {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(Error::from(error)),
+            None => Err(Error::Closed("the cell engine was lost".into())),
+        }
+    }
+
+    fn expire_waiters(&mut self) {
+        let now = tokio::time::Instant::now();
+        let wait_ms = self.ctx.query_wait_ms_max;
+        let (expired, kept): (Vec<_>, Vec<_>) =
+            self.waiters.drain(..).partition(|w| w.deadline <= now);
+        self.waiters = kept;
+        for waiter in expired {
+            waiter.reply.send(Err(Error::ReceiptNotReached {
+                txid: waiter.min_txid,
+                waited_ms: wait_ms,
+            }));
+        }
+    }
+
+    async fn serve_waiters(&mut self) {
+        let published = self.published_txid();
+        let (ready, kept): (Vec<_>, Vec<_>) = self
+            .waiters
+            .drain(..)
+            .partition(|w| w.min_txid <= published);
+        self.waiters = kept;
+        for waiter in ready {
+            let answer = self.run_query(waiter.name, waiter.args).await;
+            waiter.reply.send(answer);
+        }
+    }
+
+    async fn resolve(&mut self, id: CommandId, expires_at_ms: Option<i64>) -> Result<Resolution> {
+        if self.held.iter().any(|h| h.result.id == id)
+            || self.batch.iter().any(|q| q.command.id == id)
+        {
+            return Ok(Resolution::Unknown);
+        }
+        let found = self
+            .with_cell(move |cell| cell.published_outcome(&id))
+            .await
+            .ok_or_else(|| Error::Closed("the cell engine was lost".into()))??;
+        if let Some((txid, outcome)) = found {
+            return Ok(Resolution::Committed {
+                receipt: self.receipt(txid.0),
+                outcome,
+            });
+        }
+        let now = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        match expires_at_ms {
+            Some(expiry) if expiry.saturating_add(self.ctx.skew_margin_ms) < now => {
+                Ok(Resolution::Expired)
+            }
+            _ => Ok(Resolution::Absent),
+        }
+    }
+
+    fn take_group(&mut self) -> Vec<Queued> {
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        while let Some(next) = self.batch.front() {
+            let over_bytes = !group.is_empty() && bytes + next.bytes > self.ctx.group_bytes_max;
+            if group.len() >= self.ctx.group_commands_max || over_bytes {
+                break;
+            }
+            bytes += next.bytes;
+            group.push(self.batch.pop_front().expect("front exists"));
+        }
+        group
+    }
+
+    async fn try_execute(&mut self) {
+        if self.batch.is_empty() || self.failed.is_some() {
+            return;
+        }
+        let can_execute = self.cell.as_ref().is_some_and(Cell::can_execute);
+        if !can_execute {
+            return;
+        }
+        let group = self.take_group();
+        let commands: Vec<Command> = group.iter().map(|q| q.command.clone()).collect();
+        let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        let started = Instant::now();
+        let executed = self
+            .with_cell(move |cell| cell.execute(&commands, now_ms))
+            .await;
+        self.ctx
+            .metrics
+            .publication_execute_seconds
+            .observe_duration(started.elapsed());
+        let result = match executed {
+            None => {
+                for queued in group {
+                    queued.reply.send(Err(Error::NotCommitted {
+                        reason: "the cell engine was lost".into(),
+                    }));
+                }
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+            Some(Err(error)) => {
+                // Nothing ran: the state is intact unless the engine says
+                // it is poisoned.
+                let poisoned = matches!(error, cellfleet_cell::Error::Poisoned)
+                    || self
+                        .cell
+                        .as_ref()
+                        .is_some_and(|c| !c.can_execute() && c.pending_txid().is_none());
+                for queued in group {
+                    queued.reply.send(Err(Error::NotCommitted {
+                        reason: error.to_string(),
+                    }));
+                }
+                if poisoned {
+                    self.fail(error.to_string(), FailKind::NotCommitted).await;
+                }
+                return;
+            }
+            Some(Ok(result)) => result,
+        };
+        let commands = group.len();
+        for (queued, result) in group.into_iter().zip(result.results) {
+            match result.depends_on_txid {
+                None => {
+                    let txid = result.txid.map_or(self.published_txid(), |t| t.0);
+                    queued.reply.send(Ok(Executed {
+                        receipt: self.receipt(txid),
+                        outcome: result.outcome,
+                        duplicate: result.duplicate,
+                    }));
+                }
+                Some(txid) => self.held.push(Held {
+                    txid: txid.0,
+                    result,
+                    reply: queued.reply,
+                }),
+            }
+        }
+        if let Some(publication) = result.publication {
+            self.start_publication(publication, commands);
+        }
+    }
+
+    fn start_publication(&mut self, publication: Publication, commands: usize) {
+        let bytes = Arc::new(publication.ltx);
+        let file = LtxFile {
+            bytes: bytes.clone(),
+            min_txid: publication.header.min_txid.0,
+            max_txid: publication.header.max_txid.0,
+            file_checksum: publication.trailer.file_checksum.0,
+            post_apply_checksum: publication.post.checksum.0,
+        };
+        let publisher = self.ctx.publisher.clone();
+        let cell = self.cell_id.clone();
+        let epoch = self.epoch;
+        let metrics = self.ctx.metrics.clone();
+        let upload = tokio::spawn(async move {
+            let started = Instant::now();
+            let uploaded = publisher.upload(&cell, epoch, file).await;
+            metrics
+                .publication_upload_seconds
+                .observe_duration(started.elapsed());
+            uploaded
+        });
+        self.inflight.push_back(InFlight {
+            txid: publication.txid.0,
+            upload: Some(upload),
+            bytes,
+            started: Instant::now(),
+            commands,
+        });
+    }
+
+    /// A prepared compaction usable on the current root, if one is ready
+    /// (or, when the chain is at its hard bound, once it is).
+    async fn ready_compaction(&mut self) -> Option<(LtxRef, Arc<Vec<u8>>)> {
+        let must_wait = self.root.record.chain.len() >= hard_chain_bound(self.ctx.chain_files_max);
+        let ready = self.compaction.as_ref()?.is_finished() || must_wait;
+        if !ready {
+            return None;
+        }
+        let handle = self.compaction.take()?;
+        let (compacted, bytes) = match handle.await {
+            Ok(Ok(prepared)) => prepared,
+            Ok(Err(failure)) => {
+                tracing::warn!(cell = %self.cell_id, ?failure, "compaction failed; will retry");
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(cell = %self.cell_id, %error, "compaction task failed");
+                return None;
+            }
+        };
+        let boundary = self.root.record.chain.iter().any(|file| {
+            file.max_txid == compacted.max_txid
+                && file.post_apply_checksum == compacted.post_apply_checksum
+        });
+        boundary.then_some((compacted, bytes))
+    }
+
+    async fn try_start_cas(&mut self) {
+        if self.cas.is_some() || self.failed.is_some() {
+            return;
+        }
+        if self.inflight.front().is_none_or(|f| f.upload.is_none()) {
+            return;
+        }
+        let compaction = self.ready_compaction().await;
+        let Some(front) = self.inflight.front_mut() else {
+            return;
+        };
+        let upload = front.upload.take().expect("checked above");
+        let publisher = self.ctx.publisher.clone();
+        let metrics = self.ctx.metrics.clone();
+        let base = self.root.clone();
+        let epoch = self.epoch;
+        // Spawned: a CAS must never be cut off half-way by a dropped future.
+        self.cas = Some(tokio::spawn(async move {
+            let delta = match upload.await {
+                Ok(Ok(delta)) => delta,
+                Ok(Err(failure)) => {
+                    return CasDone {
+                        result: Err(failure),
+                        compaction,
+                    }
+                }
+                Err(error) => {
+                    return CasDone {
+                        result: Err(PublishFailure::NotCommitted(format!(
+                            "upload task failed: {error}"
+                        ))),
+                        compaction,
+                    }
+                }
+            };
+            let started = Instant::now();
+            let result = publisher
+                .commit(PublishRequest {
+                    base,
+                    epoch,
+                    delta,
+                    compaction: compaction.as_ref().map(|(c, _)| c.clone()),
+                })
+                .await;
+            metrics
+                .publication_cas_seconds
+                .observe_duration(started.elapsed());
+            CasDone { result, compaction }
+        }));
+    }
+
+    async fn on_cas(&mut self, done: CasDone) {
+        let Some(front) = self.inflight.pop_front() else {
+            return;
+        };
+        match done.result {
+            Ok(root) => self.committed(front, root, done.compaction).await,
+            Err(PublishFailure::CommittedThenFenced(reason)) => {
+                self.release_held(front.txid);
+                self.ctx
+                    .metrics
+                    .fences_total
+                    .fetch_add(1, Ordering::Relaxed);
+                self.fail(reason, FailKind::Fenced).await;
+            }
+            Err(PublishFailure::Fenced(reason)) => {
+                self.ctx
+                    .metrics
+                    .fences_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, %reason, "publication fenced");
+                self.fail(reason, FailKind::Fenced).await;
+            }
+            Err(PublishFailure::NotCommitted(reason)) => {
+                tracing::warn!(cell = %self.cell_id, %reason, "publication not committed");
+                self.fail(reason, FailKind::NotCommitted).await;
+            }
+            Err(PublishFailure::Unknown(reason)) => {
+                self.ctx
+                    .metrics
+                    .publications_unknown_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(cell = %self.cell_id, %reason, "publication fate unknown");
+                let unknown_txid = front.txid;
+                for held in std::mem::take(&mut self.held) {
+                    let error = if held.txid == unknown_txid {
+                        Error::Unknown {
+                            reason: reason.clone(),
+                        }
+                    } else {
+                        Error::NotCommitted {
+                            reason: format!("an earlier publication's fate is unknown: {reason}"),
+                        }
+                    };
+                    held.reply.send(Err(error));
+                }
+                self.fail(reason, FailKind::Unknown).await;
+            }
+        }
+    }
+
+    async fn committed(
+        &mut self,
+        front: InFlight,
+        root: Versioned<RootRecord>,
+        compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
+    ) {
+        let metrics = &self.ctx.metrics;
+        metrics.publications_total.fetch_add(1, Ordering::Relaxed);
+        metrics.group_commands.observe(front.commands as f64);
+        metrics
+            .publication_total_seconds
+            .observe_duration(front.started.elapsed());
+        if compaction.is_some() {
+            metrics.compactions_total.fetch_add(1, Ordering::Relaxed);
+        }
+        self.chain_bytes = cache_for(
+            &self.root.record,
+            &self.chain_bytes,
+            &root.record,
+            &[
+                Some(front.bytes.clone()),
+                compaction.as_ref().map(|(_, b)| b.clone()),
+            ],
+            &[
+                root.record.chain.last().map(|f| f.key.clone()),
+                compaction.as_ref().map(|(c, _)| c.key.clone()),
+            ],
+            self.ctx.chain_cache_bytes_max,
+        );
+        self.root = root;
+        let txid = front.txid;
+        let confirmed = self.with_cell(move |cell| cell.confirm(Txid(txid))).await;
+        // The root holds the group now: its replies are true whatever the
+        // local engine does next.
+        self.release_held(txid);
+        match confirmed {
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                self.fail(format!("confirm failed: {error}"), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+            None => {
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+        }
+        self.serve_waiters().await;
+        self.maybe_prepare_compaction().await;
+    }
+
+    /// Releases held replies published at or before `txid`.
+    fn release_held(&mut self, txid: u64) {
+        let (ready, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.txid <= txid);
+        self.held = kept;
+        for held in ready {
+            let receipt = self.receipt(held.result.txid.map_or(held.txid, |t| t.0));
+            held.reply.send(Ok(Executed {
+                receipt,
+                outcome: held.result.outcome,
+                duplicate: held.result.duplicate,
+            }));
+        }
+    }
+
+    async fn maybe_prepare_compaction(&mut self) {
+        let chain = &self.root.record.chain;
+        if self.compaction.is_some() || chain.len() < self.ctx.chain_files_max.max(2) {
+            return;
+        }
+        let all_cached =
+            self.chain_bytes.len() == chain.len() && self.chain_bytes.iter().all(Option::is_some);
+        let publisher = self.ctx.publisher.clone();
+        let cell_id = self.cell_id.clone();
+        let epoch = self.epoch;
+        if all_cached && !self.snapshot_compaction {
+            let inputs: Vec<(Arc<Vec<u8>>, Position)> = chain
+                .iter()
+                .zip(&self.chain_bytes)
+                .map(|(file, bytes)| {
+                    (
+                        bytes.clone().expect("all cached"),
+                        Position {
+                            txid: Txid(file.max_txid),
+                            checksum: Checksum(file.post_apply_checksum),
+                        },
+                    )
+                })
+                .collect();
+            self.compaction = Some(tokio::spawn(async move {
+                let merged = tokio::task::spawn_blocking(move || {
+                    let files: Vec<ChainFile<&[u8]>> = inputs
+                        .iter()
+                        .map(|(bytes, post)| ChainFile {
+                            ltx: bytes.as_slice(),
+                            post: *post,
+                        })
+                        .collect();
+                    cellfleet_cell::compact(&files)
+                })
+                .await
+                .map_err(|e| PublishFailure::NotCommitted(e.to_string()))?
+                .map_err(|e| PublishFailure::NotCommitted(e.to_string()))?;
+                if !merged.shrank {
+                    return Err(PublishFailure::NotCommitted("merge does not shrink".into()));
+                }
+                let bytes = Arc::new(merged.ltx);
+                let file = LtxFile {
+                    bytes: bytes.clone(),
+                    min_txid: 1,
+                    max_txid: merged.post.txid.0,
+                    file_checksum: merged.trailer.file_checksum.0,
+                    post_apply_checksum: merged.post.checksum.0,
+                };
+                Ok((publisher.upload(&cell_id, epoch, file).await?, bytes))
+            }));
+            // Next time, a merge that did not shrink falls back to a snapshot.
+            self.snapshot_compaction = true;
+            return;
+        }
+        self.snapshot_compaction = false;
+        let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        let snapshot = match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
+            Some(Ok(snapshot)) => snapshot,
+            Some(Err(error)) => {
+                tracing::warn!(cell = %self.cell_id, %error, "snapshot for compaction failed");
+                return;
+            }
+            None => {
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+        };
+        let bytes = Arc::new(snapshot.ltx);
+        let file = LtxFile {
+            bytes: bytes.clone(),
+            min_txid: 1,
+            max_txid: snapshot.post.txid.0,
+            file_checksum: snapshot.trailer.file_checksum.0,
+            post_apply_checksum: snapshot.post.checksum.0,
+        };
+        self.compaction = Some(tokio::spawn(async move {
+            Ok((publisher.upload(&cell_id, epoch, file).await?, bytes))
+        }));
+    }
+
+    /// Ends the actor's work after a failure: every held reply not already
+    /// answered gets `NotCommitted`, queued commands get `Closed` (they
+    /// never ran), pending publications are aborted.
+    async fn fail(&mut self, reason: String, kind: FailKind) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.failed = Some(reason.clone());
+        if let Some(cas) = self.cas.take() {
+            // Never abandoned blind: the CAS in flight decides its own
+            // group's replies before the rest are answered.
+            self.settle_abandoned_cas(cas).await;
+        }
+        for held in std::mem::take(&mut self.held) {
+            held.reply.send(Err(Error::NotCommitted {
+                reason: reason.clone(),
+            }));
+        }
+        for queued in std::mem::take(&mut self.batch) {
+            queued.reply.send(Err(Error::Closed(reason.clone())));
+        }
+        for waiter in std::mem::take(&mut self.waiters) {
+            waiter.reply.send(Err(Error::Closed(reason.clone())));
+        }
+        for inflight in std::mem::take(&mut self.inflight) {
+            if let Some(upload) = inflight.upload {
+                upload.abort();
+            }
+        }
+        if let Some(compaction) = self.compaction.take() {
+            compaction.abort();
+        }
+        let pending = self
+            .cell
+            .as_ref()
+            .is_some_and(|c| c.pending_txid().is_some());
+        if pending {
+            let _ = self.with_cell(|cell| cell.abort()).await;
+        }
+        if kind != FailKind::NotCommitted {
+            self.close_cell().await;
+            self.ctx.activator.discard(&self.cell_id);
+        }
+    }
+
+    /// Waits for a CAS in flight while the actor is failing, and answers
+    /// its group by its fate.
+    async fn settle_abandoned_cas(&mut self, cas: JoinHandle<CasDone>) {
+        let Some(front) = self.inflight.pop_front() else {
+            return;
+        };
+        match cas.await {
+            Ok(CasDone {
+                result: Ok(root), ..
+            }) => {
+                self.root = root;
+                self.release_held(front.txid);
+            }
+            Ok(CasDone {
+                result: Err(PublishFailure::CommittedThenFenced(_)),
+                ..
+            }) => self.release_held(front.txid),
+            Ok(CasDone {
+                result: Err(PublishFailure::Unknown(reason)),
+                ..
+            }) => {
+                let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+                    .into_iter()
+                    .partition(|h| h.txid == front.txid);
+                self.held = kept;
+                for held in unknown {
+                    held.reply.send(Err(Error::Unknown {
+                        reason: reason.clone(),
+                    }));
+                }
+            }
+            Ok(CasDone { result: Err(_), .. }) => {}
+            Err(error) => {
+                let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+                    .into_iter()
+                    .partition(|h| h.txid == front.txid);
+                self.held = kept;
+                for held in unknown {
+                    held.reply.send(Err(Error::Unknown {
+                        reason: format!("publication task failed: {error}"),
+                    }));
+                }
+            }
+        }
+    }
+
+    async fn close_cell(&mut self) {
+        if let Some(cell) = self.cell.take() {
+            let _ = tokio::task::spawn_blocking(move || cell.close()).await;
+        }
+    }
+
+    /// Closes the engine and answers whatever is left; returns how it ended.
+    async fn finish(mut self) -> Exit {
+        self.rx.close();
+        while let Ok(msg) = self.rx.try_recv() {
+            answer_closed(msg, "the cell actor stopped");
+        }
+        self.close_cell().await;
+        let exit = match (&self.failed, &self.stopping) {
+            (Some(_), _) | (None, Some(StopHow::Fence(_))) => (Exit::Gone, Ok(())),
+            (None, Some(StopHow::Drain)) => {
+                match self
+                    .ctx
+                    .publisher
+                    .release(self.root.clone(), self.epoch)
+                    .await
+                {
+                    Ok(_) => {
+                        self.ctx.activator.discard(&self.cell_id);
+                        (Exit::Gone, Ok(()))
+                    }
+                    Err(failure) => (
+                        Exit::Gone,
+                        Err(Error::NotCommitted {
+                            reason: format!("release of cell {} failed: {failure:?}", self.cell_id),
+                        }),
+                    ),
+                }
+            }
+            (None, _) => {
+                self.ctx
+                    .metrics
+                    .passivations_total
+                    .fetch_add(1, Ordering::Relaxed);
+                (Exit::Parked(Box::new(self.root.clone())), Ok(()))
+            }
+        };
+        for done in self.stop_done.drain(..) {
+            let _ = done.send(exit.1.clone());
+        }
+        exit.0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FailKind {
+    /// The root provably lacks the pending groups; local files are sound.
+    NotCommitted,
+    /// Another owner: local files are discarded.
+    Fenced,
+    /// The root's content is uncertain: local files are discarded.
+    Unknown,
+}
+
+/// The chain length at which a CAS waits for the compaction in progress
+/// instead of appending one more file (well below the root's hard limit).
+fn hard_chain_bound(chain_files_max: usize) -> usize {
+    (chain_files_max.saturating_mul(2)).clamp(2, cellfleet_authority::root::CHAIN_LEN_MAX - 1)
+}
+
+/// The chain bytes kept for `next`'s chain: those of `previous` by key,
+/// plus newly uploaded files; `None` for unknown ones, and none at all past
+/// `bytes_max`.
+fn cache_for(
+    previous: &RootRecord,
+    previous_bytes: &[Option<Arc<Vec<u8>>>],
+    next: &RootRecord,
+    new_bytes: &[Option<Arc<Vec<u8>>>],
+    new_keys: &[Option<String>],
+    bytes_max: u64,
+) -> Vec<Option<Arc<Vec<u8>>>> {
+    let lookup = |key: &str| -> Option<Arc<Vec<u8>>> {
+        for (file, bytes) in previous.chain.iter().zip(previous_bytes) {
+            if file.key == key {
+                return bytes.clone();
+            }
+        }
+        for (candidate, bytes) in new_keys.iter().zip(new_bytes) {
+            if candidate.as_deref() == Some(key) {
+                return bytes.clone();
+            }
+        }
+        None
+    };
+    let cache: Vec<Option<Arc<Vec<u8>>>> = next.chain.iter().map(|f| lookup(&f.key)).collect();
+    let total: u64 = cache.iter().flatten().map(|b| b.len() as u64).sum();
+    if total > bytes_max {
+        return vec![None; next.chain.len()];
+    }
+    cache
+}
+
+fn answer_closed(msg: Msg, reason: &str) {
+    match msg {
+        Msg::Execute { reply, .. } => reply.send(Err(Error::Closed(reason.into()))),
+        Msg::Query { reply, .. } => reply.send(Err(Error::Closed(reason.into()))),
+        Msg::Resolve { reply, .. } => reply.send(Err(Error::Closed(reason.into()))),
+        Msg::Describe { .. } => {}
+        Msg::Stop { done, .. } => {
+            if let Some(done) = done {
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+}

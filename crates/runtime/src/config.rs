@@ -1,0 +1,139 @@
+//! Node settings: identity, data directory, bucket prefix, lease timing, endpoints and every named bound.
+
+use std::path::PathBuf;
+
+use cellfleet_authority::{Endpoints, LeaseConfig, NodeId};
+
+/// Bounds of one node. Every queue, group, wait and retry is bounded by one
+/// of these; over a bound a request is refused at once with
+/// [`crate::Error::ResourceExhausted`] and a retry hint.
+#[derive(Clone, Debug)]
+pub struct NodeLimits {
+    /// Most Cells open (SQLite files held open) at once; idle ones are
+    /// passivated in LRU order to make room.
+    pub cells_open_max: usize,
+    /// Most Cells owned (open or passivated) at once.
+    pub cells_owned_max: usize,
+    /// File descriptors this node may spend on open Cells.
+    pub fds_max: usize,
+    /// Estimated file descriptors one open Cell holds (write connection,
+    /// readers with their `-wal`/`-shm`, the lock file).
+    pub fds_per_cell: usize,
+    /// Memory this node may spend on open Cells, in bytes.
+    pub memory_bytes_max: u64,
+    /// Estimated memory of one open Cell (page caches of its connections).
+    pub memory_bytes_per_cell: u64,
+    /// Queued requests per Cell mailbox.
+    pub mailbox_commands_max: usize,
+    /// Most commands in one group (one publication).
+    pub group_commands_max: usize,
+    /// Most payload bytes (name + JSON args) in one group.
+    pub group_bytes_max: usize,
+    /// Chain length that triggers compaction (folded into the next delta's CAS).
+    pub chain_files_max: usize,
+    /// Most bytes of chain files an actor keeps in memory to merge without
+    /// downloading; past it compaction publishes a snapshot of the Cell.
+    pub chain_cache_bytes_max: u64,
+    /// Most activations running at once on this node.
+    pub activations_concurrent_max: usize,
+    /// Longest an activation waits for an activation slot or an open-Cell
+    /// charge (in ms) before the request is refused.
+    pub activation_wait_ms_max: u64,
+    /// Longest a query waits for its minimum receipt to be published (ms).
+    pub query_wait_ms_max: u64,
+    /// Attempts of an LTX upload whose failure left it not applied.
+    pub upload_attempts_max: usize,
+    /// Attempts of an activation that lost a race (409/412) before giving up.
+    pub activation_attempts_max: usize,
+    /// Retry hint given with `ResourceExhausted`, in ms.
+    pub retry_after_ms: u64,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        Self {
+            cells_open_max: 1_024,
+            cells_owned_max: 100_000,
+            fds_max: 16_384,
+            fds_per_cell: 8,
+            memory_bytes_max: 4 << 30,
+            memory_bytes_per_cell: 4 << 20,
+            mailbox_commands_max: 1_024,
+            group_commands_max: 512,
+            group_bytes_max: 4 << 20,
+            chain_files_max: 32,
+            chain_cache_bytes_max: 8 << 20,
+            activations_concurrent_max: 16,
+            activation_wait_ms_max: 5_000,
+            query_wait_ms_max: 5_000,
+            upload_attempts_max: 3,
+            activation_attempts_max: 3,
+            retry_after_ms: 50,
+        }
+    }
+}
+
+impl NodeLimits {
+    /// Cells that may be open at once under all three limits (count, file
+    /// descriptors, memory); at least 1.
+    pub fn effective_cells_open_max(&self) -> usize {
+        let by_fds = self.fds_max / self.fds_per_cell.max(1);
+        let by_memory = self.memory_bytes_max / self.memory_bytes_per_cell.max(1);
+        let by_memory = usize::try_from(by_memory).unwrap_or(usize::MAX);
+        self.cells_open_max.min(by_fds).min(by_memory).max(1)
+    }
+}
+
+/// Settings of one node.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// The node's stable name.
+    pub node_id: NodeId,
+    /// Where open Cells keep their SQLite files (`{data_dir}/cells/`).
+    pub data_dir: PathBuf,
+    /// The cluster's key prefix in the bucket.
+    pub prefix: String,
+    /// Lease timing.
+    pub lease: LeaseConfig,
+    /// How peers and clients reach this node (written into the lease).
+    pub endpoints: Endpoints,
+    /// Bounds.
+    pub limits: NodeLimits,
+    /// Settings of each Cell engine (group size is taken from `limits`).
+    pub cell: cellfleet_cell::CellConfig,
+}
+
+impl NodeConfig {
+    /// Defaults for `node_id` under `data_dir` and `prefix`.
+    pub fn new(node_id: NodeId, data_dir: impl Into<PathBuf>, prefix: impl Into<String>) -> Self {
+        Self {
+            node_id,
+            data_dir: data_dir.into(),
+            prefix: prefix.into(),
+            lease: LeaseConfig::default(),
+            endpoints: Endpoints::default(),
+            limits: NodeLimits::default(),
+            cell: cellfleet_cell::CellConfig::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tightest_limit_bounds_open_cells() {
+        let mut limits = NodeLimits {
+            cells_open_max: 100,
+            fds_max: 80,
+            fds_per_cell: 8,
+            ..NodeLimits::default()
+        };
+        assert_eq!(limits.effective_cells_open_max(), 10);
+        limits.memory_bytes_max = 3 * limits.memory_bytes_per_cell;
+        assert_eq!(limits.effective_cells_open_max(), 3);
+        limits.memory_bytes_max = 0;
+        assert_eq!(limits.effective_cells_open_max(), 1);
+    }
+}

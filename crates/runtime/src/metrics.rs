@@ -1,0 +1,279 @@
+//! Node metrics with units in their names, rendered in the Prometheus text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency histograms, in seconds.
+const SECONDS_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
+];
+/// Upper bounds of the group-size histogram, in commands.
+const COMMANDS_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// A cumulative histogram with fixed buckets.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, value: f64) {
+        if let Some(index) = self.bounds.iter().position(|bound| value <= *bound) {
+            self.counts[index].fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum_micros
+            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a duration in seconds.
+    pub fn observe_duration(&self, duration: Duration) {
+        self.observe(duration.as_secs_f64());
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let total = self.count();
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {total}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {total}");
+    }
+}
+
+/// Every metric of one node.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Requests queued in Cell mailboxes and groups, node-wide.
+    pub queue_depth_commands: AtomicI64,
+    /// Commands per published group.
+    pub group_commands: Histogram,
+    /// Executing a group in SQLite (including capture).
+    pub publication_execute_seconds: Histogram,
+    /// Uploading a group's LTX file.
+    pub publication_upload_seconds: Histogram,
+    /// The root CAS (including reconciliation after a lost reply).
+    pub publication_cas_seconds: Histogram,
+    /// From execution to released replies.
+    pub publication_total_seconds: Histogram,
+    /// Publications committed.
+    pub publications_total: AtomicU64,
+    /// Publications refused because another owner exists (412).
+    pub fences_total: AtomicU64,
+    /// Publications whose fate could not be proven.
+    pub publications_unknown_total: AtomicU64,
+    /// Compactions published.
+    pub compactions_total: AtomicU64,
+    /// Activations by how ownership was obtained.
+    pub activations_created_total: AtomicU64,
+    /// Activations of a root this session already owned.
+    pub activations_adopted_total: AtomicU64,
+    /// Activations that took a root over.
+    pub activations_took_over_total: AtomicU64,
+    /// Activations that rebuilt the Cell from its chain.
+    pub activations_recovered_total: AtomicU64,
+    /// Cells passivated.
+    pub passivations_total: AtomicU64,
+    /// Cells open now.
+    pub cells_open: AtomicI64,
+    /// Requests refused over a bound.
+    pub refusals_total: AtomicU64,
+    /// Fresh root reads made because the lease's local deadline had passed.
+    pub authority_reads_total: AtomicU64,
+    /// Lease renewals that committed.
+    pub lease_renewals_total: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            queue_depth_commands: AtomicI64::new(0),
+            group_commands: Histogram::new(&COMMANDS_BUCKETS),
+            publication_execute_seconds: Histogram::new(&SECONDS_BUCKETS),
+            publication_upload_seconds: Histogram::new(&SECONDS_BUCKETS),
+            publication_cas_seconds: Histogram::new(&SECONDS_BUCKETS),
+            publication_total_seconds: Histogram::new(&SECONDS_BUCKETS),
+            publications_total: AtomicU64::new(0),
+            fences_total: AtomicU64::new(0),
+            publications_unknown_total: AtomicU64::new(0),
+            compactions_total: AtomicU64::new(0),
+            activations_created_total: AtomicU64::new(0),
+            activations_adopted_total: AtomicU64::new(0),
+            activations_took_over_total: AtomicU64::new(0),
+            activations_recovered_total: AtomicU64::new(0),
+            passivations_total: AtomicU64::new(0),
+            cells_open: AtomicI64::new(0),
+            refusals_total: AtomicU64::new(0),
+            authority_reads_total: AtomicU64::new(0),
+            lease_renewals_total: AtomicU64::new(0),
+        }
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, labels: &str, value: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    let _ = writeln!(out, "{name}{labels} {value}");
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self, node: &str) -> String {
+        let mut out = String::new();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let node_label = format!("node=\"{node}\"");
+        let braces = format!("{{{node_label}}}");
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_queue_depth_commands Requests waiting in cell mailboxes and groups.\n# TYPE cellfleet_runtime_queue_depth_commands gauge\ncellfleet_runtime_queue_depth_commands{braces} {}",
+            self.queue_depth_commands.load(Ordering::Relaxed).max(0)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_cells_open Cells open on this node.\n# TYPE cellfleet_runtime_cells_open gauge\ncellfleet_runtime_cells_open{braces} {}",
+            self.cells_open.load(Ordering::Relaxed).max(0)
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_group_commands Commands per published group.\n# TYPE cellfleet_runtime_group_commands histogram");
+        self.group_commands
+            .render(&mut out, "cellfleet_runtime_group_commands", &node_label);
+        let _ = writeln!(out, "# HELP cellfleet_runtime_publication_seconds Publication latency by phase.\n# TYPE cellfleet_runtime_publication_seconds histogram");
+        for (phase, histogram) in [
+            ("execute", &self.publication_execute_seconds),
+            ("upload", &self.publication_upload_seconds),
+            ("cas", &self.publication_cas_seconds),
+            ("total", &self.publication_total_seconds),
+        ] {
+            histogram.render(
+                &mut out,
+                "cellfleet_runtime_publication_seconds",
+                &format!("{node_label},phase=\"{phase}\""),
+            );
+        }
+        counter(
+            &mut out,
+            "cellfleet_runtime_publications_total",
+            "Publications committed.",
+            &braces,
+            load(&self.publications_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_fences_total",
+            "Publications refused because another owner exists.",
+            &braces,
+            load(&self.fences_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_publications_unknown_total",
+            "Publications whose fate could not be proven.",
+            &braces,
+            load(&self.publications_unknown_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_compactions_total",
+            "Compactions published with a delta.",
+            &braces,
+            load(&self.compactions_total),
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_activations_total Cell activations by how ownership was obtained.\n# TYPE cellfleet_runtime_activations_total counter");
+        for (how, value) in [
+            ("created", &self.activations_created_total),
+            ("adopted", &self.activations_adopted_total),
+            ("took_over", &self.activations_took_over_total),
+            ("recovered", &self.activations_recovered_total),
+        ] {
+            let _ = writeln!(
+                out,
+                "cellfleet_runtime_activations_total{{{node_label},how=\"{how}\"}} {}",
+                load(value)
+            );
+        }
+        counter(
+            &mut out,
+            "cellfleet_runtime_passivations_total",
+            "Cells passivated.",
+            &braces,
+            load(&self.passivations_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_refusals_total",
+            "Requests refused over a bound.",
+            &braces,
+            load(&self.refusals_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_authority_reads_total",
+            "Root reads made while self-fenced.",
+            &braces,
+            load(&self.authority_reads_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_lease_renewals_total",
+            "Lease renewals committed.",
+            &braces,
+            load(&self.lease_renewals_total),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let metrics = Metrics::default();
+        metrics.group_commands.observe(3.0);
+        metrics.group_commands.observe(600.0);
+        let text = metrics.render("n1");
+        assert!(
+            text.contains("cellfleet_runtime_group_commands_bucket{node=\"n1\",le=\"4\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cellfleet_runtime_group_commands_bucket{node=\"n1\",le=\"+Inf\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cellfleet_runtime_group_commands_count{node=\"n1\"} 2"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,838 @@
+//! The node service: dispatcher (CellId → actor), admission, activation, passivation under limits, drain.
+//!
+//! Admission order for every request: draining → refuse; lease replaced or
+//! retired → refuse; unknown kind → refuse; then find the Cell's actor. If
+//! nothing is active or activating the map lookup is skipped (the
+//! empty-ingress fast path) — after the same lease and shutdown checks.
+//! With a live lease a warm Cell serves with zero bucket reads; once the
+//! local deadline passed, every request first re-reads the root (one GET)
+//! and serves only if this session still owns it at the actor's epoch.
+//!
+//! Activation reserves an open-Cell charge (one permit of
+//! [`NodeLimits::effective_cells_open_max`]: count, file descriptors and
+//! memory) *before* it runs and the actor holds it until teardown; without
+//! a free charge the least recently used idle Cell is passivated, and if
+//! there is none the request is refused at once.
+//!
+//! [`NodeLimits::effective_cells_open_max`]: crate::NodeLimits::effective_cells_open_max
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use cellfleet_authority::{
+    CellId, Clock, Epoch, Holder, Layout, NodeId, NodeLeases, RootRecord, Roots, Versioned,
+};
+use cellfleet_cell::{Command, CommandId};
+use cellfleet_store::ObjectStore;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tracing::Instrument;
+
+use crate::activation::{Activation, Activator};
+use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, Reply, StopHow};
+pub use crate::actor::{CellDescription, Executed, Receipt, Resolution};
+use crate::config::NodeConfig;
+use crate::error::{Error, Result};
+use crate::kinds::Kinds;
+use crate::lease::{LeaseKeeper, ServingMode};
+use crate::metrics::Metrics;
+use crate::publication::{Publisher, StorePublisher};
+
+/// Times a request is re-dispatched after finding its actor stopped.
+const DISPATCH_ATTEMPTS_MAX: usize = 3;
+
+#[derive(Clone, Debug)]
+struct ActorHandle {
+    tx: mpsc::Sender<Msg>,
+    epoch: Epoch,
+    generation: u64,
+    load: Arc<std::sync::atomic::AtomicUsize>,
+    last_used: Arc<AtomicU64>,
+}
+
+type ActivationResult = Option<Result<ActorHandle>>;
+
+#[derive(Clone, Debug)]
+enum Slot {
+    Active(ActorHandle),
+    Activating(watch::Receiver<ActivationResult>),
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: NodeConfig,
+    kinds: Arc<Kinds>,
+    metrics: Arc<Metrics>,
+    lease: Arc<LeaseKeeper>,
+    leases: NodeLeases,
+    roots: Roots,
+    activator: Activator,
+    actor_context: Arc<ActorContext>,
+    me: Holder,
+    slots: RwLock<HashMap<CellId, Slot>>,
+    slots_count: AtomicUsize,
+    parked: Mutex<HashMap<CellId, Versioned<RootRecord>>>,
+    open_permits: Arc<Semaphore>,
+    activation_permits: Arc<Semaphore>,
+    draining: AtomicBool,
+    tick: AtomicU64,
+    generation: AtomicU64,
+}
+
+/// The node service. Start it with [`Node::start`]; talk to it through the
+/// returned [`NodeHandle`].
+#[derive(Debug)]
+pub struct Node;
+
+/// A cheap, cloneable handle to a running node.
+#[derive(Clone, Debug)]
+pub struct NodeHandle {
+    shared: Arc<Shared>,
+}
+
+impl Node {
+    /// Acquires the node lease (a new session), starts the renewal loop and
+    /// returns the handle. `store` must already have passed the start-up
+    /// probe ([`cellfleet_store::probe::run`]).
+    pub async fn start(
+        config: NodeConfig,
+        store: Arc<dyn ObjectStore>,
+        clock: Arc<dyn Clock>,
+        kinds: Arc<Kinds>,
+    ) -> Result<NodeHandle> {
+        let layout = Layout::new(&config.prefix)?;
+        let leases = NodeLeases::new(store.clone(), layout.clone(), clock.clone(), config.lease)?;
+        let held = leases
+            .acquire(config.node_id.clone(), config.endpoints.clone())
+            .await?;
+        let me = Holder {
+            node: config.node_id.clone(),
+            session: held.session(),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let lease = Arc::new(LeaseKeeper::new(
+            leases.clone(),
+            clock.clone(),
+            held,
+            metrics.clone(),
+        ));
+        let roots = Roots::new(
+            store.clone(),
+            layout,
+            clock.clone(),
+            config.lease.drift_margin_ms,
+        );
+        let limits = &config.limits;
+        let mut cell_config = config.cell.clone();
+        cell_config.group_commands_max = limits.group_commands_max;
+        let activator = Activator {
+            store: store.clone(),
+            roots: roots.clone(),
+            me: me.clone(),
+            cells_dir: config.data_dir.join("cells"),
+            cell_config,
+            attempts_max: limits.activation_attempts_max,
+            chain_cache_bytes_max: limits.chain_cache_bytes_max,
+            clock: clock.clone(),
+        };
+        let publisher: Arc<dyn Publisher> = Arc::new(StorePublisher::new(
+            store.clone(),
+            roots.clone(),
+            clock.clone(),
+            me.clone(),
+            limits.upload_attempts_max,
+        ));
+        let actor_context = Arc::new(ActorContext {
+            publisher,
+            activator: activator.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            group_commands_max: limits.group_commands_max.max(1),
+            group_bytes_max: limits.group_bytes_max.max(1),
+            chain_files_max: limits.chain_files_max.max(2),
+            chain_cache_bytes_max: limits.chain_cache_bytes_max,
+            query_wait_ms_max: limits.query_wait_ms_max,
+            query_waiters_max: limits.mailbox_commands_max,
+            skew_margin_ms: i64::try_from(config.lease.drift_margin_ms).unwrap_or(i64::MAX),
+        });
+        let shared = Arc::new(Shared {
+            open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),
+            activation_permits: Arc::new(Semaphore::new(limits.activations_concurrent_max.max(1))),
+            config,
+            kinds,
+            metrics,
+            lease: lease.clone(),
+            leases,
+            roots,
+            activator,
+            actor_context,
+            me,
+            slots: RwLock::new(HashMap::new()),
+            slots_count: AtomicUsize::new(0),
+            parked: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            tick: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+        });
+        tokio::spawn(lease.run());
+        Ok(NodeHandle { shared })
+    }
+}
+
+fn command_bytes(command: &Command) -> usize {
+    command.name.len() + command.args.to_string().len()
+}
+
+impl Shared {
+    fn slots(&self) -> std::sync::RwLockReadGuard<'_, HashMap<CellId, Slot>> {
+        self.slots.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn slots_mut(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<CellId, Slot>> {
+        self.slots.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<CellId, Versioned<RootRecord>>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn admit(&self) -> Result<ServingMode> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Error::Draining);
+        }
+        match self.lease.mode() {
+            ServingMode::Stopped(reason) => Err(Error::LeaseLost { reason }),
+            mode => Ok(mode),
+        }
+    }
+
+    fn remove_slot(&self, cell: &CellId, generation: Option<u64>) {
+        let mut slots = self.slots_mut();
+        let matches = match (slots.get(cell), generation) {
+            (Some(Slot::Active(handle)), Some(generation)) => handle.generation == generation,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if matches {
+            slots.remove(cell);
+            self.slots_count.store(slots.len(), Ordering::SeqCst);
+        }
+    }
+
+    async fn not_owner(&self, cell: &CellId, owner: Option<NodeId>) -> Error {
+        let endpoint = match &owner {
+            Some(owner) => self
+                .leases
+                .read(owner)
+                .await
+                .ok()
+                .flatten()
+                .map(|lease| lease.record.endpoints.grpc)
+                .filter(|grpc| !grpc.is_empty()),
+            None => None,
+        };
+        Error::NotOwner {
+            cell: cell.clone(),
+            owner,
+            endpoint,
+        }
+    }
+
+    /// Self-fenced: one fresh root read proves (or disproves) ownership.
+    async fn reprove(&self, cell: &CellId, handle: &ActorHandle) -> Result<()> {
+        self.metrics
+            .authority_reads_total
+            .fetch_add(1, Ordering::Relaxed);
+        let root = self.roots.read(cell).await?;
+        let owned = root.as_ref().is_some_and(|root| {
+            root.record
+                .is_owned_by(&self.me.node, self.me.session, handle.epoch)
+        });
+        if owned {
+            return Ok(());
+        }
+        let _ = handle.tx.try_send(Msg::Stop {
+            how: StopHow::Fence("another owner holds the root".into()),
+            done: None,
+        });
+        let owner = root.and_then(|root| root.record.owner);
+        Err(self.not_owner(cell, owner).await)
+    }
+
+    /// Takes an open-Cell charge, passivating the LRU idle Cell if needed.
+    async fn open_charge(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(permit) = self.open_permits.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let victim = self
+            .slots()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Active(handle) if handle.load.load(Ordering::Relaxed) == 0 => {
+                    Some(handle.clone())
+                }
+                _ => None,
+            })
+            .min_by_key(|handle| handle.last_used.load(Ordering::Relaxed));
+        let exhausted = Error::ResourceExhausted {
+            what: "cells_open_max",
+            retry_after_ms: self.config.limits.retry_after_ms,
+        };
+        let Some(victim) = victim else {
+            self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+            return Err(exhausted);
+        };
+        let _ = victim.tx.try_send(Msg::Stop {
+            how: StopHow::Passivate,
+            done: None,
+        });
+        let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
+        match tokio::time::timeout(wait, self.open_permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => {
+                self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+                Err(exhausted)
+            }
+        }
+    }
+
+    /// Activates a Cell and starts its actor (runs in a spawned task so a
+    /// dropped request cannot cut a root write half-way).
+    async fn activate(
+        self: Arc<Self>,
+        cell_id: CellId,
+        kind: String,
+        key: Vec<u8>,
+    ) -> Result<ActorHandle> {
+        let kind = self
+            .kinds
+            .get(&kind)
+            .cloned()
+            .ok_or_else(|| Error::BadRequest(format!("unknown kind {kind:?}")))?;
+        let parked = self.parked().remove(&cell_id);
+        let owned = self.slots_count.load(Ordering::SeqCst) + self.parked().len();
+        if parked.is_none() && owned >= self.config.limits.cells_owned_max {
+            self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::ResourceExhausted {
+                what: "cells_owned_max",
+                retry_after_ms: self.config.limits.retry_after_ms,
+            });
+        }
+        // A parked root is trusted only while the lease is live: only then
+        // can nobody else have written it.
+        let parked = parked.filter(|_| self.lease.mode() == ServingMode::Live);
+        let permit = self.open_charge().await?;
+        let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
+        let _slot =
+            match tokio::time::timeout(wait, self.activation_permits.clone().acquire_owned()).await
+            {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::ResourceExhausted {
+                        what: "activations_concurrent_max",
+                        retry_after_ms: self.config.limits.retry_after_ms,
+                    });
+                }
+            };
+        let ready = match self
+            .activator
+            .activate(&cell_id, kind, &key, parked)
+            .await?
+        {
+            Activation::Ready(ready) => ready,
+            Activation::OwnerLive { owner } => {
+                return Err(self.not_owner(&cell_id, Some(owner)).await)
+            }
+        };
+        let metrics = &self.metrics;
+        let counter = match ready.how {
+            cellfleet_authority::OwnedHow::Created => &metrics.activations_created_total,
+            cellfleet_authority::OwnedHow::Adopted => &metrics.activations_adopted_total,
+            cellfleet_authority::OwnedHow::TookOver => &metrics.activations_took_over_total,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if ready.recovered {
+            metrics
+                .activations_recovered_total
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        metrics.cells_open.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let handle = ActorHandle {
+            tx,
+            epoch: ready.epoch,
+            generation,
+            load: Arc::new(AtomicUsize::new(0)),
+            last_used: Arc::new(AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed))),
+        };
+        let ready = *ready;
+        let (actor, migration) = Actor::new(
+            self.actor_context.clone(),
+            ActorStart {
+                cell_id: cell_id.clone(),
+                epoch: ready.epoch,
+                cell: ready.cell,
+                root: ready.root,
+                chain_bytes: ready.chain_bytes,
+                migration: ready.migration,
+                rx,
+                load: handle.load.clone(),
+                permit,
+            },
+        );
+        let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
+        let shared = self.clone();
+        tokio::spawn(
+            async move {
+                let exit = actor.run(migration).await;
+                shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
+                if let Exit::Parked(root) = exit {
+                    shared.parked().insert(cell_id.clone(), *root);
+                }
+                shared.remove_slot(&cell_id, Some(generation));
+            }
+            .instrument(span),
+        );
+        Ok(handle)
+    }
+
+    /// The actor serving `cell`, activating it if needed.
+    async fn actor_for(self: &Arc<Self>, kind: &str, key: &[u8]) -> Result<(CellId, ActorHandle)> {
+        let mode = self.admit()?;
+        if self.kinds.get(kind).is_none() {
+            return Err(Error::BadRequest(format!("unknown kind {kind:?}")));
+        }
+        let cell = CellId::for_kind_key(kind, key);
+        // Empty ingress: nothing active or activating, skip the lookup.
+        let slot = if self.slots_count.load(Ordering::SeqCst) == 0 {
+            None
+        } else {
+            self.slots().get(&cell).cloned()
+        };
+        let handle = match slot {
+            Some(Slot::Active(handle)) => handle,
+            Some(Slot::Activating(rx)) => wait_activation(rx).await?,
+            None => self.start_activation(&cell, kind, key).await?,
+        };
+        handle
+            .last_used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        if mode == ServingMode::SelfFenced {
+            self.reprove(&cell, &handle).await?;
+        }
+        Ok((cell, handle))
+    }
+
+    async fn start_activation(
+        self: &Arc<Self>,
+        cell: &CellId,
+        kind: &str,
+        key: &[u8],
+    ) -> Result<ActorHandle> {
+        let (tx, rx) = watch::channel(None);
+        let existing = {
+            let mut slots = self.slots_mut();
+            match slots.get(cell) {
+                Some(slot) => Some(slot.clone()),
+                None => {
+                    slots.insert(cell.clone(), Slot::Activating(rx.clone()));
+                    self.slots_count.store(slots.len(), Ordering::SeqCst);
+                    None
+                }
+            }
+        };
+        match existing {
+            Some(Slot::Active(handle)) => return Ok(handle),
+            Some(Slot::Activating(rx)) => return wait_activation(rx).await,
+            None => {}
+        }
+        let shared = self.clone();
+        let cell_id = cell.clone();
+        let (kind, key) = (kind.to_owned(), key.to_vec());
+        tokio::spawn(async move {
+            let result = shared.clone().activate(cell_id.clone(), kind, key).await;
+            {
+                let mut slots = shared.slots_mut();
+                match &result {
+                    Ok(handle) => {
+                        slots.insert(cell_id, Slot::Active(handle.clone()));
+                    }
+                    Err(_) => {
+                        slots.remove(&cell_id);
+                    }
+                }
+                shared.slots_count.store(slots.len(), Ordering::SeqCst);
+            }
+            let _ = tx.send(Some(result));
+        });
+        wait_activation(rx).await
+    }
+}
+
+async fn wait_activation(mut rx: watch::Receiver<ActivationResult>) -> Result<ActorHandle> {
+    let result = rx
+        .wait_for(Option::is_some)
+        .await
+        .map_err(|_| Error::Closed("the activation was abandoned".into()))?;
+    result
+        .clone()
+        .unwrap_or_else(|| Err(Error::Closed("the activation was abandoned".into())))
+}
+
+impl NodeHandle {
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.shared.me.node
+    }
+
+    /// Executes one command on Cell `(kind, key)`; answers once the group
+    /// holding it is published (or its fate is known not to be).
+    pub async fn execute(&self, kind: &str, key: &[u8], command: Command) -> Result<Executed> {
+        let bytes = command_bytes(&command);
+        let mut last = Error::Closed("no attempt made".into());
+        for _ in 0..DISPATCH_ATTEMPTS_MAX {
+            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            let (tx, rx) = oneshot::channel();
+            let reply = Reply::new(tx, handle.load.clone(), self.shared.metrics.clone());
+            let msg = Msg::Execute {
+                command: command.clone(),
+                bytes,
+                reply,
+            };
+            match self.send(&cell, &handle, msg)? {
+                true => {}
+                false => continue,
+            }
+            match rx.await {
+                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(answer) => return answer,
+                // The actor vanished holding the reply: the command may
+                // have run. Never assume either way.
+                Err(_) => {
+                    return Err(Error::Unknown {
+                        reason: "the cell actor stopped before answering".into(),
+                    })
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Sends to an actor: `Ok(true)` sent, `Ok(false)` the actor is gone
+    /// (re-dispatch), `Err` the mailbox is full.
+    fn send(&self, cell: &CellId, handle: &ActorHandle, msg: Msg) -> Result<bool> {
+        match handle.tx.try_send(msg) {
+            Ok(()) => Ok(true),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.shared
+                    .metrics
+                    .refusals_total
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Error::ResourceExhausted {
+                    what: "mailbox_commands_max",
+                    retry_after_ms: self.shared.config.limits.retry_after_ms,
+                })
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.shared.remove_slot(cell, Some(handle.generation));
+                Ok(false)
+            }
+        }
+    }
+
+    /// Runs query `name` on the owner's published state. With
+    /// `min_receipt`, waits (at most `query_wait_ms_max`) until that TXID is
+    /// published, or refuses.
+    pub async fn query(
+        &self,
+        kind: &str,
+        key: &[u8],
+        name: &str,
+        args: Value,
+        min_receipt: Option<&Receipt>,
+    ) -> Result<Value> {
+        let mut last = Error::Closed("no attempt made".into());
+        for _ in 0..DISPATCH_ATTEMPTS_MAX {
+            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            if let Some(receipt) = min_receipt {
+                if receipt.cell != cell {
+                    return Err(Error::BadRequest("the receipt names another cell".into()));
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            let msg = Msg::Query {
+                name: name.to_owned(),
+                args: args.clone(),
+                min_txid: min_receipt.map(|r| r.txid),
+                reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
+            };
+            if !self.send(&cell, &handle, msg)? {
+                continue;
+            }
+            match rx.await {
+                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(answer) => return answer,
+                Err(_) => last = Error::Closed("the cell actor stopped".into()),
+            }
+        }
+        Err(last)
+    }
+
+    /// The fate of `command_id` on Cell `(kind, key)`: COMMITTED with the
+    /// stored outcome, ABSENT, UNKNOWN (being published) or EXPIRED (absent
+    /// and `expires_at_ms` plus the skew margin has passed).
+    pub async fn resolve(
+        &self,
+        kind: &str,
+        key: &[u8],
+        command_id: CommandId,
+        expires_at_ms: Option<i64>,
+    ) -> Result<Resolution> {
+        let mut last = Error::Closed("no attempt made".into());
+        for _ in 0..DISPATCH_ATTEMPTS_MAX {
+            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            let (tx, rx) = oneshot::channel();
+            let msg = Msg::Resolve {
+                id: command_id,
+                expires_at_ms,
+                reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
+            };
+            if !self.send(&cell, &handle, msg)? {
+                continue;
+            }
+            match rx.await {
+                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(answer) => return answer,
+                Err(_) => last = Error::Closed("the cell actor stopped".into()),
+            }
+        }
+        Err(last)
+    }
+
+    /// Cells this node owns (open or passivated).
+    pub fn owned_cells(&self) -> Vec<CellId> {
+        let mut cells: Vec<CellId> = self
+            .shared
+            .slots()
+            .iter()
+            .filter(|(_, slot)| matches!(slot, Slot::Active(_)))
+            .map(|(cell, _)| cell.clone())
+            .collect();
+        cells.extend(self.shared.parked().keys().cloned());
+        cells.sort();
+        cells.dedup();
+        cells
+    }
+
+    /// Cells open now.
+    pub fn open_cells(&self) -> usize {
+        self.shared
+            .slots()
+            .values()
+            .filter(|slot| matches!(slot, Slot::Active(_)))
+            .count()
+    }
+
+    /// Describes an owned Cell, `None` if this node does not own it.
+    pub async fn describe_cell(&self, kind: &str, key: &[u8]) -> Option<CellDescription> {
+        let cell = CellId::for_kind_key(kind, key);
+        let slot = self.shared.slots().get(&cell).cloned();
+        if let Some(Slot::Active(handle)) = slot {
+            let (tx, rx) = oneshot::channel();
+            if handle.tx.try_send(Msg::Describe { reply: tx }).is_ok() {
+                if let Ok(description) = rx.await {
+                    return Some(description);
+                }
+            }
+        }
+        let parked = self.shared.parked().get(&cell).cloned()?;
+        Some(CellDescription {
+            cell,
+            kind: parked.record.kind.clone(),
+            epoch: parked.record.epoch,
+            txid: parked.record.txid,
+            revision: parked.record.revision,
+            chain_files: parked.record.chain.len(),
+            open: false,
+            queued: 0,
+        })
+    }
+
+    /// Prometheus text of this node's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render(self.shared.me.node.as_str())
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The node's lease keeper (serving mode; tests pause renewals).
+    pub fn lease(&self) -> &Arc<LeaseKeeper> {
+        &self.shared.lease
+    }
+
+    /// Passivates every idle open Cell (ownership kept).
+    pub async fn passivate_idle(&self) -> usize {
+        let idle: Vec<ActorHandle> = self
+            .shared
+            .slots()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Active(handle) if handle.load.load(Ordering::Relaxed) == 0 => {
+                    Some(handle.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        let mut waits = Vec::new();
+        for handle in idle {
+            let (tx, rx) = oneshot::channel();
+            if handle
+                .tx
+                .try_send(Msg::Stop {
+                    how: StopHow::Passivate,
+                    done: Some(tx),
+                })
+                .is_ok()
+            {
+                waits.push(rx);
+            }
+        }
+        let count = waits.len();
+        for wait in waits {
+            let _ = wait.await;
+        }
+        self.wait_for_exits().await;
+        count
+    }
+
+    async fn wait_for_exits(&self) {
+        // Actors remove their slot right after answering the stop; give
+        // them a bounded moment.
+        for _ in 0..100 {
+            let any_stopping = self
+                .shared
+                .slots()
+                .values()
+                .any(|slot| matches!(slot, Slot::Active(h) if h.tx.is_closed()));
+            if !any_stopping {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Drains the node: stop admission, finish and publish accepted work,
+    /// close every Cell, release every root (owner = none), retire the
+    /// lease. Returns the number of Cells released.
+    pub async fn drain(&self) -> Result<usize> {
+        self.shared.draining.store(true, Ordering::SeqCst);
+        let mut released = 0;
+        let mut first_error = None;
+        // Activations in progress finish into active actors first.
+        for _ in 0..DRAIN_ROUNDS_MAX {
+            let slots: Vec<Slot> = self.shared.slots().values().cloned().collect();
+            if slots.is_empty() {
+                break;
+            }
+            for slot in slots {
+                let handle = match slot {
+                    Slot::Active(handle) => handle,
+                    Slot::Activating(rx) => match wait_activation(rx).await {
+                        Ok(handle) => handle,
+                        Err(_) => continue,
+                    },
+                };
+                let (tx, rx) = oneshot::channel();
+                let sent = handle
+                    .tx
+                    .send(Msg::Stop {
+                        how: StopHow::Drain,
+                        done: Some(tx),
+                    })
+                    .await;
+                if sent.is_err() {
+                    continue;
+                }
+                match rx.await {
+                    Ok(Ok(())) => released += 1,
+                    Ok(Err(error)) => {
+                        first_error.get_or_insert(error);
+                    }
+                    Err(_) => {}
+                }
+            }
+            self.wait_for_exits().await;
+        }
+        let parked: Vec<Versioned<RootRecord>> =
+            self.shared.parked().drain().map(|(_, root)| root).collect();
+        for root in parked {
+            let epoch = root.record.epoch;
+            let cell = root.record.cell_id.clone();
+            match self
+                .shared
+                .actor_context
+                .publisher
+                .release(root, epoch)
+                .await
+            {
+                Ok(_) => {
+                    self.shared.activator.discard(&cell);
+                    released += 1;
+                }
+                Err(failure) => {
+                    first_error.get_or_insert(Error::NotCommitted {
+                        reason: format!("release of cell {cell} failed: {failure:?}"),
+                    });
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        self.shared.lease.retire().await?;
+        Ok(released)
+    }
+
+    /// Stops serving without writing anything (a crash, as far as the
+    /// bucket can tell): renewals stop, every Cell closes, nothing is
+    /// released. For tests and abrupt shutdown.
+    pub async fn halt(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.lease.stop();
+        let handles: Vec<ActorHandle> = self
+            .shared
+            .slots()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Active(handle) => Some(handle.clone()),
+                Slot::Activating(_) => None,
+            })
+            .collect();
+        for handle in handles {
+            let (tx, rx) = oneshot::channel();
+            if handle
+                .tx
+                .send(Msg::Stop {
+                    how: StopHow::Passivate,
+                    done: Some(tx),
+                })
+                .await
+                .is_ok()
+            {
+                let _ = rx.await;
+            }
+        }
+        self.wait_for_exits().await;
+    }
+}
+
+/// Rounds of stopping actors during a drain (activations racing the drain
+/// may start new ones; each round catches those).
+const DRAIN_ROUNDS_MAX: usize = 10;

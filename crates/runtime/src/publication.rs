@@ -1,0 +1,406 @@
+//! The publication pipeline's store side: upload an LTX file (create-only), then one fenced CAS of the root.
+//!
+//! Durability ordering, kept here and nowhere else:
+//! 1. every LTX file a proposal names is uploaded (create-only; the key
+//!    carries the SHA-256 of the bytes, so a resend of the same bytes is
+//!    harmless and a `412` on upload means the identical file is there);
+//! 2. only then is the root replaced, by one CAS on the ETag read or
+//!    written last — the delta and, when the chain passed its bound, the
+//!    privately prepared compaction go into that same CAS;
+//! 3. the caller releases replies only after [`Publisher::commit`]
+//!    returned the new root.
+//!
+//! Fates of the CAS: success; `412` by another owner →
+//! [`PublishFailure::Fenced`] (the root provably lacks the group); a lost
+//! reply is reconciled by re-reading the root (the authority's
+//! [`cellfleet_authority::reconcile`]): the exact proposal there →
+//! committed, provably absent → [`PublishFailure::NotCommitted`], else
+//! [`PublishFailure::Unknown`].
+//!
+//! [`Publisher`] is the interface the Cell actor sees, so node-level group
+//! commit (DESIGN.md §9: one log append for many Cells, roots checkpointed
+//! lazily) can replace [`StorePublisher`] without touching the actor.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use cellfleet_authority::{
+    transition, CellId, Clock, Epoch, Holder, Layout, LtxRef, RootRecord, Roots, Versioned,
+};
+use cellfleet_store::{ObjectStore, PutCondition};
+use sha2::{Digest, Sha256};
+
+/// One LTX file to upload.
+#[derive(Clone, Debug)]
+pub struct LtxFile {
+    /// The encoded file.
+    pub bytes: Arc<Vec<u8>>,
+    /// First TXID in the file (1 for a snapshot).
+    pub min_txid: u64,
+    /// Last TXID in the file.
+    pub max_txid: u64,
+    /// The file's own checksum (trailer).
+    pub file_checksum: u64,
+    /// The database's rolling checksum after applying it.
+    pub post_apply_checksum: u64,
+}
+
+/// A root replacement: `delta` (uploaded) on top of `base`, with an
+/// optional `compaction` (uploaded) of `base`'s chain up to a file boundary.
+#[derive(Clone, Debug)]
+pub struct PublishRequest {
+    /// The root the actor last wrote or read (precondition of the CAS).
+    pub base: Versioned<RootRecord>,
+    /// The actor's epoch.
+    pub epoch: Epoch,
+    /// The group's file.
+    pub delta: LtxRef,
+    /// A compaction to publish in the same CAS.
+    pub compaction: Option<LtxRef>,
+}
+
+/// Why a publication did not (provably) commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PublishFailure {
+    /// Another owner holds the root: the group is not in it. Close the Cell.
+    Fenced(String),
+    /// The group is provably not in the root (store refused, upload failed,
+    /// root changed).
+    NotCommitted(String),
+    /// The group may or may not be in the root.
+    Unknown(String),
+    /// The group committed, but a later owner has replaced the root since:
+    /// the outcomes are durable, the Cell must close.
+    CommittedThenFenced(String),
+}
+
+/// The store side of publication.
+#[async_trait]
+pub trait Publisher: Send + Sync + Debug {
+    /// Uploads one LTX file create-only; returns the chain entry naming it.
+    async fn upload(
+        &self,
+        cell: &CellId,
+        epoch: Epoch,
+        file: LtxFile,
+    ) -> Result<LtxRef, PublishFailure>;
+
+    /// Replaces the root by one CAS (see the module docs for the fates).
+    async fn commit(
+        &self,
+        request: PublishRequest,
+    ) -> Result<Versioned<RootRecord>, PublishFailure>;
+
+    /// Releases the root (owner = none) on drain.
+    async fn release(
+        &self,
+        base: Versioned<RootRecord>,
+        epoch: Epoch,
+    ) -> Result<Versioned<RootRecord>, PublishFailure>;
+}
+
+/// Decides the proposal for a publication (pure): a snapshot delta
+/// replaces the whole chain; a compaction is folded in with the delta;
+/// otherwise the delta is appended.
+pub fn propose(
+    base: &RootRecord,
+    me: &Holder,
+    epoch: Epoch,
+    delta: LtxRef,
+    compaction: Option<LtxRef>,
+    now_ms: u64,
+) -> cellfleet_authority::Result<RootRecord> {
+    if delta.min_txid == 1 && base.txid > 0 {
+        if !base.is_owned_by(&me.node, me.session, epoch) {
+            return Err(cellfleet_authority::Error::Fenced {
+                reason: format!(
+                    "cell {} is at epoch {} owned by {:?}",
+                    base.cell_id, base.epoch, base.owner
+                ),
+            });
+        }
+        let mut next = base.clone();
+        next.revision =
+            base.revision
+                .checked_add(1)
+                .ok_or_else(|| cellfleet_authority::Error::Invalid {
+                    reason: "revision overflow".to_owned(),
+                })?;
+        next.updated_at_ms = now_ms;
+        next.txid = delta.max_txid;
+        next.checksum = delta.post_apply_checksum;
+        next.chain = vec![delta];
+        next.validate()
+            .map_err(|e| cellfleet_authority::Error::Invalid { reason: e.0 })?;
+        return Ok(next);
+    }
+    match compaction {
+        Some(compacted) => {
+            transition::compact_and_publish(base, me, epoch, compacted, Some(delta), now_ms)
+        }
+        None => transition::publish(base, me, epoch, delta, now_ms),
+    }
+}
+
+/// The reason text the authority gives for a proposal that committed and
+/// was then superseded by a later owner (its content is durable).
+const COMMITTED_THEN_SUPERSEDED: &str = "the proposal committed";
+
+/// Publishes to the object store through the authority's [`Roots`].
+#[derive(Debug)]
+pub struct StorePublisher {
+    store: Arc<dyn ObjectStore>,
+    roots: Roots,
+    layout: Layout,
+    clock: Arc<dyn Clock>,
+    me: Holder,
+    upload_attempts_max: usize,
+}
+
+impl StorePublisher {
+    /// A publisher for session `me`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        roots: Roots,
+        clock: Arc<dyn Clock>,
+        me: Holder,
+        upload_attempts_max: usize,
+    ) -> Self {
+        let layout = roots.layout().clone();
+        Self {
+            store,
+            roots,
+            layout,
+            clock,
+            me,
+            upload_attempts_max: upload_attempts_max.max(1),
+        }
+    }
+
+    fn settle(
+        &self,
+        result: cellfleet_authority::Result<Versioned<RootRecord>>,
+    ) -> Result<Versioned<RootRecord>, PublishFailure> {
+        result.map_err(|error| {
+            if error.is_fenced() {
+                let text = error.to_string();
+                if text.contains(COMMITTED_THEN_SUPERSEDED) {
+                    return PublishFailure::CommittedThenFenced(text);
+                }
+                return PublishFailure::Fenced(text);
+            }
+            if error.is_ambiguous() {
+                return PublishFailure::Unknown(error.to_string());
+            }
+            PublishFailure::NotCommitted(error.to_string())
+        })
+    }
+}
+
+/// Lowercase hex SHA-256 of `bytes` (the digest in LTX keys).
+pub fn content_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[async_trait]
+impl Publisher for StorePublisher {
+    async fn upload(
+        &self,
+        cell: &CellId,
+        epoch: Epoch,
+        file: LtxFile,
+    ) -> Result<LtxRef, PublishFailure> {
+        let digest = content_digest(&file.bytes);
+        let key = self
+            .layout
+            .ltx_key(cell, epoch, file.min_txid, file.max_txid, &digest);
+        let body = Bytes::from(file.bytes.as_ref().clone());
+        let mut last = String::new();
+        for _ in 0..self.upload_attempts_max {
+            match self
+                .store
+                .put(&key, body.clone(), PutCondition::IfNoneMatch)
+                .await
+            {
+                // A 412 on a content-addressed key: the identical bytes are
+                // there already (an earlier attempt whose reply was lost).
+                Ok(_) | Err(cellfleet_store::Error::PreconditionFailed { .. }) => {
+                    return Ok(LtxRef {
+                        key,
+                        min_txid: file.min_txid,
+                        max_txid: file.max_txid,
+                        size: file.bytes.len() as u64,
+                        file_checksum: file.file_checksum,
+                        post_apply_checksum: file.post_apply_checksum,
+                    });
+                }
+                // Resending the same bytes to the same key is harmless.
+                Err(e)
+                    if e.is_retryable() || matches!(e, cellfleet_store::Error::Conflict { .. }) =>
+                {
+                    last = e.to_string();
+                }
+                Err(e) => {
+                    return Err(PublishFailure::NotCommitted(format!(
+                        "upload of {key}: {e}"
+                    )))
+                }
+            }
+        }
+        Err(PublishFailure::NotCommitted(format!(
+            "upload of {key} failed {} times: {last}",
+            self.upload_attempts_max
+        )))
+    }
+
+    async fn commit(
+        &self,
+        request: PublishRequest,
+    ) -> Result<Versioned<RootRecord>, PublishFailure> {
+        let proposal = propose(
+            &request.base.record,
+            &self.me,
+            request.epoch,
+            request.delta,
+            request.compaction,
+            self.clock.now_wall_ms(),
+        )
+        .map_err(|e| {
+            if e.is_fenced() {
+                PublishFailure::Fenced(e.to_string())
+            } else {
+                PublishFailure::NotCommitted(e.to_string())
+            }
+        })?;
+        self.settle(self.roots.replace(&request.base, proposal).await)
+    }
+
+    async fn release(
+        &self,
+        base: Versioned<RootRecord>,
+        epoch: Epoch,
+    ) -> Result<Versioned<RootRecord>, PublishFailure> {
+        let proposal = transition::release(&base.record, &self.me, epoch, self.clock.now_wall_ms())
+            .map_err(|e| PublishFailure::Fenced(e.to_string()))?;
+        self.settle(self.roots.replace(&base, proposal).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellfleet_authority::{NewCell, NodeId, SessionId};
+
+    fn me() -> Holder {
+        Holder {
+            node: NodeId::new("n1").unwrap(),
+            session: SessionId::from_u128(1),
+        }
+    }
+
+    fn file(cell: &CellId, min: u64, max: u64, post: u64) -> LtxRef {
+        LtxRef {
+            key: format!("p/cells/{cell}/ltx/0000000000000001/{min:016x}-{max:016x}-ab.ltx"),
+            min_txid: min,
+            max_txid: max,
+            size: 10,
+            file_checksum: 1,
+            post_apply_checksum: post,
+        }
+    }
+
+    fn root_with_chain(len: u64) -> RootRecord {
+        let cell = CellId::for_kind_key("kv", b"k");
+        let new = NewCell {
+            cell_id: cell.clone(),
+            kind: "kv".into(),
+            key: None,
+            page_size: 4096,
+            schema_version: 0,
+        };
+        let mut root = transition::create(&new, &me(), 1);
+        for txid in 1..=len {
+            root = propose(
+                &root,
+                &me(),
+                Epoch::FIRST,
+                file(&cell, txid, txid, 0x8000 + txid),
+                None,
+                1,
+            )
+            .unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn deltas_append_and_advance_the_revision_once() {
+        let root = root_with_chain(3);
+        assert_eq!((root.txid, root.chain.len(), root.revision), (3, 3, 4));
+        assert_eq!(root.checksum, 0x8003);
+    }
+
+    #[test]
+    fn a_snapshot_replaces_the_chain() {
+        let root = root_with_chain(3);
+        let snapshot = file(&root.cell_id, 1, 4, 0x9004);
+        let next = propose(&root, &me(), Epoch::FIRST, snapshot, None, 2).unwrap();
+        assert_eq!((next.txid, next.chain.len(), next.revision), (4, 1, 5));
+    }
+
+    #[test]
+    fn a_compaction_rides_with_the_next_delta() {
+        let root = root_with_chain(3);
+        let compacted = file(&root.cell_id, 1, 3, 0x8003);
+        let delta = file(&root.cell_id, 4, 4, 0x8004);
+        let next = propose(&root, &me(), Epoch::FIRST, delta, Some(compacted), 2).unwrap();
+        assert_eq!(next.chain.len(), 2);
+        assert_eq!((next.chain[0].min_txid, next.chain[0].max_txid), (1, 3));
+        assert_eq!((next.txid, next.revision), (4, root.revision + 1));
+        // A compaction that changed the state is refused.
+        let wrong = file(&root.cell_id, 1, 3, 0x1);
+        assert!(propose(
+            &root,
+            &me(),
+            Epoch::FIRST,
+            file(&root.cell_id, 4, 4, 5),
+            Some(wrong),
+            2
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn another_session_is_fenced() {
+        let root = root_with_chain(1);
+        let other = Holder {
+            node: NodeId::new("n2").unwrap(),
+            session: SessionId::from_u128(2),
+        };
+        let error = propose(
+            &root,
+            &other,
+            Epoch::FIRST,
+            file(&root.cell_id, 2, 2, 9),
+            None,
+            1,
+        )
+        .unwrap_err();
+        assert!(error.is_fenced());
+        let error = propose(
+            &root,
+            &other,
+            Epoch::FIRST,
+            file(&root.cell_id, 1, 2, 9),
+            None,
+            1,
+        )
+        .unwrap_err();
+        assert!(error.is_fenced());
+    }
+}

@@ -1,0 +1,483 @@
+//! Runtimes sharing one bucket (the local-directory store and real SeaweedFS): takeover, fencing, lost replies, unknown fates, drain, compaction, zero reads.
+
+mod common;
+
+use std::sync::Arc;
+
+use cellfleet_authority::{Clock, Layout};
+use cellfleet_cell::CommandId;
+use cellfleet_runtime::{Error, Resolution};
+use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
+use common::*;
+use serde_json::json;
+
+const KEY: &[u8] = b"acct-1";
+
+fn root_key(prefix: &str) -> String {
+    let cell = cellfleet_authority::CellId::for_kind_key(KIND, KEY);
+    Layout::new(prefix).unwrap().root_key(&cell)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_queries_receipts_and_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("basic", dir.path()).await {
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store,
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let mut last = None;
+        for n in 0..5 {
+            let executed = node
+                .execute(KIND, KEY, append(clock.as_ref(), n))
+                .await
+                .unwrap();
+            assert!(!executed.duplicate);
+            log.ack(n, executed.outcome.clone());
+            last = Some(executed.receipt);
+        }
+        let receipt = last.unwrap();
+        assert_eq!(
+            receipt.txid, 6,
+            "{backend}: migration at txid 1, then one group per command"
+        );
+        // A retry with the same id returns the stored outcome, applied once.
+        let again = node
+            .execute(KIND, KEY, append(clock.as_ref(), 4))
+            .await
+            .unwrap();
+        assert!(again.duplicate);
+        assert_eq!(again.receipt.txid, 6);
+        // Read-your-writes: the receipt is published; a future one is refused.
+        let value = node
+            .query(KIND, KEY, "all", json!({}), Some(&receipt))
+            .await
+            .unwrap();
+        assert_eq!(value.as_array().unwrap().len(), 5);
+        let mut ahead = receipt.clone();
+        ahead.txid += 10;
+        let refused = node.query(KIND, KEY, "all", json!({}), Some(&ahead)).await;
+        assert!(
+            matches!(refused, Err(Error::ReceiptNotReached { txid: 16, .. })),
+            "{refused:?}"
+        );
+        // Resolve: committed, absent, expired.
+        assert_eq!(
+            node.resolve(KIND, KEY, CommandId(command_id(99)), None)
+                .await
+                .unwrap(),
+            Resolution::Absent
+        );
+        let past = (clock.now_wall_ms() - 10_000) as i64;
+        assert_eq!(
+            node.resolve(KIND, KEY, CommandId(command_id(99)), Some(past))
+                .await
+                .unwrap(),
+            Resolution::Expired
+        );
+        log.verify(&node, KEY).await;
+        let described = node.describe_cell(KIND, KEY).await.unwrap();
+        assert_eq!((described.txid, described.open), (6, true));
+        assert!(node
+            .metrics_text()
+            .contains("cellfleet_runtime_publications_total{node=\"n1\"} 6"));
+        assert!(matches!(
+            node.execute("nope", KEY, append(clock.as_ref(), 1)).await,
+            Err(Error::BadRequest(_))
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lease_serves_a_warm_cell_with_zero_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("zero-read", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        node.execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        store.reset_counts();
+        const N: u64 = 20;
+        for n in 1..=N {
+            node.execute(KIND, KEY, append(clock.as_ref(), n))
+                .await
+                .unwrap();
+            node.query(KIND, KEY, "all", json!({}), None).await.unwrap();
+        }
+        let counts = store.counts();
+        assert_eq!(counts.reads(), 0, "{backend}: {counts:?}");
+        assert_eq!(
+            counts.get(Op::PutIfNoneMatch),
+            N,
+            "{backend}: one upload per group"
+        );
+        // Past the local deadline: one fresh root read per request.
+        clock.advance(lease_expiry());
+        store.reset_counts();
+        node.query(KIND, KEY, "all", json!({}), None).await.unwrap();
+        assert_eq!(
+            store.counts().get(Op::Get),
+            1,
+            "{backend}: {:?}",
+            store.counts()
+        );
+        assert_eq!(
+            node.metrics()
+                .authority_reads_total
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_waits_for_lease_expiry_and_fences_the_paused_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("takeover", dir.path()).await {
+        let dir = dir.path().join(backend);
+        // A's clock stands still: a paused process that believes its lease.
+        let clock_a = manual_clock();
+        let clock_b = manual_clock();
+        let a = start(
+            node_config("a", &dir, &prefix),
+            store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        for n in 0..5 {
+            let executed = a
+                .execute(KIND, KEY, append(clock_a.as_ref(), n))
+                .await
+                .unwrap();
+            log.ack(n, executed.outcome);
+        }
+        a.lease().pause_renewals(true);
+        // While A's lease is live, B routes to A.
+        match b.execute(KIND, KEY, append(clock_b.as_ref(), 100)).await {
+            Err(Error::NotOwner {
+                owner, endpoint, ..
+            }) => {
+                assert_eq!(owner.unwrap().as_str(), "a");
+                assert_eq!(endpoint.as_deref(), Some("https://a:7000"));
+            }
+            other => panic!("{backend}: expected NotOwner, got {other:?}"),
+        }
+        clock_b.advance(lease_expiry());
+        for n in 5..8 {
+            let executed = b
+                .execute(KIND, KEY, append(clock_b.as_ref(), n))
+                .await
+                .unwrap();
+            assert_eq!(
+                executed.receipt.epoch.get(),
+                2,
+                "{backend}: takeover bumps the epoch"
+            );
+            log.ack(n, executed.outcome);
+        }
+        // A still believes its lease: its publications are fenced by the CAS.
+        for n in 20..23 {
+            match a.execute(KIND, KEY, append(clock_a.as_ref(), n)).await {
+                Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => {}
+                other => panic!("{backend}: the old owner published: {other:?}"),
+            }
+        }
+        assert!(
+            a.metrics()
+                .fences_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 1
+        );
+        // A not-committed command retried on the new owner applies once.
+        let retried = b
+            .execute(KIND, KEY, append(clock_b.as_ref(), 20))
+            .await
+            .unwrap();
+        assert!(!retried.duplicate);
+        log.ack(20, retried.outcome);
+        log.verify(&b, KEY).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_cas_reply_commits_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("lost-reply", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        store.inject(Fault::lose_reply(Op::PutIfMatch).key_prefix(root_key(&prefix)));
+        let executed = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(!executed.duplicate, "{backend}");
+        assert_eq!(executed.receipt.txid, 3);
+        log.ack(1, executed.outcome.clone());
+        let retry = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(retry.duplicate);
+        assert_eq!(retry.outcome, executed.outcome);
+        log.verify(&node, KEY).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_unknown_returns_the_stored_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("unknown", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        // The CAS lands but its reply is lost, and so is the re-read.
+        store.inject(Fault::lose_reply(Op::PutIfMatch).key_prefix(root_key(&prefix)));
+        store.inject(Fault::unavailable(Op::Get).key_prefix(root_key(&prefix)));
+        match node.execute(KIND, KEY, append(clock.as_ref(), 1)).await {
+            Err(Error::Unknown { .. }) => {}
+            other => panic!("{backend}: expected Unknown, got {other:?}"),
+        }
+        let retry = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(retry.duplicate, "{backend}: the ledger answers the retry");
+        log.ack(1, retry.outcome);
+        log.verify(&node, KEY).await;
+        assert_eq!(journal(&node, KEY).await, vec!["t0", "t1"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_on_one_node_then_activation_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("drain", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let a = start(
+            node_config("a", &dir, &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let tasks: Vec<_> = (0..24)
+            .map(|n| {
+                let (a, clock) = (a.clone(), clock.clone());
+                tokio::spawn(
+                    async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) },
+                )
+            })
+            .collect();
+        for task in tasks {
+            let (n, result) = task.await.unwrap();
+            log.ack(n, result.expect("no Unknown, no loss").outcome);
+        }
+        a.execute(KIND, b"other", append(clock.as_ref(), 1000))
+            .await
+            .unwrap();
+        assert_eq!(a.drain().await.unwrap(), 2, "{backend}");
+        assert!(matches!(
+            a.execute(KIND, KEY, append(clock.as_ref(), 99)).await,
+            Err(Error::Draining)
+        ));
+        // No lease expiry needed: the roots were released.
+        log.verify(&b, KEY).await;
+        let described = b.describe_cell(KIND, KEY).await.unwrap();
+        assert_eq!(described.epoch.get(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_under_write_load_keeps_the_chain_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("compaction", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir, &prefix);
+        config.limits.chain_files_max = 4;
+        let a = start(config, store.clone(), clock.clone()).await;
+        let log = AckLog::default();
+        let mut longest = 0;
+        for round in 0..6u64 {
+            let tasks: Vec<_> = (0..8)
+                .map(|i| {
+                    let (a, clock) = (a.clone(), clock.clone());
+                    let n = round * 100 + i;
+                    tokio::spawn(async move {
+                        (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await)
+                    })
+                })
+                .collect();
+            for task in tasks {
+                let (n, result) = task.await.unwrap();
+                log.ack(n, result.unwrap().outcome);
+            }
+            // Sequential commands too, so the chain grows one file at a time.
+            for i in 50..54 {
+                let n = round * 100 + i;
+                log.ack(
+                    n,
+                    a.execute(KIND, KEY, append(clock.as_ref(), n))
+                        .await
+                        .unwrap()
+                        .outcome,
+                );
+            }
+            longest = longest.max(a.describe_cell(KIND, KEY).await.unwrap().chain_files);
+        }
+        assert!(longest <= 8, "{backend}: chain grew to {longest}");
+        let compactions = a
+            .metrics()
+            .compactions_total
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(compactions >= 2, "{backend}: {compactions} compactions");
+        let before = journal(&a, KEY).await;
+        a.drain().await.unwrap();
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        assert_eq!(
+            journal(&b, KEY).await,
+            before,
+            "{backend}: state identical after recovery"
+        );
+        log.verify(&b, KEY).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passivation_keeps_ownership_under_the_open_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "passivation");
+    config.limits.cells_open_max = 2;
+    let a = start(config, store.clone(), clock.clone()).await;
+    for n in 0..6u64 {
+        let key = format!("cell-{n}");
+        a.execute(KIND, key.as_bytes(), append(clock.as_ref(), n))
+            .await
+            .unwrap();
+        assert!(a.open_cells() <= 2);
+    }
+    assert_eq!(a.owned_cells().len(), 6);
+    assert!(
+        a.metrics()
+            .passivations_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 4
+    );
+    // Reopened on demand, with its state, and zero reads while the lease lives.
+    assert_eq!(journal(&a, b"cell-0").await, vec!["t0"]);
+    let described = a.describe_cell(KIND, b"cell-5").await.unwrap();
+    assert_eq!(described.txid, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_mailbox_refuses_at_once_with_a_retry_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let store = Arc::new(FaultStore::new(inner));
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "mailbox");
+    config.limits.mailbox_commands_max = 1;
+    config.limits.group_commands_max = 1;
+    let a = start(config, store.clone(), clock.clone()).await;
+    a.execute(KIND, KEY, append(clock.as_ref(), 0))
+        .await
+        .unwrap();
+    store.inject(
+        Fault::delay(
+            Some(Op::PutIfNoneMatch),
+            std::time::Duration::from_millis(300),
+        )
+        .times(u64::MAX),
+    );
+    let tasks: Vec<_> = (1..=12)
+        .map(|n| {
+            let (a, clock) = (a.clone(), clock.clone());
+            tokio::spawn(async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) })
+        })
+        .collect();
+    let log = AckLog::default();
+    let mut refused = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            (n, Ok(executed)) => log.ack(n, executed.outcome),
+            (_, Err(error @ Error::ResourceExhausted { .. })) => {
+                assert_eq!(error.retry_after_ms(), Some(50));
+                refused += 1;
+            }
+            (_, Err(other)) => panic!("{other:?}"),
+        }
+    }
+    assert!(refused >= 1, "nothing was refused");
+    store.clear();
+    let first = log.len();
+    assert!(first >= 2);
+    let all = log.clone();
+    all.ack(
+        0,
+        a.resolve(KIND, KEY, CommandId(command_id(0)), None)
+            .await
+            .map(|r| match r {
+                Resolution::Committed { outcome, .. } => outcome,
+                other => panic!("{other:?}"),
+            })
+            .unwrap(),
+    );
+    all.verify(&a, KEY).await;
+}

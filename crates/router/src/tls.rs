@@ -1,0 +1,366 @@
+//! rustls configurations for mutual TLS: every listener requires a cluster-CA certificate, and a peer listener only a node's.
+//!
+//! Chain validation is webpki's (via rustls's verifiers, `ring` provider,
+//! chosen explicitly because both `ring` and `aws-lc-rs` are in the build);
+//! on top of it a role check reads the SAN URI of the end-entity
+//! certificate (see [`crate::certs`]) *during the handshake*, so a client
+//! certificate never completes a handshake with a peer listener, and a
+//! client never talks to a server that is not a node.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore,
+    ServerConfig, SignatureScheme,
+};
+
+use crate::certs::{CertError, Role, CA_CERT_FILE};
+use crate::error::Error;
+
+/// ALPN protocol of gRPC (HTTP/2); gRPC clients in other languages require it.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// The crypto provider every configuration uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A node's or client's TLS identity: the cluster CA and its own certificate and key.
+pub struct TlsIdentity {
+    /// The cluster CA certificates (trust anchors).
+    pub ca: Vec<CertificateDer<'static>>,
+    /// This identity's certificate chain (end entity first).
+    pub chain: Vec<CertificateDer<'static>>,
+    /// This identity's private key.
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsIdentity")
+            .field("ca", &self.ca.len())
+            .field("chain", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsIdentity {
+    /// Parses PEM text.
+    pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Self, CertError> {
+        let certs = |pem: &str, what: &str| {
+            let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| CertError::Certificate(format!("{what}: {e}")))?;
+            if certs.is_empty() {
+                return Err(CertError::Certificate(format!("{what}: no certificate")));
+            }
+            Ok(certs)
+        };
+        Ok(TlsIdentity {
+            ca: certs(ca_pem, "CA")?,
+            chain: certs(cert_pem, "certificate")?,
+            key: PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+                .map_err(|e| CertError::Certificate(format!("private key: {e}")))?,
+        })
+    }
+
+    /// Reads PEM files.
+    pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Self, CertError> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| CertError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        Self::from_pem(&read(ca)?, &read(cert)?, &read(key)?)
+    }
+
+    /// Reads `ca.pem` and `<stem>.pem`/`<stem>.key` for `role` from a
+    /// certificate directory written by `cellfleet certs`.
+    pub fn load_dir(dir: &Path, role: &Role) -> Result<Self, CertError> {
+        let stem = role.file_stem();
+        Self::load(
+            &dir.join(CA_CERT_FILE),
+            &dir.join(format!("{stem}.pem")),
+            &dir.join(format!("{stem}.key")),
+        )
+    }
+
+    /// The role of this identity's own certificate.
+    pub fn role(&self) -> Result<Role, CertError> {
+        role_of(&self.chain)
+    }
+
+    fn roots(&self) -> Result<Arc<RootCertStore>, CertError> {
+        let mut roots = RootCertStore::empty();
+        for ca in &self.ca {
+            roots
+                .add(ca.clone())
+                .map_err(|e| CertError::Tls(format!("CA certificate: {e}")))?;
+        }
+        Ok(Arc::new(roots))
+    }
+}
+
+/// Which certificates a listener admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// The client listener (client and admin services): node or client certificates.
+    Client,
+    /// The peer listener (peer service): node certificates only.
+    Peer,
+}
+
+impl Listener {
+    fn admits(self, role: &Role) -> bool {
+        match self {
+            Listener::Client => true,
+            Listener::Peer => matches!(role, Role::Node(_)),
+        }
+    }
+}
+
+/// The role of the end-entity certificate of `chain` (its one
+/// `cellfleet://` SAN URI).
+pub fn role_of(chain: &[CertificateDer<'_>]) -> Result<Role, CertError> {
+    let end_entity = chain
+        .first()
+        .ok_or_else(|| CertError::Role("no certificate".into()))?;
+    role_of_der(end_entity)
+}
+
+fn role_of_der(der: &[u8]) -> Result<Role, CertError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| CertError::Role(format!("unparseable certificate: {e}")))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| CertError::Role(format!("bad subjectAltName: {e}")))?
+        .ok_or_else(|| CertError::Role("no subjectAltName".into()))?;
+    let mut roles = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Role::from_uri(uri),
+            _ => None,
+        });
+    let role = roles
+        .next()
+        .ok_or_else(|| CertError::Role("no cellfleet:// role URI".into()))??;
+    if roles.next().is_some() {
+        return Err(CertError::Role(
+            "more than one cellfleet:// role URI".into(),
+        ));
+    }
+    Ok(role)
+}
+
+/// The verified role of the caller of a request on a TLS listener.
+pub fn request_role<T>(request: &tonic::Request<T>) -> Result<Role, Error> {
+    let certs = request
+        .peer_certs()
+        .ok_or_else(|| Error::NotPeer("no client certificate".into()))?;
+    role_of(&certs).map_err(|e| Error::NotPeer(e.to_string()))
+}
+
+/// Checks, on a peer-service request, that the caller is a node (defence
+/// in depth: the peer listener's handshake already refuses other roles).
+pub fn require_node<T>(request: &tonic::Request<T>) -> Result<String, Error> {
+    match request_role(request)? {
+        Role::Node(id) => Ok(id),
+        Role::Client(name) => Err(Error::NotPeer(format!("client {name:?} is not a node"))),
+    }
+}
+
+fn role_failure(error: CertError) -> rustls::Error {
+    rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(error))))
+}
+
+/// webpki client verification plus the listener's role rule.
+#[derive(Debug)]
+struct RoleClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    listener: Listener,
+}
+
+impl ClientCertVerifier for RoleClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let role = role_of_der(end_entity).map_err(role_failure)?;
+        if !self.listener.admits(&role) {
+            return Err(role_failure(CertError::Role(format!(
+                "{} may not connect to the {:?} listener",
+                role.uri(),
+                self.listener
+            ))));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// webpki server verification plus "the server is a node".
+#[derive(Debug)]
+struct NodeServerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for NodeServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        match role_of_der(end_entity).map_err(role_failure)? {
+            Role::Node(_) => Ok(verified),
+            Role::Client(name) => Err(role_failure(CertError::Role(format!(
+                "server presented client certificate {name:?}"
+            )))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A server configuration for `listener`: the identity's certificate,
+/// client certificates required, chained to the cluster CA and admitted by
+/// the listener's role rule; ALPN `h2`.
+pub fn server_config(
+    identity: &TlsIdentity,
+    listener: Listener,
+) -> Result<Arc<ServerConfig>, CertError> {
+    let provider = provider();
+    let inner = WebPkiClientVerifier::builder_with_provider(identity.roots()?, provider.clone())
+        .build()
+        .map_err(|e| CertError::Tls(format!("client verifier: {e}")))?;
+    let verifier = Arc::new(RoleClientVerifier { inner, listener });
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CertError::Tls(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(identity.chain.clone(), identity.key.clone_key())
+        .map_err(|e| CertError::Tls(format!("server certificate: {e}")))?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client configuration: presents the identity's certificate and accepts
+/// only servers with a node certificate chained to the cluster CA; ALPN `h2`.
+pub fn client_config(identity: &TlsIdentity) -> Result<Arc<ClientConfig>, CertError> {
+    let provider = provider();
+    let inner = WebPkiServerVerifier::builder_with_provider(identity.roots()?, provider.clone())
+        .build()
+        .map_err(|e| CertError::Tls(format!("server verifier: {e}")))?;
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CertError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NodeServerVerifier { inner }))
+        .with_client_auth_cert(identity.chain.clone(), identity.key.clone_key())
+        .map_err(|e| CertError::Tls(format!("client certificate: {e}")))?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs::ClusterCa;
+
+    fn identity(ca: &ClusterCa, role: &Role) -> TlsIdentity {
+        let issued = ca.issue(role, &[]).expect("issue");
+        TlsIdentity::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem).expect("identity")
+    }
+
+    #[test]
+    fn roles_are_read_back_from_issued_certificates() {
+        let ca = ClusterCa::generate("t").expect("ca");
+        for role in [Role::Node("n1".into()), Role::Client("app".into())] {
+            assert_eq!(identity(&ca, &role).role().expect("role"), role);
+        }
+        assert!(role_of(&[]).is_err());
+        assert!(role_of(&[CertificateDer::from(vec![0x30, 0x00])]).is_err());
+    }
+
+    #[test]
+    fn configs_build_for_both_listeners() {
+        let ca = ClusterCa::generate("t").expect("ca");
+        let node = identity(&ca, &Role::Node("n1".into()));
+        for listener in [Listener::Client, Listener::Peer] {
+            let config = server_config(&node, listener).expect("server config");
+            assert_eq!(config.alpn_protocols, vec![ALPN_H2.to_vec()]);
+        }
+        client_config(&node).expect("client config");
+        assert!(TlsIdentity::from_pem("", "", "").is_err());
+    }
+}

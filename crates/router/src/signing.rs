@@ -123,9 +123,14 @@ pub fn parse_public_key(text: &str) -> Result<VerifyingKey, String> {
 /// creation on Unix, so the key is never briefly world-readable). Refuses
 /// to overwrite an existing file.
 pub fn write_signing_key(path: &Path, key: &SigningKey) -> std::io::Result<()> {
-    let pem = key
-        .to_pkcs8_pem(Default::default())
-        .map_err(|e| std::io::Error::other(format!("encode PKCS#8: {e}")))?;
+    // PKCS#8 v1 (no embedded public key): the form OpenSSL writes and every
+    // library reads (Python's `cryptography` refuses the v2 form).
+    let pem = ed25519_dalek::pkcs8::KeypairBytes {
+        secret_key: key.to_bytes(),
+        public_key: None,
+    }
+    .to_pkcs8_pem(Default::default())
+    .map_err(|e| std::io::Error::other(format!("encode PKCS#8: {e}")))?;
     crate::certs::write_private_file(path, pem.as_bytes())
 }
 

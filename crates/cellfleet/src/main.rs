@@ -1,5 +1,7 @@
 //! The `cellfleet` command-line tool.
 
+mod certs_cmd;
+mod keys_cmd;
 mod ltx_cmd;
 mod store_cmd;
 
@@ -24,6 +26,12 @@ enum Command {
     /// Check an object store before trusting it with a cluster's data.
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
+    /// Create the cluster CA and issue node and client certificates (mTLS).
+    #[command(subcommand)]
+    Certs(certs_cmd::CertsCommand),
+    /// Create Ed25519 signing keys and their key-registry entries.
+    #[command(subcommand)]
+    Keys(keys_cmd::KeysCommand),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +39,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Ltx(command) => ltx_cmd::run(command),
         Command::Store(command) => store_cmd::run(command),
+        Command::Certs(command) => certs_cmd::run(command),
+        Command::Keys(command) => keys_cmd::run(command),
     };
     match result {
         Ok(code) => code,

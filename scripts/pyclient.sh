@@ -26,7 +26,7 @@ if ! command -v "$python" >/dev/null 2>&1; then
 fi
 
 tag="$(printf '%s\n' "${requirements[@]}" "$("$python" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
-venv="${CELLFLEET_PYCLIENT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/cellfleet/pyclient-venv-$tag}"
+venv="${CELLFLEET_PYCLIENT_VENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/cellfleet/pyclient-venv-$tag}"
 stamp="$venv/.cellfleet-ready"
 
 if [[ ! -f "$stamp" ]]; then

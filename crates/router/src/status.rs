@@ -336,11 +336,27 @@ mod tests {
     }
 
     proptest! {
+        /// A peer's detail bytes: decoding never panics, and whatever
+        /// decodes re-encodes to a detail that decodes identically.
         #[test]
         fn arbitrary_detail_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             if let Some(detail) = decode_detail(&bytes) {
-                let _ = owner_hint(&detail);
+                let again = decode_detail(&detail.encode_to_vec());
+                prop_assert_eq!(again.as_ref(), Some(&detail));
+                if let Some(hint) = owner_hint(&detail) {
+                    prop_assert_eq!(detail.code, v1::ErrorCode::NotOwner as i32);
+                    prop_assert!(hint.node_id.as_ref().is_none_or(|n| !n.is_empty()));
+                }
             }
+        }
+
+        #[test]
+        fn oversized_details_are_ignored(extra in 0usize..64) {
+            let detail = v1::ErrorDetail {
+                message: "x".repeat(ERROR_DETAIL_BYTES_MAX + extra),
+                ..Default::default()
+            };
+            prop_assert!(decode_detail(&detail.encode_to_vec()).is_none());
         }
     }
 }

@@ -70,6 +70,8 @@ pub struct LeaseKeeper {
     /// Tests pause renewals to simulate a stalled process.
     paused: AtomicBool,
     stop: watch::Sender<bool>,
+    /// True once the lease was replaced (the node must stop serving).
+    replaced: watch::Sender<bool>,
     metrics: Arc<Metrics>,
 }
 
@@ -89,6 +91,7 @@ impl LeaseKeeper {
             }),
             paused: AtomicBool::new(false),
             stop: watch::channel(false).0,
+            replaced: watch::channel(false).0,
             metrics,
         }
     }
@@ -145,6 +148,7 @@ impl LeaseKeeper {
                 tracing::error!(%error, "node lease replaced; stopping");
                 let mut state = self.state_mut();
                 state.status = LeaseStatus::Replaced(error.to_string());
+                let _ = self.replaced.send(true);
                 state.status.clone()
             }
             Err(error) => {
@@ -169,6 +173,12 @@ impl LeaseKeeper {
                 return;
             }
         }
+    }
+
+    /// Resolves once the lease was replaced by another session.
+    pub async fn wait_stopped(&self) {
+        let mut replaced = self.replaced.subscribe();
+        let _ = replaced.wait_for(|replaced| *replaced).await;
     }
 
     /// Retires the lease (after every Cell was released) and stops renewing.

@@ -50,6 +50,20 @@ struct ActorHandle {
     generation: u64,
     load: Arc<std::sync::atomic::AtomicUsize>,
     last_used: Arc<AtomicU64>,
+    /// Set once a passivation was asked for, so concurrent activations
+    /// pick different victims.
+    passivating: Arc<AtomicBool>,
+    /// Becomes true once the actor has exited and left its slot (and its
+    /// root parked): only then may the Cell be activated again.
+    exited: watch::Receiver<bool>,
+}
+
+impl ActorHandle {
+    /// Waits (bounded) until the actor has fully exited.
+    async fn wait_exit(&self, bound: Duration) {
+        let mut exited = self.exited.clone();
+        let _ = tokio::time::timeout(bound, exited.wait_for(|done| *done)).await;
+    }
 }
 
 type ActivationResult = Option<Result<ActorHandle>>;
@@ -176,7 +190,15 @@ impl Node {
             tick: AtomicU64::new(0),
             generation: AtomicU64::new(0),
         });
-        tokio::spawn(lease.run());
+        tokio::spawn(lease.clone().run());
+        // A replaced lease stops the node at once: every Cell is fenced.
+        let watcher = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            lease.wait_stopped().await;
+            if let Some(shared) = watcher.upgrade() {
+                shared.fence_all("the node lease was lost").await;
+            }
+        });
         Ok(NodeHandle { shared })
     }
 }
@@ -219,6 +241,28 @@ impl Shared {
             slots.remove(cell);
             self.slots_count.store(slots.len(), Ordering::SeqCst);
         }
+    }
+
+    /// Stops every actor at once (no further publication is attempted).
+    async fn fence_all(&self, reason: &str) {
+        let handles: Vec<ActorHandle> = self
+            .slots()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Active(handle) => Some(handle.clone()),
+                Slot::Activating(_) => None,
+            })
+            .collect();
+        for handle in handles {
+            let _ = handle
+                .tx
+                .send(Msg::Stop {
+                    how: StopHow::Fence(reason.to_owned()),
+                    done: None,
+                })
+                .await;
+        }
+        self.parked().clear();
     }
 
     async fn not_owner(&self, cell: &CellId, owner: Option<NodeId>) -> Error {
@@ -266,16 +310,24 @@ impl Shared {
         if let Ok(permit) = self.open_permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
-        let victim = self
+        let mut idle: Vec<ActorHandle> = self
             .slots()
             .values()
             .filter_map(|slot| match slot {
-                Slot::Active(handle) if handle.load.load(Ordering::Relaxed) == 0 => {
+                Slot::Active(handle)
+                    if handle.load.load(Ordering::Relaxed) == 0
+                        && !handle.passivating.load(Ordering::Relaxed) =>
+                {
                     Some(handle.clone())
                 }
                 _ => None,
             })
-            .min_by_key(|handle| handle.last_used.load(Ordering::Relaxed));
+            .collect();
+        idle.sort_by_key(|handle| handle.last_used.load(Ordering::Relaxed));
+        // Concurrent activations each claim a different victim.
+        let victim = idle
+            .into_iter()
+            .find(|handle| !handle.passivating.swap(true, Ordering::SeqCst));
         let exhausted = Error::ResourceExhausted {
             what: "cells_open_max",
             retry_after_ms: self.config.limits.retry_after_ms,
@@ -361,6 +413,7 @@ impl Shared {
         }
         metrics.cells_open.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));
+        let (exited_tx, exited_rx) = watch::channel(false);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         let handle = ActorHandle {
             tx,
@@ -368,6 +421,8 @@ impl Shared {
             generation,
             load: Arc::new(AtomicUsize::new(0)),
             last_used: Arc::new(AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed))),
+            passivating: Arc::new(AtomicBool::new(false)),
+            exited: exited_rx,
         };
         let ready = *ready;
         let (actor, migration) = Actor::new(
@@ -394,6 +449,7 @@ impl Shared {
                     shared.parked().insert(cell_id.clone(), *root);
                 }
                 shared.remove_slot(&cell_id, Some(generation));
+                let _ = exited_tx.send(true);
             }
             .instrument(span),
         );
@@ -495,7 +551,7 @@ impl NodeHandle {
         let bytes = command_bytes(&command);
         let mut last = Error::Closed("no attempt made".into());
         for _ in 0..DISPATCH_ATTEMPTS_MAX {
-            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            let (_cell, handle) = self.shared.actor_for(kind, key).await?;
             let (tx, rx) = oneshot::channel();
             let reply = Reply::new(tx, handle.load.clone(), self.shared.metrics.clone());
             let msg = Msg::Execute {
@@ -503,12 +559,15 @@ impl NodeHandle {
                 bytes,
                 reply,
             };
-            match self.send(&cell, &handle, msg)? {
-                true => {}
-                false => continue,
+            if !self.send(&handle, msg)? {
+                handle.wait_exit(self.exit_wait()).await;
+                continue;
             }
             match rx.await {
-                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(Err(Error::Closed(reason))) => {
+                    last = Error::Closed(reason);
+                    handle.wait_exit(self.exit_wait()).await;
+                }
                 Ok(answer) => return answer,
                 // The actor vanished holding the reply: the command may
                 // have run. Never assume either way.
@@ -522,9 +581,15 @@ impl NodeHandle {
         Err(last)
     }
 
+    /// How long a request waits for a stopping actor to exit before it is
+    /// dispatched again.
+    fn exit_wait(&self) -> Duration {
+        Duration::from_millis(self.shared.config.limits.activation_wait_ms_max)
+    }
+
     /// Sends to an actor: `Ok(true)` sent, `Ok(false)` the actor is gone
     /// (re-dispatch), `Err` the mailbox is full.
-    fn send(&self, cell: &CellId, handle: &ActorHandle, msg: Msg) -> Result<bool> {
+    fn send(&self, handle: &ActorHandle, msg: Msg) -> Result<bool> {
         match handle.tx.try_send(msg) {
             Ok(()) => Ok(true),
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -537,10 +602,7 @@ impl NodeHandle {
                     retry_after_ms: self.shared.config.limits.retry_after_ms,
                 })
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.shared.remove_slot(cell, Some(handle.generation));
-                Ok(false)
-            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(false),
         }
     }
 
@@ -570,11 +632,15 @@ impl NodeHandle {
                 min_txid: min_receipt.map(|r| r.txid),
                 reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
             };
-            if !self.send(&cell, &handle, msg)? {
+            if !self.send(&handle, msg)? {
+                handle.wait_exit(self.exit_wait()).await;
                 continue;
             }
             match rx.await {
-                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(Err(Error::Closed(reason))) => {
+                    last = Error::Closed(reason);
+                    handle.wait_exit(self.exit_wait()).await;
+                }
                 Ok(answer) => return answer,
                 Err(_) => last = Error::Closed("the cell actor stopped".into()),
             }
@@ -594,18 +660,22 @@ impl NodeHandle {
     ) -> Result<Resolution> {
         let mut last = Error::Closed("no attempt made".into());
         for _ in 0..DISPATCH_ATTEMPTS_MAX {
-            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            let (_cell, handle) = self.shared.actor_for(kind, key).await?;
             let (tx, rx) = oneshot::channel();
             let msg = Msg::Resolve {
                 id: command_id,
                 expires_at_ms,
                 reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
             };
-            if !self.send(&cell, &handle, msg)? {
+            if !self.send(&handle, msg)? {
+                handle.wait_exit(self.exit_wait()).await;
                 continue;
             }
             match rx.await {
-                Ok(Err(Error::Closed(reason))) => last = Error::Closed(reason),
+                Ok(Err(Error::Closed(reason))) => {
+                    last = Error::Closed(reason);
+                    handle.wait_exit(self.exit_wait()).await;
+                }
                 Ok(answer) => return answer,
                 Err(_) => last = Error::Closed("the cell actor stopped".into()),
             }

@@ -481,3 +481,60 @@ async fn a_full_mailbox_refuses_at_once_with_a_retry_hint() {
     );
     all.verify(&a, KEY).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_lease_stops_the_node_even_on_the_empty_ingress_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let old = start(
+        node_config("a", &dir.path().join("old"), "replaced"),
+        store.clone(),
+        clock.clone(),
+    )
+    .await;
+    old.execute(KIND, KEY, append(clock.as_ref(), 0))
+        .await
+        .unwrap();
+    // A second process with the same node id starts a new session.
+    let new = start(
+        node_config("a", &dir.path().join("new"), "replaced"),
+        store.clone(),
+        clock.clone(),
+    )
+    .await;
+    assert!(matches!(
+        old.lease().renew_now().await,
+        cellfleet_runtime::lease::LeaseStatus::Replaced(_)
+    ));
+    for _ in 0..100 {
+        if old.open_cells() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(old.open_cells(), 0, "the replaced node closed its cells");
+    // Both the warm cell and a never-seen cell (empty-ingress path) refuse.
+    assert!(matches!(
+        old.execute(KIND, KEY, append(clock.as_ref(), 1)).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        old.query(KIND, b"fresh", "all", json!({}), None).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    // The new session must wait out the old session's window before taking the cell.
+    assert!(matches!(
+        new.execute(KIND, KEY, append(clock.as_ref(), 2)).await,
+        Err(Error::NotOwner { .. })
+    ));
+    clock.advance(lease_expiry());
+    new.lease().renew_now().await;
+    let executed = new
+        .execute(KIND, KEY, append(clock.as_ref(), 2))
+        .await
+        .unwrap();
+    assert_eq!(executed.receipt.epoch.get(), 2);
+    assert_eq!(journal(&new, KEY).await, vec!["t0", "t2"]);
+}

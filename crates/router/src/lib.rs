@@ -8,17 +8,28 @@
 //! - [`status`]: the one table from [`Error`] to gRPC status, wire code and retry hint.
 //! - [`hints`]: the bounded owner-hint cache and rendezvous placement.
 //! - [`reflection`]: gRPC server reflection.
+//! - [`endpoints`]: client and peer endpoints in a lease record.
+//! - [`forward`]: routing at the ingress (hints, placement, forwarding, one retry); [`local`]: running on this node's runtime.
+//! - [`service_client`], [`service_peer`], [`service_admin`]: the gRPC services; [`server`]: the listeners; [`http`]: metrics and health.
 //!
 //! *Invariant:* nothing in this crate decodes a request body before its
 //! signature verified over the exact received bytes, and nothing that
 //! fails a check reaches a Cell.
 
 pub mod certs;
+pub mod endpoints;
 pub mod envelope;
 pub mod error;
+pub mod forward;
 pub mod hints;
+pub mod http;
+pub mod local;
 pub mod reflection;
 pub mod registry;
+pub mod server;
+pub mod service_admin;
+pub mod service_client;
+pub mod service_peer;
 pub mod signing;
 pub mod status;
 pub mod tls;

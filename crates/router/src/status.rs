@@ -35,9 +35,8 @@
 //! Every failed call carries the serialized [`v1::ErrorDetail`] in the
 //! trailing metadata entry [`ERROR_DETAIL_METADATA`].
 //!
-//! **Adapter point (phase 2):** `cellfleet_runtime::Error` is mapped onto
-//! [`Error`] by a `From` impl to be written in this file when the router
-//! depends on the runtime: `NotOwner → NotOwner(hint)`, `ResourceExhausted`,
+//! **Adapter point:** `cellfleet_runtime::Error` is mapped onto
+//! [`Error`] by the `From` impl in this file: `NotOwner → NotOwner(hint)`, `ResourceExhausted`,
 //! `NotCommitted`, `Unknown → UnknownOutcome`, `Fenced`, `Draining`,
 //! `LeaseLost`, `BadRequest`, `ReceiptNotReached`, and `Store`/`Authority`/
 //! `Cell`/`Closed` → `Internal { retryable: e.is_retryable() }`.
@@ -182,6 +181,47 @@ pub fn owner_hint(detail: &v1::ErrorDetail) -> Option<OwnerHint> {
         endpoint: non_empty(&hint.endpoint),
         epoch: hint.epoch,
     })
+}
+
+/// The adapter point: a runtime failure as the router reports it.
+impl From<cellfleet_runtime::Error> for Error {
+    fn from(error: cellfleet_runtime::Error) -> Self {
+        use cellfleet_runtime::Error as R;
+        match error {
+            R::NotOwner {
+                cell,
+                owner,
+                endpoint,
+            } => Error::NotOwner(OwnerHint {
+                cell_id: cell.as_str().to_owned(),
+                node_id: owner.map(|node| node.as_str().to_owned()),
+                endpoint: endpoint.map(|grpc| crate::endpoints::NodeEndpoints::parse(&grpc).client),
+                epoch: 0,
+            }),
+            R::ResourceExhausted {
+                what,
+                retry_after_ms,
+            } => Error::ResourceExhausted {
+                what: what.to_owned(),
+                retry_after_ms,
+            },
+            R::NotCommitted { reason } => Error::NotCommitted(reason),
+            R::Unknown { reason } => Error::UnknownOutcome(reason),
+            R::Fenced { cell, reason } => Error::Fenced(format!("cell {cell}: {reason}")),
+            R::Draining => Error::Draining,
+            R::LeaseLost { reason } => Error::LeaseLost(reason),
+            R::BadRequest(message) => Error::BadRequest(message),
+            R::ReceiptNotReached { txid, waited_ms } => {
+                Error::ReceiptNotReached { txid, waited_ms }
+            }
+            other @ (R::Store(_) | R::Authority(_) | R::Cell { .. } | R::Closed(_)) => {
+                Error::Internal {
+                    retryable: other.is_retryable(),
+                    message: other.to_string(),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

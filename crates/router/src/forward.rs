@@ -1,0 +1,544 @@
+//! Routing at the ingress: owner-hint lookup, one authority read on a miss, rendezvous placement of unowned Cells, forwarding over the peer service with the client's deadline, and the one refresh-and-retry.
+//!
+//! The rules (DESIGN.md §5 Routing):
+//! * hint hit → execute locally or forward to the hinted node;
+//! * miss → one root read: a live owner is the target; an unowned Cell (or
+//!   one whose owner's lease expired) is placed by rendezvous hashing over
+//!   the live lease set, and the target's runtime activates it (create or
+//!   take over by CAS: two ingresses with different views cannot both win);
+//! * a NOT_OWNER, DRAINING, LEASE_LOST, FENCED or unreachable target makes
+//!   the ingress refresh (root read, live set) and retry **once**;
+//! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
+//!   request makes at most [`HOPS_MAX`] hops and never loops;
+//! * the forwarded call carries the original signed envelope (the owner
+//!   verifies it again) and the client's deadline.
+//!
+//! *Invariant:* a command whose forward may have reached the owner is never
+//! reported as "not sent": if its fate is unprovable the answer is
+//! UNKNOWN_OUTCOME (retry with the same command id, or Resolve).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellfleet_authority::{CellId, Clock, LeaseRecord, Liveness, NodeId, NodeLeases, Roots};
+use cellfleet_proto::v1;
+use cellfleet_proto::v1::peer_client::PeerClient;
+use cellfleet_runtime::NodeHandle;
+use tonic::transport::Channel;
+
+use crate::endpoints::{host_port, NodeEndpoints};
+use crate::envelope::Verifier;
+use crate::error::{Error, OwnerHint};
+use crate::hints::{rendezvous_owner, CachedOwner, OwnerHintCache};
+use crate::status::{detail_from_status, to_status};
+
+/// Most forwards of one request (the ingress's first try and its one retry).
+pub const HOPS_MAX: u32 = 2;
+/// How long a read of the live lease set is reused for placement.
+pub const LIVE_SET_TTL: Duration = Duration::from_millis(500);
+/// Connect timeout of peer channels.
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a forwarded call may take when the client set no deadline.
+pub const FORWARD_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// A client request that can run locally or be forwarded.
+#[derive(Clone, Debug)]
+pub enum Routed {
+    /// Client.Execute.
+    Execute(v1::ExecuteRequest),
+    /// Client.Query.
+    Query(v1::QueryRequest),
+    /// Client.Resolve.
+    Resolve(v1::ResolveRequest),
+}
+
+impl Routed {
+    fn is_command(&self) -> bool {
+        matches!(self, Routed::Execute(_))
+    }
+}
+
+/// Where a request should run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Target {
+    Local,
+    Remote { node: NodeId, peer: String },
+}
+
+#[derive(Debug, Default)]
+struct LiveSet {
+    read_at: Option<Instant>,
+    nodes: Vec<LeaseRecord>,
+}
+
+/// The routing state of one node: its runtime, the authority readers, the
+/// owner-hint cache, the live set and the peer channels.
+#[derive(Debug)]
+pub struct Router {
+    node: NodeHandle,
+    verifier: Verifier,
+    roots: Roots,
+    leases: NodeLeases,
+    clock: Arc<dyn Clock>,
+    hints: OwnerHintCache,
+    live: tokio::sync::Mutex<LiveSet>,
+    peers: Mutex<HashMap<String, Channel>>,
+    peer_tls: Arc<rustls::ClientConfig>,
+}
+
+/// What a failed attempt means for the retry.
+fn code_of(status: &tonic::Status) -> Option<v1::ErrorCode> {
+    detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok())
+}
+
+impl Router {
+    /// A router for `node`.
+    pub fn new(
+        node: NodeHandle,
+        verifier: Verifier,
+        roots: Roots,
+        leases: NodeLeases,
+        clock: Arc<dyn Clock>,
+        peer_tls: Arc<rustls::ClientConfig>,
+    ) -> Self {
+        Router {
+            node,
+            verifier,
+            roots,
+            leases,
+            clock,
+            hints: OwnerHintCache::default(),
+            live: tokio::sync::Mutex::new(LiveSet::default()),
+            peers: Mutex::new(HashMap::new()),
+            peer_tls,
+        }
+    }
+
+    /// The runtime.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// The envelope verifier.
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// The authority's roots.
+    pub fn roots(&self) -> &Roots {
+        &self.roots
+    }
+
+    /// The authority's node leases.
+    pub fn leases(&self) -> &NodeLeases {
+        &self.leases
+    }
+
+    /// Wall-clock now in Unix ms.
+    pub fn now_ms(&self) -> i64 {
+        i64::try_from(self.clock.now_wall_ms()).unwrap_or(i64::MAX)
+    }
+
+    fn me(&self) -> &NodeId {
+        self.node.node_id()
+    }
+
+    /// Live lease records, re-read when older than [`LIVE_SET_TTL`] or
+    /// when `refresh` is set.
+    pub async fn live_nodes(&self, refresh: bool) -> Result<Vec<LeaseRecord>, Error> {
+        let mut live = self.live.lock().await;
+        let fresh = live.read_at.is_some_and(|at| at.elapsed() < LIVE_SET_TTL);
+        if refresh || !fresh {
+            live.nodes = self.leases.live_nodes().await.map_err(authority)?;
+            live.read_at = Some(Instant::now());
+        }
+        Ok(live.nodes.clone())
+    }
+
+    async fn peer_of(&self, node: &NodeId, refresh: bool) -> Result<String, Error> {
+        let live = self.live_nodes(refresh).await?;
+        if let Some(record) = live.iter().find(|r| r.node_id == *node) {
+            return Ok(NodeEndpoints::parse(&record.endpoints.grpc).peer);
+        }
+        match self.leases.read(node).await.map_err(authority)? {
+            Some(lease) => Ok(NodeEndpoints::parse(&lease.record.endpoints.grpc).peer),
+            None => Err(Error::PeerUnavailable {
+                endpoint: node.as_str().to_owned(),
+                reason: "the node has no lease record".into(),
+            }),
+        }
+    }
+
+    async fn target_for(&self, node: &NodeId, refresh: bool) -> Result<Target, Error> {
+        if node == self.me() {
+            return Ok(Target::Local);
+        }
+        Ok(Target::Remote {
+            node: node.clone(),
+            peer: self.peer_of(node, refresh).await?,
+        })
+    }
+
+    /// One authority read: the live owner, or the rendezvous placement over
+    /// the live set minus `excluded`.
+    async fn locate(
+        &self,
+        cell: &CellId,
+        refresh: bool,
+        excluded: &[NodeId],
+    ) -> Result<Target, Error> {
+        let root = self.roots.read(cell).await.map_err(authority)?;
+        if let Some(root) = root {
+            if let Some(owner) = root.record.owner.clone() {
+                let liveness = self
+                    .roots
+                    .owner_liveness(&root.record)
+                    .await
+                    .map_err(authority)?;
+                if matches!(liveness, Liveness::Live { .. }) && !excluded.contains(&owner) {
+                    let target = self.target_for(&owner, refresh).await?;
+                    if let Target::Remote { peer, .. } = &target {
+                        self.hints.observe(
+                            cell.clone(),
+                            CachedOwner {
+                                node_id: owner.clone(),
+                                endpoint: Some(peer.clone()),
+                                epoch: root.record.epoch.get(),
+                            },
+                        );
+                    }
+                    return Ok(target);
+                }
+                if matches!(liveness, Liveness::Live { .. }) {
+                    return Err(Error::PeerUnavailable {
+                        endpoint: owner.as_str().to_owned(),
+                        reason: "the owner's lease is live but it does not answer; \
+                                 its Cells move once the lease expires"
+                            .into(),
+                    });
+                }
+            }
+        }
+        let live: Vec<NodeId> = self
+            .live_nodes(refresh)
+            .await?
+            .into_iter()
+            .map(|record| record.node_id)
+            .filter(|node| !excluded.contains(node))
+            .collect();
+        let Some(owner) = rendezvous_owner(cell, &live) else {
+            return Err(Error::PeerUnavailable {
+                endpoint: String::new(),
+                reason: "no live node to place the cell on".into(),
+            });
+        };
+        self.target_for(&owner.clone(), false).await
+    }
+
+    async fn first_target(&self, cell: &CellId) -> Result<Target, Error> {
+        match self.hints.get(cell) {
+            Some(hint) if hint.node_id == *self.me() => Ok(Target::Local),
+            Some(CachedOwner {
+                node_id,
+                endpoint: Some(peer),
+                ..
+            }) => Ok(Target::Remote {
+                node: node_id,
+                peer,
+            }),
+            _ => self.locate(cell, false, &[]).await,
+        }
+    }
+
+    fn channel(&self, peer: &str) -> Result<Channel, Error> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = peers.get(peer) {
+            return Ok(channel.clone());
+        }
+        let address: SocketAddr = host_port(peer)
+            .parse()
+            .map_err(|e| Error::PeerUnavailable {
+                endpoint: peer.to_owned(),
+                reason: format!("not an ip:port address: {e}"),
+            })?;
+        let host = address.ip().to_string();
+        let channel =
+            crate::transport::channel(address, &host, self.peer_tls.clone(), PEER_CONNECT_TIMEOUT)
+                .map_err(|e| Error::PeerUnavailable {
+                    endpoint: peer.to_owned(),
+                    reason: e.to_string(),
+                })?;
+        peers.insert(peer.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    async fn run_local(&self, request: &Routed) -> Result<v1::forward_response::Response, Error> {
+        run_local(&self.node, &self.verifier, request).await
+    }
+
+    async fn forward(
+        &self,
+        peer: &str,
+        request: &Routed,
+        hops: u32,
+        deadline_unix_ms: Option<i64>,
+    ) -> Result<v1::forward_response::Response, tonic::Status> {
+        let remaining = match deadline_unix_ms {
+            Some(deadline) => {
+                let left = deadline.saturating_sub(self.now_ms());
+                if left <= 0 {
+                    return Err(to_status(&Error::DeadlineExceeded(
+                        "the client's deadline passed before forwarding".into(),
+                    )));
+                }
+                Duration::from_millis(u64::try_from(left).unwrap_or(0))
+            }
+            None => FORWARD_TIMEOUT_DEFAULT,
+        };
+        let forward = v1::ForwardRequest {
+            request: Some(match request.clone() {
+                Routed::Execute(r) => v1::forward_request::Request::Execute(r),
+                Routed::Query(r) => v1::forward_request::Request::Query(r),
+                Routed::Resolve(r) => v1::forward_request::Request::Resolve(r),
+            }),
+            hops,
+            ingress_node_id: self.me().as_str().to_owned(),
+            deadline_unix_ms: deadline_unix_ms.unwrap_or(0),
+        };
+        let channel = self.channel(peer).map_err(|e| to_status(&e))?;
+        let mut call = tonic::Request::new(forward);
+        call.set_timeout(remaining);
+        let response = PeerClient::new(channel).forward(call).await?;
+        response.into_inner().response.ok_or_else(|| {
+            to_status(&Error::Internal {
+                message: format!("peer {peer} sent an empty forward response"),
+                retryable: true,
+            })
+        })
+    }
+
+    /// Routes a verified client request for `cell`: local or forwarded,
+    /// with one refresh-and-retry. Errors come back as statuses (a peer's
+    /// status is relayed with its detail).
+    pub async fn route(
+        &self,
+        cell: &CellId,
+        request: Routed,
+        deadline_unix_ms: Option<i64>,
+    ) -> Result<v1::forward_response::Response, tonic::Status> {
+        let mut excluded: Vec<NodeId> = Vec::new();
+        let mut hint: Option<OwnerHint> = None;
+        let mut maybe_sent = false;
+        let mut hops = 0;
+        let mut target = self.first_target(cell).await.map_err(|e| to_status(&e))?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = match &target {
+                Target::Local => self.run_local(&request).await.map_err(|e| to_status(&e)),
+                Target::Remote { peer, .. } => {
+                    hops += 1;
+                    self.forward(peer, &request, hops, deadline_unix_ms)
+                        .await
+                        .map_err(|status| classify_transport(status, peer))
+                }
+            };
+            let status = match result {
+                Ok(response) => {
+                    self.learn(cell, &target, &response);
+                    return Ok(response);
+                }
+                Err(status) => status,
+            };
+            let code = code_of(&status);
+            let sent_maybe = code.is_none() || code == Some(v1::ErrorCode::UnknownOutcome);
+            if request.is_command() && sent_maybe && matches!(target, Target::Remote { .. }) {
+                maybe_sent = true;
+            }
+            let reroute = matches!(
+                code,
+                Some(
+                    v1::ErrorCode::NotOwner
+                        | v1::ErrorCode::Draining
+                        | v1::ErrorCode::LeaseLost
+                        | v1::ErrorCode::Fenced
+                        | v1::ErrorCode::PeerUnavailable
+                )
+            ) || (code.is_none() && matches!(target, Target::Remote { .. }));
+            if !reroute || attempt >= 2 || hops >= HOPS_MAX {
+                return Err(self.final_status(status, maybe_sent, &request));
+            }
+            // Forget what this target taught us and refresh once.
+            let tried = match &target {
+                Target::Local => self.me().clone(),
+                Target::Remote { node, .. } => node.clone(),
+            };
+            self.hints.invalidate(cell, &tried);
+            if code != Some(v1::ErrorCode::NotOwner) {
+                excluded.push(tried.clone());
+            }
+            if let Some(detail) = detail_from_status(&status) {
+                hint = crate::status::owner_hint(&detail).or(hint);
+            }
+            let hinted = hint
+                .as_ref()
+                .and_then(|h| h.node_id.as_deref())
+                .and_then(|n| NodeId::new(n).ok())
+                .filter(|n| *n != tried && !excluded.contains(n));
+            target = match hinted {
+                Some(node) => self.target_for(&node, true).await,
+                None => self.locate(cell, true, &excluded).await,
+            }
+            .map_err(|e| self.final_status(to_status(&e), maybe_sent, &request))?;
+            if target == Target::Local && tried == *self.me() {
+                return Err(self.final_status(status, maybe_sent, &request));
+            }
+        }
+    }
+
+    fn final_status(
+        &self,
+        status: tonic::Status,
+        maybe_sent: bool,
+        request: &Routed,
+    ) -> tonic::Status {
+        let code = code_of(&status);
+        if maybe_sent && request.is_command() && code != Some(v1::ErrorCode::UnknownOutcome) {
+            let provable = matches!(
+                code,
+                Some(v1::ErrorCode::ResourceExhausted | v1::ErrorCode::NotCommitted)
+            ) || code.is_some_and(|c| (c as i32) < v1::ErrorCode::NotOwner as i32);
+            if !provable {
+                return to_status(&Error::UnknownOutcome(format!(
+                    "an earlier forward of this command may have reached its owner ({}); \
+                     retry with the same command id or resolve it",
+                    status.message()
+                )));
+            }
+        }
+        status
+    }
+
+    fn learn(&self, cell: &CellId, target: &Target, response: &v1::forward_response::Response) {
+        let epoch = match response {
+            v1::forward_response::Response::Execute(r) => r.receipt.as_ref().map(|r| r.epoch),
+            v1::forward_response::Response::Resolve(r) => r.receipt.as_ref().map(|r| r.epoch),
+            v1::forward_response::Response::Query(r) => r.receipt.as_ref().map(|r| r.epoch),
+        }
+        .unwrap_or(0);
+        let (node_id, endpoint) = match target {
+            Target::Local => (self.me().clone(), None),
+            Target::Remote { node, peer } => (node.clone(), Some(peer.clone())),
+        };
+        self.hints.observe(
+            cell.clone(),
+            CachedOwner {
+                node_id,
+                endpoint,
+                epoch,
+            },
+        );
+    }
+}
+
+/// A status without a Cellfleet detail came from the transport: a refused
+/// connection was never sent; anything else may have been.
+fn classify_transport(status: tonic::Status, peer: &str) -> tonic::Status {
+    if detail_from_status(&status).is_some() {
+        return status;
+    }
+    let message = status.message().to_lowercase();
+    let not_sent = status.code() == tonic::Code::Unavailable
+        && (message.contains("connect") || message.contains("refused"));
+    if not_sent {
+        return to_status(&Error::PeerUnavailable {
+            endpoint: peer.to_owned(),
+            reason: status.message().to_owned(),
+        });
+    }
+    if status.code() == tonic::Code::DeadlineExceeded || status.code() == tonic::Code::Cancelled {
+        return to_status(&Error::DeadlineExceeded(format!(
+            "forward to {peer}: {}",
+            status.message()
+        )));
+    }
+    status
+}
+
+/// Runs a routed request on `node` after verifying its envelope.
+pub async fn run_local(
+    node: &NodeHandle,
+    verifier: &Verifier,
+    request: &Routed,
+) -> Result<v1::forward_response::Response, Error> {
+    use v1::forward_response::Response;
+    let missing = || Error::Malformed("the request has no envelope".into());
+    Ok(match request {
+        Routed::Execute(r) => {
+            let command = verifier.verify_command(r.envelope.as_ref().ok_or_else(missing)?)?;
+            Response::Execute(crate::local::execute(node, &command).await?)
+        }
+        Routed::Query(r) => {
+            let query = verifier.verify_query(r.envelope.as_ref().ok_or_else(missing)?)?;
+            Response::Query(crate::local::query(node, &query).await?)
+        }
+        Routed::Resolve(r) => {
+            let resolve = verifier.verify_resolve(r.envelope.as_ref().ok_or_else(missing)?)?;
+            Response::Resolve(crate::local::resolve(node, &resolve).await?)
+        }
+    })
+}
+
+fn authority(error: cellfleet_authority::Error) -> Error {
+    Error::Internal {
+        retryable: error.is_retryable(),
+        message: format!("authority: {error}"),
+    }
+}
+
+/// The client's deadline from the `grpc-timeout` header, as Unix ms.
+pub fn deadline_from_metadata(metadata: &tonic::metadata::MetadataMap, now_ms: i64) -> Option<i64> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    let millis = match unit {
+        "H" => amount.checked_mul(3_600_000)?,
+        "M" => amount.checked_mul(60_000)?,
+        "S" => amount.checked_mul(1_000)?,
+        "m" => amount,
+        "u" => amount / 1_000,
+        "n" => amount / 1_000_000,
+        _ => return None,
+    };
+    Some(now_ms.saturating_add(i64::try_from(millis).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_become_deadlines() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        assert_eq!(deadline_from_metadata(&metadata, 1_000), None);
+        metadata.insert("grpc-timeout", "1500m".parse().expect("ascii"));
+        assert_eq!(deadline_from_metadata(&metadata, 1_000), Some(2_500));
+        metadata.insert("grpc-timeout", "2S".parse().expect("ascii"));
+        assert_eq!(deadline_from_metadata(&metadata, 0), Some(2_000));
+        metadata.insert("grpc-timeout", "x".parse().expect("ascii"));
+        assert_eq!(deadline_from_metadata(&metadata, 0), None);
+    }
+
+    #[test]
+    fn transport_failures_are_classified() {
+        let refused = classify_transport(
+            tonic::Status::unavailable("error trying to connect: connection refused"),
+            "p:1",
+        );
+        assert_eq!(code_of(&refused), Some(v1::ErrorCode::PeerUnavailable));
+        let reset = classify_transport(tonic::Status::unknown("h2 protocol error"), "p:1");
+        assert_eq!(code_of(&reset), None);
+    }
+}

@@ -1,0 +1,115 @@
+//! The node's plain HTTP listener: `/metrics` (Prometheus text), `/healthz` (the process runs) and `/readyz` (serving: lease live, not draining).
+//!
+//! A deliberately small HTTP/1.1 responder: one request per connection,
+//! the request head bounded by [`REQUEST_HEAD_BYTES_MAX`] and
+//! [`REQUEST_TIMEOUT`], at most [`CONNECTIONS_MAX`] connections at once.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellfleet_runtime::lease::ServingMode;
+use cellfleet_runtime::NodeHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use crate::service_admin::DrainState;
+
+/// Largest request head read.
+pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
+/// Longest a client may take to send its request head.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once.
+pub const CONNECTIONS_MAX: usize = 64;
+
+/// Serves until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    node: NodeHandle,
+    drain: Arc<DrainState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (node, drain) = (node.clone(), drain.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &node, &drain)).await;
+        });
+    }
+}
+
+async fn answer(
+    mut stream: TcpStream,
+    node: &NodeHandle,
+    drain: &DrainState,
+) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buffer = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < REQUEST_HEAD_BYTES_MAX {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            break;
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, content_type, body) = if method != "GET" {
+        (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_owned(),
+        )
+    } else {
+        match path {
+            "/metrics" => ("200 OK", "text/plain; version=0.0.4", node.metrics_text()),
+            "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
+            "/readyz" => readiness(node, drain),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                "try /metrics, /healthz or /readyz\n".to_owned(),
+            ),
+        }
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+fn readiness(node: &NodeHandle, drain: &DrainState) -> (&'static str, &'static str, String) {
+    if drain.draining.load(Ordering::SeqCst) {
+        return ("503 Service Unavailable", "text/plain", "draining\n".into());
+    }
+    match node.lease().mode() {
+        ServingMode::Live => ("200 OK", "text/plain", "ready\n".into()),
+        ServingMode::SelfFenced => (
+            "503 Service Unavailable",
+            "text/plain",
+            "lease renewal overdue\n".into(),
+        ),
+        ServingMode::Stopped(reason) => (
+            "503 Service Unavailable",
+            "text/plain",
+            format!("lease lost: {reason}\n"),
+        ),
+    }
+}

@@ -1,0 +1,148 @@
+//! Running verified requests on this node's runtime and turning the runtime's answers into `cellfleet.v1` responses.
+//!
+//! Both the client service (when this node is the owner or the placement
+//! target) and the peer service (a forwarded request) end here. The
+//! envelope was verified before any of these functions run.
+
+use cellfleet_authority::{CellId, Epoch};
+use cellfleet_cell::{Command, CommandId, Outcome, RejectCode};
+use cellfleet_proto::v1;
+use cellfleet_runtime::{Executed, NodeHandle, Receipt, Resolution};
+
+use crate::envelope::{VerifiedCommand, VerifiedQuery, VerifiedResolve};
+use crate::error::{Error, Result};
+
+/// The wire form of a receipt.
+pub fn receipt_to_proto(receipt: &Receipt) -> v1::Receipt {
+    v1::Receipt {
+        cell_id: receipt.cell.as_str().to_owned(),
+        epoch: receipt.epoch.get(),
+        txid: receipt.txid,
+    }
+}
+
+fn reject_code(code: RejectCode) -> v1::RejectCode {
+    match code {
+        RejectCode::Expired => v1::RejectCode::Expired,
+        RejectCode::IdReused => v1::RejectCode::IdReused,
+        RejectCode::UnknownCommand => v1::RejectCode::UnknownCommand,
+        RejectCode::BadParameters => v1::RejectCode::BadParameters,
+        RejectCode::Sql => v1::RejectCode::Sql,
+        RejectCode::LimitExceeded => v1::RejectCode::LimitExceeded,
+        RejectCode::RawSqlDisabled => v1::RejectCode::RawSqlDisabled,
+        RejectCode::Kind => v1::RejectCode::Kind,
+    }
+}
+
+/// The wire form of an execute outcome.
+pub fn outcome_to_proto(outcome: &Outcome) -> v1::execute_response::Outcome {
+    match outcome {
+        Outcome::Applied { result } => {
+            v1::execute_response::Outcome::ResultJson(result.to_string().into_bytes())
+        }
+        Outcome::Rejected { rejection } => v1::execute_response::Outcome::Rejected(v1::Rejection {
+            code: reject_code(rejection.code) as i32,
+            message: rejection.message.clone(),
+        }),
+    }
+}
+
+fn executed_to_proto(node: &NodeHandle, id: [u8; 16], executed: &Executed) -> v1::ExecuteResponse {
+    let stored = !matches!(
+        &executed.outcome,
+        Outcome::Rejected { rejection }
+            if matches!(rejection.code, RejectCode::Expired | RejectCode::IdReused)
+    );
+    v1::ExecuteResponse {
+        command_id: id.to_vec(),
+        outcome: Some(outcome_to_proto(&executed.outcome)),
+        receipt: stored.then(|| receipt_to_proto(&executed.receipt)),
+        duplicate: executed.duplicate,
+        served_by: node.node_id().as_str().to_owned(),
+    }
+}
+
+/// Executes a verified command on this node (activating the Cell if needed).
+pub async fn execute(node: &NodeHandle, command: &VerifiedCommand) -> Result<v1::ExecuteResponse> {
+    let cell_command = Command::new(
+        command.command_id,
+        command.command.clone(),
+        command.args.clone(),
+        command.expires_at_ms,
+    );
+    let executed = node
+        .execute(&command.kind, &command.key, cell_command)
+        .await?;
+    Ok(executed_to_proto(node, command.command_id, &executed))
+}
+
+fn min_receipt(query: &VerifiedQuery) -> Result<Option<Receipt>> {
+    let Some(receipt) = &query.min_receipt else {
+        return Ok(None);
+    };
+    let cell: CellId = receipt
+        .cell_id
+        .parse()
+        .map_err(|e| Error::BadRequest(format!("min_receipt.cell_id: {e}")))?;
+    Ok(Some(Receipt {
+        cell,
+        // The runtime fences on the cell and the TXID; the epoch is informational.
+        epoch: Epoch::new(receipt.epoch).unwrap_or(Epoch::FIRST),
+        txid: receipt.txid,
+    }))
+}
+
+/// Runs a verified query on this node.
+pub async fn query(node: &NodeHandle, query: &VerifiedQuery) -> Result<v1::QueryResponse> {
+    let min = min_receipt(query)?;
+    let value = node
+        .query(
+            &query.kind,
+            &query.key,
+            &query.query,
+            query.args.clone(),
+            min.as_ref(),
+        )
+        .await?;
+    Ok(v1::QueryResponse {
+        result_json: value.to_string().into_bytes(),
+        receipt: None,
+        served_by: node.node_id().as_str().to_owned(),
+    })
+}
+
+/// Resolves a verified command id on this node.
+pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1::ResolveResponse> {
+    let resolution = node
+        .resolve(
+            &resolve.kind,
+            &resolve.key,
+            CommandId(resolve.command_id),
+            None,
+        )
+        .await?;
+    let mut response = v1::ResolveResponse {
+        command_id: resolve.command_id.to_vec(),
+        served_by: node.node_id().as_str().to_owned(),
+        ..Default::default()
+    };
+    let state = match resolution {
+        Resolution::Committed { receipt, outcome } => {
+            response.receipt = Some(receipt_to_proto(&receipt));
+            response.outcome = Some(match outcome_to_proto(&outcome) {
+                v1::execute_response::Outcome::ResultJson(json) => {
+                    v1::resolve_response::Outcome::ResultJson(json)
+                }
+                v1::execute_response::Outcome::Rejected(rejection) => {
+                    v1::resolve_response::Outcome::Rejected(rejection)
+                }
+            });
+            v1::CommandState::Committed
+        }
+        Resolution::Absent => v1::CommandState::Absent,
+        Resolution::Unknown => v1::CommandState::Unknown,
+        Resolution::Expired => v1::CommandState::Expired,
+    };
+    response.state = state as i32;
+    Ok(response)
+}

@@ -1,0 +1,60 @@
+//! The `cellfleet.v1.Peer` service: a node runs a request another node's ingress routed here, after checking the caller is a node and verifying the envelope again.
+//!
+//! A peer never forwards: it answers from its own runtime or with
+//! NOT_OWNER and its best hint, so requests cannot loop.
+
+use std::sync::Arc;
+
+use cellfleet_proto::v1;
+use tonic::{Request, Response, Status};
+
+use crate::error::Error;
+use crate::forward::{run_local, Routed, Router, HOPS_MAX};
+use crate::tls::require_node;
+
+/// The peer service of one node.
+#[derive(Clone, Debug)]
+pub struct PeerService {
+    router: Arc<Router>,
+}
+
+impl PeerService {
+    /// The service over `router`.
+    pub fn new(router: Arc<Router>) -> Self {
+        PeerService { router }
+    }
+}
+
+#[tonic::async_trait]
+impl v1::peer_server::Peer for PeerService {
+    async fn forward(
+        &self,
+        request: Request<v1::ForwardRequest>,
+    ) -> Result<Response<v1::ForwardResponse>, Status> {
+        let caller = require_node(&request)?;
+        let forward = request.into_inner();
+        if forward.hops > HOPS_MAX {
+            return Err(Error::TooManyHops {
+                hops: forward.hops,
+                max_hops: HOPS_MAX,
+            }
+            .into());
+        }
+        if forward.deadline_unix_ms != 0 && forward.deadline_unix_ms < self.router.now_ms() {
+            return Err(Error::DeadlineExceeded(format!(
+                "forwarded by {caller} after the client's deadline"
+            ))
+            .into());
+        }
+        let routed = match forward.request {
+            Some(v1::forward_request::Request::Execute(r)) => Routed::Execute(r),
+            Some(v1::forward_request::Request::Query(r)) => Routed::Query(r),
+            Some(v1::forward_request::Request::Resolve(r)) => Routed::Resolve(r),
+            None => return Err(Error::Malformed("the forward carries no request".into()).into()),
+        };
+        let response = run_local(self.router.node(), self.router.verifier(), &routed).await?;
+        Ok(Response::new(v1::ForwardResponse {
+            response: Some(response),
+        }))
+    }
+}

@@ -1,8 +1,11 @@
 //! The `cellfleet` command-line tool.
 
 mod certs_cmd;
+mod client_cmd;
+mod dev_cmd;
 mod keys_cmd;
 mod ltx_cmd;
+mod node_cmd;
 mod store_cmd;
 
 use std::process::ExitCode;
@@ -32,6 +35,25 @@ enum Command {
     /// Create Ed25519 signing keys and their key-registry entries.
     #[command(subcommand)]
     Keys(keys_cmd::KeysCommand),
+    /// Run one node from a TOML config (env CELLFLEET_* overrides); SIGTERM drains.
+    Node(node_cmd::NodeArgs),
+    /// Start a local multi-node cluster (certificates, keys, configs and N node processes).
+    Dev(dev_cmd::DevArgs),
+    /// Execute a signed command on a Cell (exactly once per --id).
+    Exec(client_cmd::ExecArgs),
+    /// Run a named query on a Cell's owner.
+    Query(client_cmd::QueryArgs),
+    /// Tell what became of a command id: COMMITTED, ABSENT, UNKNOWN or EXPIRED.
+    Resolve(client_cmd::ResolveArgs),
+    /// List node leases: endpoint, expiry, live or expired, Cells owned.
+    Leases(client_cmd::ListArgs),
+    /// List Cells with their owner, epoch and TXID.
+    Cells(client_cmd::CellsArgs),
+    /// Show one Cell.
+    #[command(subcommand)]
+    Cell(client_cmd::CellCommand),
+    /// Drain a node: publish its accepted work, release its Cells, retire its lease.
+    Drain(client_cmd::DrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +63,15 @@ fn main() -> ExitCode {
         Command::Store(command) => store_cmd::run(command),
         Command::Certs(command) => certs_cmd::run(command),
         Command::Keys(command) => keys_cmd::run(command),
+        Command::Node(args) => node_cmd::run(args),
+        Command::Dev(args) => dev_cmd::run(args),
+        Command::Exec(args) => client_cmd::exec(args),
+        Command::Query(args) => client_cmd::query(args),
+        Command::Resolve(args) => client_cmd::resolve(args),
+        Command::Leases(args) => client_cmd::leases(args),
+        Command::Cells(args) => client_cmd::cells(args),
+        Command::Cell(command) => client_cmd::cell(command),
+        Command::Drain(args) => client_cmd::drain(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,809 @@
+//! Client and operator commands: `exec`, `query`, `resolve` (signed with the client key) and `leases`, `cells`, `cell show`, `drain`, over mTLS to any node of the cluster.
+//!
+//! Settings come from a client config file: `--config`, else
+//! `$CELLFLEET_CONFIG`, else `./.cellfleet-dev/client.toml` (what
+//! `cellfleet dev` writes), so after `cellfleet dev` no flags are needed.
+//!
+//! ```toml
+//! endpoints = ["127.0.0.1:7001", "127.0.0.1:7002"]   # client listeners, tried in order
+//! ca = "certs/ca.pem"
+//! cert = "certs/client-dev.pem"
+//! key = "certs/client-dev.key"
+//! signing_key = "dev.ed25519.pem"
+//! key_id = "dev"
+//! window_ms = 60000      # validity window of signed requests
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cellfleet_proto::v1;
+use cellfleet_proto::v1::admin_client::AdminClient;
+use cellfleet_proto::v1::client_client::ClientClient;
+use cellfleet_router::endpoints::host_port;
+use cellfleet_router::signing::{read_signing_key, seal, Domain};
+use cellfleet_router::status::detail_from_status;
+use cellfleet_router::tls::{self, TlsIdentity};
+use clap::{Args, Subcommand};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+/// The client config used when neither `--config` nor `CELLFLEET_CONFIG` is given.
+pub const DEFAULT_CLIENT_CONFIG: &str = ".cellfleet-dev/client.toml";
+/// Per-call timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientFile {
+    pub endpoints: Vec<String>,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub signing_key: PathBuf,
+    pub key_id: String,
+    #[serde(default = "default_window_ms")]
+    pub window_ms: u64,
+}
+
+fn default_window_ms() -> u64 {
+    60_000
+}
+
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Client config file (default: $CELLFLEET_CONFIG, else ./.cellfleet-dev/client.toml).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Talk to this node's client endpoint (host:port) instead of the configured ones.
+    #[arg(long, global = true)]
+    node: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The Cell's kind (e.g. kv).
+    kind: String,
+    /// The Cell's key.
+    key: String,
+    /// The command name (e.g. put).
+    command: String,
+    /// An argument: NAME=VALUE (VALUE is JSON if it parses, else a string). Repeatable.
+    #[arg(long = "arg")]
+    args: Vec<String>,
+    /// All arguments as one JSON object (merged under --arg).
+    #[arg(long)]
+    args_json: Option<String>,
+    /// The command id (32 hex digits). Reuse it to retry a command safely.
+    #[arg(long)]
+    id: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    kind: String,
+    key: String,
+    /// The query name (e.g. get).
+    name: String,
+    /// An argument: NAME=VALUE. Repeatable.
+    #[arg(long = "arg")]
+    args: Vec<String>,
+    /// All arguments as one JSON object.
+    #[arg(long)]
+    args_json: Option<String>,
+    /// Read-your-writes: only answer from a state at least this TXID (from a receipt).
+    #[arg(long)]
+    min_txid: Option<u64>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    kind: String,
+    key: String,
+    /// The command id (32 hex digits).
+    id: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct CellsArgs {
+    /// Only Cells owned by this node.
+    #[arg(long)]
+    owner: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CellCommand {
+    /// The Cell's authority root: owner, epoch, TXID, checksum and LTX chain.
+    Show(ShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    kind: String,
+    key: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The node to drain (see `cellfleet leases`).
+    node_id: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn config_path(common: &Common) -> PathBuf {
+    common
+        .config
+        .clone()
+        .or_else(|| std::env::var_os("CELLFLEET_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CLIENT_CONFIG))
+}
+
+struct Client {
+    file: ClientFile,
+    tls: Arc<rustls::ClientConfig>,
+    signing: ed25519_dalek::SigningKey,
+}
+
+impl Client {
+    fn load(common: &Common) -> anyhow::Result<Self> {
+        let path = config_path(common);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read the client config {}; start a local cluster with `cellfleet dev`, \
+                 or pass --config / set CELLFLEET_CONFIG",
+                path.display()
+            )
+        })?;
+        let mut file: ClientFile =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [
+            &mut file.ca,
+            &mut file.cert,
+            &mut file.key,
+            &mut file.signing_key,
+        ] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        if let Some(node) = &common.node {
+            file.endpoints = vec![node.clone()];
+        }
+        if file.endpoints.is_empty() {
+            bail!(
+                "{}: endpoints is empty; list the nodes' client addresses",
+                path.display()
+            );
+        }
+        let identity =
+            TlsIdentity::load(&file.ca, &file.cert, &file.key).context("client certificate")?;
+        let tls = tls::client_config(&identity)?;
+        let signing = read_signing_key(&file.signing_key)
+            .with_context(|| format!("signing key {}", file.signing_key.display()))?;
+        Ok(Client { file, tls, signing })
+    }
+
+    fn channel(&self, endpoint: &str) -> anyhow::Result<Channel> {
+        let address: SocketAddr = host_port(endpoint)
+            .parse()
+            .with_context(|| format!("endpoint {endpoint:?} is not ip:port"))?;
+        Ok(cellfleet_router::transport::channel(
+            address,
+            &address.ip().to_string(),
+            self.tls.clone(),
+            Duration::from_secs(2),
+        )?)
+    }
+
+    fn window(&self) -> (i64, i64) {
+        let now = now_ms();
+        (
+            now,
+            now + i64::try_from(self.file.window_ms).unwrap_or(60_000),
+        )
+    }
+
+    /// Calls `call` on each endpoint in turn until one answers something
+    /// other than "go elsewhere".
+    async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, tonic::Status>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut last = tonic::Status::unavailable("no endpoint configured");
+        for endpoint in &self.file.endpoints {
+            let channel = match self.channel(endpoint) {
+                Ok(channel) => channel,
+                Err(e) => {
+                    last = tonic::Status::invalid_argument(e.to_string());
+                    continue;
+                }
+            };
+            match call(channel).await {
+                Ok(value) => return Ok(value),
+                Err(status) if elsewhere(&status) => last = status,
+                Err(status) => return Err(status),
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Errors that another node may not have.
+fn elsewhere(status: &tonic::Status) -> bool {
+    match detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok()) {
+        Some(
+            v1::ErrorCode::Draining | v1::ErrorCode::LeaseLost | v1::ErrorCode::PeerUnavailable,
+        ) => true,
+        Some(_) => false,
+        None => status.code() == tonic::Code::Unavailable,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn parse_args(args: &[String], json: Option<&str>) -> anyhow::Result<serde_json::Value> {
+    let mut object = match json {
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text)
+            .context("--args-json is not JSON")?
+        {
+            serde_json::Value::Object(map) => map,
+            _ => bail!("--args-json must be a JSON object, like '{{\"key\": \"a\"}}'"),
+        },
+        None => serde_json::Map::new(),
+    };
+    for arg in args {
+        let Some((name, value)) = arg.split_once('=') else {
+            bail!("--arg {arg:?}: write NAME=VALUE");
+        };
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+        object.insert(name.to_owned(), value);
+    }
+    Ok(serde_json::Value::Object(object))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_id(text: &str) -> anyhow::Result<[u8; 16]> {
+    let bytes: Result<Vec<u8>, _> = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2).unwrap_or("x"), 16))
+        .collect();
+    match bytes {
+        Ok(bytes) if bytes.len() == 16 && text.len() == 32 => {
+            Ok(bytes.try_into().expect("16 bytes checked"))
+        }
+        _ => bail!("command id {text:?} must be 32 hex digits (as printed by `cellfleet exec`)"),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Prints a failed call with what to do next; exit code 1 (3 when the outcome is unknown).
+fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
+    let detail = detail_from_status(status);
+    let code = detail
+        .as_ref()
+        .and_then(|d| v1::ErrorCode::try_from(d.code).ok())
+        .map(|c| c.as_str_name().trim_start_matches("ERROR_CODE_").to_owned())
+        .unwrap_or_else(|| "TRANSPORT".into());
+    let retry_safe = detail.as_ref().is_some_and(|d| d.retry_safe);
+    let next = match code.as_str() {
+        "UNKNOWN_OUTCOME" => "the command may or may not have applied: run `cellfleet resolve` with its id, or repeat `cellfleet exec ... --id ID`",
+        "UNSIGNED" | "UNKNOWN_KEY" | "BAD_SIGNATURE" => "check key_id and signing_key in the client config and that the key is in every node's keys.toml",
+        "UNAUTHORIZED" => "grant the key this kind/operation in keys.toml (`cellfleet keys new --kinds --ops`)",
+        "EXPIRED" | "FUTURE_DATED" => "check this machine's clock",
+        "TRANSPORT" => "is the cluster running? (`cellfleet dev`, or check endpoints in the client config)",
+        _ if retry_safe => "retry (a command: with the same --id)",
+        _ => "fix the request",
+    };
+    if json {
+        let view = serde_json::json!({
+            "ok": false,
+            "grpc_status": format!("{:?}", status.code()),
+            "code": code,
+            "retry_safe": retry_safe,
+            "message": status.message(),
+        });
+        println!("{view}");
+    } else {
+        eprintln!("error: {code} ({:?}): {}", status.code(), status.message());
+        eprintln!("next: {next}");
+    }
+    ExitCode::from(if code == "UNKNOWN_OUTCOME" { 3 } else { 1 })
+}
+
+fn receipt_text(receipt: &Option<v1::Receipt>) -> String {
+    match receipt {
+        Some(r) => format!("cell={} epoch={} txid={}", r.cell_id, r.epoch, r.txid),
+        None => "-".into(),
+    }
+}
+
+fn receipt_json(receipt: &Option<v1::Receipt>) -> serde_json::Value {
+    match receipt {
+        Some(r) => serde_json::json!({"cell_id": r.cell_id, "epoch": r.epoch, "txid": r.txid}),
+        None => serde_json::Value::Null,
+    }
+}
+
+fn json_bytes(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+fn rejection_json(r: &v1::Rejection) -> serde_json::Value {
+    let code = v1::RejectCode::try_from(r.code)
+        .map(|c| {
+            c.as_str_name()
+                .trim_start_matches("REJECT_CODE_")
+                .to_owned()
+        })
+        .unwrap_or_default();
+    serde_json::json!({"code": code, "message": r.message})
+}
+
+pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let command_args = parse_args(&args.args, args.args_json.as_deref())?;
+    let id = match &args.id {
+        Some(text) => parse_id(text)?,
+        None => rand::random(),
+    };
+    let (issued, expires) = client.window();
+    let body = v1::CommandBody {
+        kind: args.kind.clone(),
+        key: args.key.clone().into_bytes(),
+        command: args.command.clone(),
+        args_json: command_args.to_string().into_bytes(),
+        command_id: id.to_vec(),
+        issued_at_ms: issued,
+        expires_at_ms: expires,
+    };
+    let envelope = seal(
+        Domain::Command,
+        body.encode_to_vec(),
+        &client.file.key_id,
+        &client.signing,
+    );
+    let result = runtime()?.block_on(client.call(|channel| {
+        let envelope = envelope.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ExecuteRequest {
+                envelope: Some(envelope),
+            });
+            request.set_timeout(CALL_TIMEOUT);
+            Ok(ClientClient::new(channel)
+                .execute(request)
+                .await?
+                .into_inner())
+        }
+    }));
+    let response = match result {
+        Ok(response) => response,
+        Err(status) => {
+            if !args.common.json {
+                eprintln!("command id {} (retry with --id {})", hex(&id), hex(&id));
+            }
+            return Ok(report_error(&status, args.common.json));
+        }
+    };
+    let (state, outcome) = match &response.outcome {
+        Some(v1::execute_response::Outcome::ResultJson(json)) => ("applied", json_bytes(json)),
+        Some(v1::execute_response::Outcome::Rejected(r)) => ("rejected", rejection_json(r)),
+        None => ("unknown", serde_json::Value::Null),
+    };
+    if args.common.json {
+        let view = serde_json::json!({
+            "ok": true,
+            "command_id": hex(&response.command_id),
+            "outcome": state,
+            "result": outcome,
+            "receipt": receipt_json(&response.receipt),
+            "duplicate": response.duplicate,
+            "served_by": response.served_by,
+        });
+        println!("{view}");
+    } else {
+        println!("{state:<10} {outcome}");
+        println!(
+            "command    {}{}",
+            hex(&response.command_id),
+            if response.duplicate {
+                " (duplicate: stored outcome of an earlier try)"
+            } else {
+                ""
+            }
+        );
+        println!("receipt    {}", receipt_text(&response.receipt));
+        println!("served by  {}", response.served_by);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let query_args = parse_args(&args.args, args.args_json.as_deref())?;
+    let (issued, expires) = client.window();
+    let cell_id = cellfleet_authority::CellId::for_kind_key(&args.kind, args.key.as_bytes());
+    let body = v1::QueryBody {
+        kind: args.kind.clone(),
+        key: args.key.clone().into_bytes(),
+        query: args.name.clone(),
+        args_json: query_args.to_string().into_bytes(),
+        min_receipt: args.min_txid.map(|txid| v1::Receipt {
+            cell_id: cell_id.as_str().to_owned(),
+            epoch: 0,
+            txid,
+        }),
+        request_id: rand::random::<[u8; 16]>().to_vec(),
+        issued_at_ms: issued,
+        expires_at_ms: expires,
+    };
+    let envelope = seal(
+        Domain::Query,
+        body.encode_to_vec(),
+        &client.file.key_id,
+        &client.signing,
+    );
+    let result = runtime()?.block_on(client.call(|channel| {
+        let envelope = envelope.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::QueryRequest {
+                envelope: Some(envelope),
+            });
+            request.set_timeout(CALL_TIMEOUT);
+            Ok(ClientClient::new(channel)
+                .query(request)
+                .await?
+                .into_inner())
+        }
+    }));
+    match result {
+        Ok(response) => {
+            let value = json_bytes(&response.result_json);
+            if args.common.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "result": value, "served_by": response.served_by})
+                );
+            } else {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+                println!("served by  {}", response.served_by);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(status) => Ok(report_error(&status, args.common.json)),
+    }
+}
+
+pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let id = parse_id(&args.id)?;
+    let (issued, expires) = client.window();
+    let body = v1::ResolveBody {
+        kind: args.kind.clone(),
+        key: args.key.clone().into_bytes(),
+        command_id: id.to_vec(),
+        issued_at_ms: issued,
+        expires_at_ms: expires,
+    };
+    let envelope = seal(
+        Domain::Resolve,
+        body.encode_to_vec(),
+        &client.file.key_id,
+        &client.signing,
+    );
+    let result = runtime()?.block_on(client.call(|channel| {
+        let envelope = envelope.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ResolveRequest {
+                envelope: Some(envelope),
+            });
+            request.set_timeout(CALL_TIMEOUT);
+            Ok(ClientClient::new(channel)
+                .resolve(request)
+                .await?
+                .into_inner())
+        }
+    }));
+    match result {
+        Ok(response) => {
+            let state = v1::CommandState::try_from(response.state)
+                .map(|s| {
+                    s.as_str_name()
+                        .trim_start_matches("COMMAND_STATE_")
+                        .to_owned()
+                })
+                .unwrap_or_default();
+            let outcome = match &response.outcome {
+                Some(v1::resolve_response::Outcome::ResultJson(json)) => json_bytes(json),
+                Some(v1::resolve_response::Outcome::Rejected(r)) => rejection_json(r),
+                None => serde_json::Value::Null,
+            };
+            if args.common.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "state": state, "result": outcome,
+                        "receipt": receipt_json(&response.receipt), "served_by": response.served_by})
+                );
+            } else {
+                println!("{state:<10} {outcome}");
+                println!("receipt    {}", receipt_text(&response.receipt));
+                println!("served by  {}", response.served_by);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(status) => Ok(report_error(&status, args.common.json)),
+    }
+}
+
+pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let result = runtime()?.block_on(client.call(|channel| async move {
+        Ok(AdminClient::new(channel)
+            .list_leases(v1::ListLeasesRequest {})
+            .await?
+            .into_inner())
+    }));
+    let response = match result {
+        Ok(response) => response,
+        Err(status) => return Ok(report_error(&status, args.common.json)),
+    };
+    let now = now_ms();
+    if args.common.json {
+        let leases: Vec<serde_json::Value> = response
+            .leases
+            .iter()
+            .map(|l| {
+                serde_json::json!({"node_id": l.node_id, "session_id": l.session_id,
+                    "endpoint": l.endpoint, "peer_endpoint": l.peer_endpoint,
+                    "expires_at_ms": l.expires_at_ms, "live": l.live, "draining": l.draining,
+                    "owned_cells": l.owned_cells})
+            })
+            .collect();
+        println!("{}", serde_json::json!({"ok": true, "leases": leases}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<12} {:<8} {:<26} {:<18} {:>6}  SESSION",
+        "NODE", "STATE", "ENDPOINT", "EXPIRES", "CELLS"
+    );
+    for l in &response.leases {
+        let state = match (l.live, l.draining) {
+            (_, true) => "retired",
+            (true, false) => "live",
+            (false, false) => "expired",
+        };
+        let expires = format!("{:+.1}s", (l.expires_at_ms - now) as f64 / 1000.0);
+        println!(
+            "{:<12} {:<8} {:<26} {:<18} {:>6}  {}",
+            l.node_id, state, l.endpoint, expires, l.owned_cells, l.session_id
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn summary_json(c: &v1::CellSummary) -> serde_json::Value {
+    serde_json::json!({"cell_id": c.cell_id, "kind": c.kind,
+        "key": String::from_utf8_lossy(&c.key), "owner": c.owner_node_id,
+        "epoch": c.epoch, "txid": c.txid, "open": c.open})
+}
+
+pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let request = v1::ListCellsRequest {
+        owner_node_id: args.owner.clone().unwrap_or_default(),
+        limit: args.limit,
+        page_token: String::new(),
+    };
+    let result = runtime()?.block_on(client.call(|channel| {
+        let request = request.clone();
+        async move {
+            Ok(AdminClient::new(channel)
+                .list_cells(request)
+                .await?
+                .into_inner())
+        }
+    }));
+    let response = match result {
+        Ok(response) => response,
+        Err(status) => return Ok(report_error(&status, args.common.json)),
+    };
+    if args.common.json {
+        let cells: Vec<_> = response.cells.iter().map(summary_json).collect();
+        println!(
+            "{}",
+            serde_json::json!({"ok": true, "cells": cells, "next_page_token": response.next_page_token})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<8} {:<20} {:<10} {:>6} {:>8}  CELL",
+        "KIND", "KEY", "OWNER", "EPOCH", "TXID"
+    );
+    for c in &response.cells {
+        let owner = if c.owner_node_id.is_empty() {
+            "-"
+        } else {
+            &c.owner_node_id
+        };
+        println!(
+            "{:<8} {:<20} {:<10} {:>6} {:>8}  {}",
+            c.kind,
+            String::from_utf8_lossy(&c.key),
+            owner,
+            c.epoch,
+            c.txid,
+            c.cell_id
+        );
+    }
+    if !response.next_page_token.is_empty() {
+        println!("(more: raise --limit)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
+    let CellCommand::Show(args) = command;
+    let client = Client::load(&args.common)?;
+    let request = v1::DescribeCellRequest {
+        cell: Some(v1::describe_cell_request::Cell::Address(v1::CellAddress {
+            kind: args.kind.clone(),
+            key: args.key.clone().into_bytes(),
+        })),
+    };
+    let result = runtime()?.block_on(client.call(|channel| {
+        let request = request.clone();
+        async move {
+            Ok(AdminClient::new(channel)
+                .describe_cell(request)
+                .await?
+                .into_inner())
+        }
+    }));
+    let response = match result {
+        Ok(response) => response,
+        Err(status) => return Ok(report_error(&status, args.common.json)),
+    };
+    let summary = response.summary.unwrap_or_default();
+    if args.common.json {
+        let chain: Vec<_> = response
+            .chain
+            .iter()
+            .map(|f| serde_json::json!({"min_txid": f.min_txid, "max_txid": f.max_txid, "size_bytes": f.size_bytes, "object_key": f.object_key}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"ok": true, "summary": summary_json(&summary), "revision": response.revision, "checksum": response.checksum, "chain": chain})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("cell      {}", summary.cell_id);
+    println!(
+        "kind/key  {}/{}",
+        summary.kind,
+        String::from_utf8_lossy(&summary.key)
+    );
+    println!(
+        "owner     {}",
+        if summary.owner_node_id.is_empty() {
+            "- (released)"
+        } else {
+            &summary.owner_node_id
+        }
+    );
+    println!(
+        "epoch     {}   txid {}   revision {}",
+        summary.epoch, summary.txid, response.revision
+    );
+    println!("checksum  {}", response.checksum);
+    println!("chain     {} file(s)", response.chain.len());
+    for f in &response.chain {
+        println!(
+            "  {:>6}..{:<6} {:>8} B  {}",
+            f.min_txid, f.max_txid, f.size_bytes, f.object_key
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::load(&args.common)?;
+    let runtime = runtime()?;
+    let leases = match runtime.block_on(client.call(|channel| async move {
+        Ok(AdminClient::new(channel)
+            .list_leases(v1::ListLeasesRequest {})
+            .await?
+            .into_inner())
+    })) {
+        Ok(response) => response.leases,
+        Err(status) => return Ok(report_error(&status, args.common.json)),
+    };
+    let Some(lease) = leases.iter().find(|l| l.node_id == args.node_id) else {
+        bail!(
+            "no node {:?} in the leases; `cellfleet leases` lists them",
+            args.node_id
+        );
+    };
+    let (issued, expires) = client.window();
+    let body = v1::AdminBody {
+        operation: "drain".into(),
+        node_id: args.node_id.clone(),
+        issued_at_ms: issued,
+        expires_at_ms: expires,
+    };
+    let envelope = seal(
+        Domain::Admin,
+        body.encode_to_vec(),
+        &client.file.key_id,
+        &client.signing,
+    );
+    let channel = client.channel(&lease.endpoint)?;
+    let result = runtime.block_on(async move {
+        let mut request = tonic::Request::new(v1::DrainRequest {
+            envelope: Some(envelope),
+        });
+        request.set_timeout(Duration::from_secs(120));
+        AdminClient::new(channel).drain(request).await
+    });
+    match result {
+        Ok(response) => {
+            let response = response.into_inner();
+            if args.common.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "node_id": response.node_id, "cells_released": response.cells_released})
+                );
+            } else {
+                println!(
+                    "drained {}: {} cell(s) released, lease retired",
+                    response.node_id, response.cells_released
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(status) => Ok(report_error(&status, args.common.json)),
+    }
+}

@@ -1,0 +1,322 @@
+//! `cellfleet dev`: a local multi-node cluster in seconds — a CA, node and client certificates, a signing key with its registry, a kinds manifest, node configs on loopback, a client config, and N real `cellfleet node` processes on one shared store.
+//!
+//! Everything lives under DIR (default `./.cellfleet-dev`); existing
+//! certificates and keys are reused, so a restart keeps the cluster's data.
+//! The client commands (`exec`, `query`, `leases`...) read
+//! `DIR/client.toml` by default. Ctrl-C (or SIGTERM) drains every node.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use cellfleet_router::certs::{ClusterCa, Role, CA_CERT_FILE};
+use cellfleet_router::registry::{KeyEntry, KeyRegistry};
+use cellfleet_router::signing::{generate_signing_key, write_signing_key};
+use clap::Args;
+
+use crate::client_cmd::{ClientFile, DEFAULT_CLIENT_CONFIG};
+use crate::node_cmd::{
+    EnvelopeFile, KeysFile, KindsFile, LeaseFile, ListenFile, NodeFile, StoreFile, TlsFile,
+};
+
+/// How long `dev` waits for every node to report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `dev` waits for the nodes to drain after Ctrl-C.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The example kinds manifest written by `dev`.
+pub const EXAMPLE_KINDS: &str = r#"# Kinds served by every node (the built-in `kv` kind is always there).
+# Try: cellfleet exec counter c1 add --arg by=5 ; cellfleet query counter c1 value
+
+[kinds.counter]
+migrations = [
+  "CREATE TABLE counter (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
+  "INSERT INTO counter VALUES (1, 0)",
+]
+
+[kinds.counter.commands.add]
+sql = ["UPDATE counter SET n = n + :by"]
+
+[kinds.counter.queries.value]
+sql = "SELECT n FROM counter"
+
+# An append-only log: each command adds one row, so a count per tag shows
+# whether any command ran twice.
+[kinds.log]
+migrations = ["CREATE TABLE entries (tag TEXT NOT NULL)"]
+
+[kinds.log.commands.append]
+sql = ["INSERT INTO entries (tag) VALUES (:tag)"]
+
+[kinds.log.queries.count]
+sql = "SELECT tag, COUNT(*) AS n FROM entries GROUP BY tag ORDER BY tag"
+"#;
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Where certificates, keys, configs, node data and the local store live.
+    #[arg(long, default_value = ".cellfleet-dev")]
+    data: PathBuf,
+    /// Use this S3 endpoint URL instead of the local-directory store
+    /// (bucket from CELLFLEET_S3_BUCKET, default "cellfleet-dev"; credentials
+    /// from CELLFLEET_S3_ACCESS_KEY / CELLFLEET_S3_SECRET_KEY).
+    #[arg(long)]
+    s3: Option<String>,
+    /// Client ports are BASE+1.., peer ports BASE+101.., HTTP ports BASE+201...
+    #[arg(long, default_value_t = 7000)]
+    port_base: u16,
+    /// Node lease length (a killed node's Cells move after about this long).
+    #[arg(long, default_value_t = 5000)]
+    lease_ms: u64,
+    /// Write the files and exit without starting nodes.
+    #[arg(long)]
+    no_start: bool,
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes (or reuses) every file of a dev cluster; returns the node config paths.
+pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
+    if args.nodes == 0 || args.nodes > 99 {
+        bail!("--nodes must be 1..=99");
+    }
+    let dir = &args.data;
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs).with_context(|| format!("creating {}", certs.display()))?;
+    let ca = if certs.join(CA_CERT_FILE).exists() {
+        ClusterCa::load(&certs).context("the existing dev CA")?
+    } else {
+        ClusterCa::init(&certs, "cellfleet-dev")?.0
+    };
+    for i in 1..=args.nodes {
+        let role = Role::Node(format!("n{i}"));
+        if !certs.join(format!("{}.pem", role.file_stem())).exists() {
+            ca.issue_to(&certs, &role, &[])?;
+        }
+    }
+    let client_role = Role::Client("dev".into());
+    if !certs
+        .join(format!("{}.pem", client_role.file_stem()))
+        .exists()
+    {
+        ca.issue_to(&certs, &client_role, &[])?;
+    }
+    let signing_path = dir.join("dev.ed25519.pem");
+    let registry_path = dir.join("keys.toml");
+    if !signing_path.exists() || !registry_path.exists() {
+        let _ = std::fs::remove_file(&signing_path);
+        let key = generate_signing_key();
+        write_signing_key(&signing_path, &key)?;
+        let mut entry = KeyEntry::new(
+            "dev",
+            &key.verifying_key(),
+            vec!["*".into()],
+            vec!["*".into()],
+        );
+        entry.raw_sql = true;
+        entry.admin = true;
+        write(&registry_path, &entry.to_toml())?;
+    }
+    KeyRegistry::load(&registry_path)?;
+    let kinds_path = dir.join("kinds.toml");
+    if !kinds_path.exists() {
+        write(&kinds_path, EXAMPLE_KINDS)?;
+    }
+    let store = match &args.s3 {
+        Some(endpoint) => {
+            let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+            StoreFile {
+                kind: "s3".into(),
+                bucket: Some(var("CELLFLEET_S3_BUCKET").unwrap_or_else(|| "cellfleet-dev".into())),
+                endpoint: Some(endpoint.clone()),
+                region: Some(var("CELLFLEET_S3_REGION").unwrap_or_else(|| "us-east-1".into())),
+                access_key: var("CELLFLEET_S3_ACCESS_KEY"),
+                secret_key: var("CELLFLEET_S3_SECRET_KEY"),
+                path_style: Some(true),
+                dir: None,
+            }
+        }
+        None => StoreFile {
+            kind: "local".into(),
+            dir: Some("store".into()),
+            ..StoreFile::default()
+        },
+    };
+    let mut configs = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 1..=args.nodes {
+        let port = |offset: usize| usize::from(args.port_base) + offset + i;
+        let file = NodeFile {
+            node_id: format!("n{i}"),
+            data_dir: format!("n{i}").into(),
+            prefix: "cellfleet".into(),
+            listen: ListenFile {
+                client: format!("127.0.0.1:{}", port(0)),
+                peer: format!("127.0.0.1:{}", port(100)),
+                http: format!("127.0.0.1:{}", port(200)),
+                advertise_host: None,
+            },
+            store: store.clone(),
+            tls: TlsFile {
+                ca: "certs/ca.pem".into(),
+                cert: format!("certs/node-n{i}.pem").into(),
+                key: format!("certs/node-n{i}.key").into(),
+            },
+            keys: KeysFile {
+                registry: "keys.toml".into(),
+            },
+            kinds: KindsFile {
+                manifest: Some("kinds.toml".into()),
+            },
+            lease: LeaseFile {
+                lease_ms: args.lease_ms,
+                renew_every_ms: (args.lease_ms / 3).max(1),
+                drift_margin_ms: 500.min(args.lease_ms / 4),
+            },
+            envelope: EnvelopeFile::default(),
+        };
+        endpoints.push(file.listen.client.clone());
+        let path = dir.join(format!("n{i}.toml"));
+        write(&path, &toml::to_string(&file)?)?;
+        configs.push(path);
+    }
+    let client = ClientFile {
+        endpoints,
+        ca: "certs/ca.pem".into(),
+        cert: "certs/client-dev.pem".into(),
+        key: "certs/client-dev.key".into(),
+        signing_key: "dev.ed25519.pem".into(),
+        key_id: "dev".into(),
+        window_ms: 60_000,
+    };
+    write(&dir.join("client.toml"), &toml::to_string(&client)?)?;
+    Ok(configs)
+}
+
+fn terminate(child: &Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+}
+
+pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let configs = prepare(&args)?;
+    let client_config = args.data.join("client.toml");
+    if args.no_start {
+        println!("wrote {}", args.data.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
+    let (ready_tx, ready_rx) = mpsc::channel::<String>();
+    let mut children = Vec::new();
+    for config in &configs {
+        let mut child = Command::new(&exe)
+            .arg("node")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start {} node", exe.display()))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let ready_tx = ready_tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains(" ready ") {
+                    let _ = ready_tx.send(line.clone());
+                }
+                println!("{line}");
+            }
+        });
+        children.push(child);
+    }
+    drop(ready_tx);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut ready = 0;
+    while ready < children.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ready_rx.recv_timeout(left) {
+            Ok(_) => ready += 1,
+            Err(_) => {
+                for child in &children {
+                    terminate(child);
+                }
+                bail!("only {ready} of {} nodes became ready within {READY_TIMEOUT:?}; see their messages above", children.len());
+            }
+        }
+    }
+    let default_config = Path::new(DEFAULT_CLIENT_CONFIG);
+    let hint = if args.data == Path::new(".cellfleet-dev") || default_config.exists() {
+        String::new()
+    } else {
+        format!("export CELLFLEET_CONFIG={}\n  ", client_config.display())
+    };
+    println!(
+        "\ncluster ready: {} nodes; client config {}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
+        children.len(),
+        client_config.display(),
+        args.lease_ms,
+        children
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("n{}={}", i + 1, c.id()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let signal = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    signal.block_on(async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            if let Ok(mut term) = signal(SignalKind::terminate()) {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                return;
+            }
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    eprintln!("draining {} nodes...", children.len());
+    for child in &children {
+        terminate(child);
+    }
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let mut failed = 0;
+    for child in &mut children {
+        loop {
+            match child.try_wait()? {
+                Some(status) => {
+                    if !status.success() {
+                        failed += 1;
+                    }
+                    break;
+                }
+                None if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    failed += 1;
+                    break;
+                }
+                None => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("{failed} node(s) did not drain cleanly; their Cells move after lease expiry");
+        return Ok(ExitCode::from(1));
+    }
+    eprintln!("all nodes drained");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,548 @@
+//! `cellfleet node --config node.toml`: run one production node — probe the store, load kinds, certificates and keys, take the lease, serve, and drain on SIGTERM or Ctrl-C.
+//!
+//! The config file (paths are relative to the file's directory):
+//!
+//! ```toml
+//! node_id = "n1"
+//! data_dir = "n1"            # SQLite files of open Cells
+//! prefix = "cellfleet"       # the cluster's key prefix in the bucket
+//!
+//! [listen]                   # port 0 picks a free port (printed at start)
+//! client = "127.0.0.1:7001"  # client + admin services, mTLS (client or node certs)
+//! peer = "127.0.0.1:7101"    # peer service, mTLS (node certs only)
+//! http = "127.0.0.1:7201"    # /metrics /healthz /readyz
+//! advertise_host = "127.0.0.1"  # optional: the host others dial (default: the listen host)
+//!
+//! [store]                    # type = "local" (dir) or "s3" (bucket, endpoint, region,
+//! type = "local"             #  access_key, secret_key, path_style)
+//! dir = "../store"
+//!
+//! [tls]
+//! ca = "certs/ca.pem"
+//! cert = "certs/node-n1.pem"
+//! key = "certs/node-n1.key"
+//!
+//! [keys]
+//! registry = "keys.toml"
+//!
+//! [kinds]                    # optional; the built-in kv kind is always served
+//! manifest = "kinds.toml"
+//!
+//! [lease]                    # optional
+//! lease_ms = 10000
+//! renew_every_ms = 3000
+//! drift_margin_ms = 500
+//!
+//! [envelope]                 # optional
+//! skew_ms = 500
+//! max_window_ms = 600000
+//! ```
+//!
+//! Environment overrides: `CELLFLEET_NODE_ID`, `CELLFLEET_DATA_DIR`,
+//! `CELLFLEET_PREFIX`, `CELLFLEET_LISTEN_CLIENT`, `CELLFLEET_LISTEN_PEER`,
+//! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
+//! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
+//! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`, and
+//! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`.
+//!
+//! Shutdown order on SIGTERM/Ctrl-C: readiness turns false, the runtime
+//! drains (stop admission, publish accepted work, release every root,
+//! retire the lease) while the listeners still answer (new requests get
+//! DRAINING and go elsewhere), then the listeners close.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use cellfleet_authority::{
+    Clock, Endpoints, Layout, LeaseConfig, NodeId, NodeLeases, Roots, SystemClock,
+};
+use cellfleet_router::endpoints::NodeEndpoints;
+use cellfleet_router::envelope::{EnvelopePolicy, Verifier};
+use cellfleet_router::forward::Router;
+use cellfleet_router::registry::KeyRegistry;
+use cellfleet_router::server::{Listeners, NodeServer};
+use cellfleet_router::service_admin::DrainState;
+use cellfleet_router::tls::{self, TlsIdentity};
+use cellfleet_runtime::{Kinds, Node, NodeConfig};
+use cellfleet_store::{S3Config, StoreConfig};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+/// Race writers of the start-up probe (small: it runs on every start).
+const PROBE_WRITERS: usize = 2;
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The node's TOML config (see `cellfleet node --help` and the docs of node_cmd.rs).
+    #[arg(long, env = "CELLFLEET_NODE_CONFIG")]
+    config: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenFile {
+    pub client: String,
+    pub peer: String,
+    pub http: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_host: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreFile {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_style: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysFile {
+    pub registry: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KindsFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseFile {
+    pub lease_ms: u64,
+    pub renew_every_ms: u64,
+    pub drift_margin_ms: u64,
+}
+
+impl Default for LeaseFile {
+    fn default() -> Self {
+        let d = LeaseConfig::default();
+        LeaseFile {
+            lease_ms: d.lease_ms,
+            renew_every_ms: d.renew_every_ms,
+            drift_margin_ms: d.drift_margin_ms,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeFile {
+    pub skew_ms: u64,
+    pub max_window_ms: u64,
+}
+
+impl Default for EnvelopeFile {
+    fn default() -> Self {
+        let d = EnvelopePolicy::default();
+        EnvelopeFile {
+            skew_ms: d.skew_ms,
+            max_window_ms: d.max_window_ms,
+        }
+    }
+}
+
+/// The node config file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    pub node_id: String,
+    pub data_dir: PathBuf,
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    pub listen: ListenFile,
+    pub store: StoreFile,
+    pub tls: TlsFile,
+    pub keys: KeysFile,
+    #[serde(default)]
+    pub kinds: KindsFile,
+    #[serde(default)]
+    pub lease: LeaseFile,
+    #[serde(default)]
+    pub envelope: EnvelopeFile,
+}
+
+fn default_prefix() -> String {
+    "cellfleet".into()
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn env_u64(name: &str) -> anyhow::Result<Option<u64>> {
+    env(name)
+        .map(|v| {
+            v.parse::<u64>()
+                .with_context(|| format!("{name}={v:?} is not a whole number of milliseconds"))
+        })
+        .transpose()
+}
+
+impl NodeFile {
+    /// Reads `path`, applies the environment, resolves relative paths and validates.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "cannot read the node config {}; create one (see `cellfleet dev` for examples)",
+                path.display()
+            )
+        })?;
+        let mut file: NodeFile =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e))?;
+        file.apply_env()?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        file.resolve(base);
+        file.validate()
+            .with_context(|| format!("invalid node config {}", path.display()))?;
+        Ok(file)
+    }
+
+    fn apply_env(&mut self) -> anyhow::Result<()> {
+        let set = |target: &mut String, name: &str| {
+            if let Some(v) = env(name) {
+                *target = v;
+            }
+        };
+        set(&mut self.node_id, "CELLFLEET_NODE_ID");
+        set(&mut self.prefix, "CELLFLEET_PREFIX");
+        set(&mut self.listen.client, "CELLFLEET_LISTEN_CLIENT");
+        set(&mut self.listen.peer, "CELLFLEET_LISTEN_PEER");
+        set(&mut self.listen.http, "CELLFLEET_LISTEN_HTTP");
+        if let Some(v) = env("CELLFLEET_DATA_DIR") {
+            self.data_dir = v.into();
+        }
+        if let Some(v) = env("CELLFLEET_ADVERTISE_HOST") {
+            self.listen.advertise_host = Some(v);
+        }
+        if let Some(v) = env("CELLFLEET_STORE_DIR") {
+            self.store = StoreFile {
+                kind: "local".into(),
+                dir: Some(v.into()),
+                ..StoreFile::default()
+            };
+        }
+        if let Some(bucket) = env("CELLFLEET_S3_BUCKET") {
+            let from_env = S3Config::from_env(bucket.clone());
+            self.store = StoreFile {
+                kind: "s3".into(),
+                bucket: Some(bucket),
+                endpoint: from_env.endpoint,
+                region: from_env.region,
+                access_key: from_env.access_key,
+                secret_key: from_env.secret_key,
+                path_style: Some(from_env.path_style),
+                dir: None,
+            };
+        }
+        if let Some(v) = env_u64("CELLFLEET_LEASE_MS")? {
+            self.lease.lease_ms = v;
+        }
+        if let Some(v) = env_u64("CELLFLEET_RENEW_EVERY_MS")? {
+            self.lease.renew_every_ms = v;
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, base: &Path) {
+        let join = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        join(&mut self.data_dir);
+        if let Some(dir) = &mut self.store.dir {
+            join(dir);
+        }
+        join(&mut self.tls.ca);
+        join(&mut self.tls.cert);
+        join(&mut self.tls.key);
+        join(&mut self.keys.registry);
+        if let Some(manifest) = &mut self.kinds.manifest {
+            join(manifest);
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        NodeId::new(&self.node_id).map_err(|e| {
+            anyhow::anyhow!(
+                "node_id {:?}: {e} (letters, digits, '.', '_', '-')",
+                self.node_id
+            )
+        })?;
+        Layout::new(&self.prefix).map_err(|e| anyhow::anyhow!("prefix {:?}: {e}", self.prefix))?;
+        for (name, value) in [
+            ("listen.client", &self.listen.client),
+            ("listen.peer", &self.listen.peer),
+            ("listen.http", &self.listen.http),
+        ] {
+            value.parse::<SocketAddr>().map_err(|e| {
+                anyhow::anyhow!("{name} = {value:?} is not an ip:port address ({e})")
+            })?;
+        }
+        match self.store.kind.as_str() {
+            "local" if self.store.dir.is_none() => {
+                bail!("store.type = \"local\" needs store.dir (the shared store directory)")
+            }
+            "s3" if self.store.bucket.as_deref().is_none_or(str::is_empty) => {
+                bail!("store.type = \"s3\" needs store.bucket (and store.endpoint for a non-AWS server)")
+            }
+            "local" | "s3" => {}
+            other => bail!("store.type = {other:?}: use \"local\" or \"s3\""),
+        }
+        self.lease_config()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[lease]: {e}"))?;
+        if self.envelope.max_window_ms == 0 {
+            bail!("envelope.max_window_ms must be positive");
+        }
+        for (name, path) in [
+            ("tls.ca", &self.tls.ca),
+            ("tls.cert", &self.tls.cert),
+            ("tls.key", &self.tls.key),
+            ("keys.registry", &self.keys.registry),
+        ] {
+            if !path.is_file() {
+                bail!(
+                    "{name} = {} does not exist; create it with `cellfleet certs`/`cellfleet keys` or `cellfleet dev`",
+                    path.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn lease_config(&self) -> LeaseConfig {
+        LeaseConfig {
+            lease_ms: self.lease.lease_ms,
+            renew_every_ms: self.lease.renew_every_ms,
+            drift_margin_ms: self.lease.drift_margin_ms,
+        }
+    }
+
+    fn store_config(&self) -> StoreConfig {
+        match self.store.kind.as_str() {
+            "s3" => {
+                let mut config = S3Config::new(self.store.bucket.clone().unwrap_or_default());
+                config.endpoint = self.store.endpoint.clone();
+                config.region = self.store.region.clone();
+                config.access_key = self.store.access_key.clone();
+                config.secret_key = self.store.secret_key.clone();
+                config.path_style = self.store.path_style.unwrap_or(config.endpoint.is_some());
+                StoreConfig::S3(config)
+            }
+            _ => StoreConfig::Local {
+                dir: self.store.dir.clone().unwrap_or_default(),
+            },
+        }
+    }
+}
+
+pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    let file = NodeFile::load(&args.config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(file))
+}
+
+fn advertised(addr: SocketAddr, host: Option<&str>) -> String {
+    match host {
+        Some(host) => format!("{host}:{}", addr.port()),
+        None => addr.to_string(),
+    }
+}
+
+async fn serve(file: NodeFile) -> anyhow::Result<ExitCode> {
+    let node_id = NodeId::new(&file.node_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The store first: a bucket that does not honour conditional writes
+    // must never hold a lease or a root.
+    let store_config = file.store_config();
+    let store = cellfleet_store::open(&store_config)
+        .await
+        .with_context(|| format!("cannot open the store {store_config:?}"))?;
+    let report = cellfleet_store::probe::run(store.clone(), &file.prefix, PROBE_WRITERS).await;
+    if let Some((check, observed)) = report.failure() {
+        bail!(
+            "the store failed the start-up probe at check {:?} ({}): {observed}; \
+             this node refuses to start (run `cellfleet store probe` for the full report)",
+            check.name(),
+            check.meaning()
+        );
+    }
+    let manifest = match &file.kinds.manifest {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the kinds manifest {}", path.display()))?;
+            Some(
+                cellfleet_cell::Manifest::parse(&text)
+                    .with_context(|| format!("kinds manifest {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let kinds = match &manifest {
+        Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
+        None => Kinds::builtin(),
+    };
+    let identity = TlsIdentity::load(&file.tls.ca, &file.tls.cert, &file.tls.key)
+        .context("node certificate")?;
+    match identity.role().context("node certificate")? {
+        cellfleet_router::certs::Role::Node(id) if id == file.node_id => {}
+        role => bail!(
+            "the certificate {} is for {}, not node {:?}; issue one with `cellfleet certs issue node {}`",
+            file.tls.cert.display(),
+            role.uri(),
+            file.node_id,
+            file.node_id
+        ),
+    }
+    let registry = Arc::new(KeyRegistry::load(&file.keys.registry)?);
+    let listeners = Listeners {
+        client: bind(&file.listen.client, "listen.client").await?,
+        peer: bind(&file.listen.peer, "listen.peer").await?,
+        http: bind(&file.listen.http, "listen.http").await?,
+    };
+    let host = file.listen.advertise_host.as_deref();
+    let node_endpoints = NodeEndpoints::new(
+        &advertised(listeners.client.local_addr()?, host),
+        &advertised(listeners.peer.local_addr()?, host),
+    );
+    let http_endpoint = format!("http://{}", advertised(listeners.http.local_addr()?, host));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut config = NodeConfig::new(node_id.clone(), &file.data_dir, &file.prefix);
+    config.lease = file.lease_config();
+    config.endpoints = Endpoints {
+        grpc: node_endpoints.encode(),
+        http: http_endpoint.clone(),
+    };
+    std::fs::create_dir_all(&file.data_dir)
+        .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
+    let node = Node::start(config, store.clone(), clock.clone(), Arc::new(kinds))
+        .await
+        .context("cannot take the node lease")?;
+    let layout = Layout::new(&file.prefix)?;
+    let roots = Roots::new(
+        store.clone(),
+        layout.clone(),
+        clock.clone(),
+        file.lease.drift_margin_ms,
+    );
+    let leases = NodeLeases::new(
+        store.clone(),
+        layout.clone(),
+        clock.clone(),
+        file.lease_config(),
+    )?;
+    let policy = EnvelopePolicy {
+        skew_ms: file.envelope.skew_ms,
+        max_window_ms: file.envelope.max_window_ms,
+        ..EnvelopePolicy::default()
+    };
+    let verifier = Verifier::new(registry, policy, clock.clone());
+    let peer_tls = tls::client_config(&identity)?;
+    let router = Arc::new(Router::new(
+        node.clone(),
+        verifier,
+        roots,
+        leases,
+        clock,
+        peer_tls,
+    ));
+    let drain = Arc::new(DrainState::default());
+    let server = NodeServer::start(listeners, &identity, router, store, layout, drain.clone())?;
+    println!(
+        "cellfleet node {} ready client={} peer={} http={} store={}",
+        file.node_id, server.client_addr, server.peer_addr, server.http_addr, report.store
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    let drained_by_admin = drain.drained.notified();
+    tokio::pin!(drained_by_admin);
+    tokio::select! {
+        _ = shutdown_signal() => {
+            eprintln!("cellfleet node {}: draining", file.node_id);
+            drain.draining.store(true, Ordering::SeqCst);
+            let result = tokio::spawn({
+                let node = node.clone();
+                async move { node.drain().await }
+            })
+            .await?;
+            server.shutdown().await;
+            match result {
+                Ok(released) => {
+                    eprintln!("cellfleet node {}: drained, {released} cells released, lease retired", file.node_id);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(error) => {
+                    eprintln!("cellfleet node {}: drain failed: {error}; cells not released move after the lease expires", file.node_id);
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        _ = &mut drained_by_admin => {
+            eprintln!("cellfleet node {}: drained by an admin request", file.node_id);
+            server.shutdown().await;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn bind(address: &str, name: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {name} = {address}; is the port in use?"))
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

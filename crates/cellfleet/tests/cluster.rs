@@ -1,0 +1,433 @@
+//! Real `cellfleet node` processes on loopback: routing to the owner exactly once, the security refusals over the wire, drain under load and kill -9 takeover under load (SeaweedFS and the local-directory store).
+
+mod cluster_common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellfleet_proto::v1;
+use cellfleet_router::certs::{ClusterCa, Role};
+use cellfleet_router::signing::{generate_signing_key, seal, Domain};
+use cellfleet_router::tls::{self, TlsIdentity};
+use cluster_common::{error_code, now_ms, Cluster, Store};
+use prost::Message;
+
+fn s3(name: &str) -> Store {
+    Store::S3 {
+        prefix: cellfleet_store::testkit::unique_prefix(name),
+    }
+}
+
+fn applied(response: &v1::ExecuteResponse) -> bool {
+    matches!(
+        response.outcome,
+        Some(v1::execute_response::Outcome::ResultJson(_))
+    )
+}
+
+/// Commands sent through every node run once, on one owner; queries and
+/// resolves through non-owners return the owner's data.
+async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
+    let mut client = cluster.client("dev");
+    let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.client).collect();
+    let cells: Vec<String> = (0..6).map(|i| format!("cell-{i}")).collect();
+    let mut ids = Vec::new();
+    for cell in &cells {
+        let mut served = HashSet::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let id: [u8; 16] = rand::random();
+            let request = client.command(
+                "log",
+                cell,
+                "append",
+                serde_json::json!({"tag": format!("t{i}")}),
+                id,
+            );
+            let first = client
+                .execute(*addr, request.clone())
+                .await
+                .expect("execute");
+            assert!(applied(&first), "{first:?}");
+            assert!(!first.duplicate);
+            // The same envelope through another node: the stored outcome.
+            let other = addrs[(i + 1) % addrs.len()];
+            let again = client.execute(other, request).await.expect("retry");
+            assert!(again.duplicate, "a retry must be answered from the ledger");
+            assert_eq!(again.receipt, first.receipt);
+            served.insert(first.served_by.clone());
+            served.insert(again.served_by);
+            ids.push((cell.clone(), id));
+        }
+        assert_eq!(served.len(), 1, "cell {cell} was served by {served:?}");
+    }
+    let mut owners = HashSet::new();
+    for cell in &cells {
+        for addr in &addrs {
+            let counts = client.log_counts(*addr, cell).await;
+            let expected: HashMap<String, i64> =
+                (0..addrs.len()).map(|i| (format!("t{i}"), 1)).collect();
+            assert_eq!(counts, expected, "cell {cell} via {addr}");
+            let response = client
+                .query(*addr, "log", cell, "count", serde_json::json!({}))
+                .await
+                .expect("query");
+            owners.insert(response.served_by);
+        }
+    }
+    assert!(
+        owners.len() > 1,
+        "six cells all placed on one node: {owners:?}"
+    );
+    for (cell, id) in &ids {
+        for addr in &addrs {
+            let resolved = client
+                .resolve(*addr, "log", cell, *id)
+                .await
+                .expect("resolve");
+            assert_eq!(resolved.state, v1::CommandState::Committed as i32);
+        }
+    }
+    let absent = client
+        .resolve(addrs[0], "log", &cells[0], rand::random())
+        .await
+        .expect("resolve");
+    assert_eq!(absent.state, v1::CommandState::Absent as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
+    let cluster = Cluster::start(3, s3("cluster-route"), 5_000);
+    routes_to_the_owner_exactly_once(&cluster).await;
+}
+
+fn signed(client: &cluster_common::TestClient, body: v1::CommandBody) -> v1::ExecuteRequest {
+    v1::ExecuteRequest {
+        envelope: Some(seal(
+            Domain::Command,
+            body.encode_to_vec(),
+            &client.key_id,
+            &client.key,
+        )),
+    }
+}
+
+/// On the local-directory store: routing as above, then every refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_store_cluster_routes_and_refuses_bad_requests_without_touching_state() {
+    let cluster = Cluster::start(3, Store::Local, 5_000);
+    routes_to_the_owner_exactly_once(&cluster).await;
+
+    let mut client = cluster.client("dev");
+    let addr = cluster.nodes[1].client;
+    let before = client.log_counts(addr, "cell-0").await;
+    let body = |issued: i64, expires: i64| v1::CommandBody {
+        kind: "log".into(),
+        key: b"cell-0".to_vec(),
+        command: "append".into(),
+        args_json: br#"{"tag":"evil"}"#.to_vec(),
+        command_id: rand::random::<[u8; 16]>().to_vec(),
+        issued_at_ms: issued,
+        expires_at_ms: expires,
+    };
+    let now = now_ms();
+    let mut unsigned = signed(&client, body(now, now + 60_000));
+    unsigned
+        .envelope
+        .as_mut()
+        .expect("envelope")
+        .signature
+        .clear();
+    let wrong_key = Arc::new(generate_signing_key());
+    let wrongly_signed = v1::ExecuteRequest {
+        envelope: Some(seal(
+            Domain::Command,
+            body(now, now + 60_000).encode_to_vec(),
+            "dev",
+            &wrong_key,
+        )),
+    };
+    let expired = signed(&client, body(now - 120_000, now - 60_000));
+    let future = signed(&client, body(now + 60_000, now + 120_000));
+    let limited = cluster.client("limited");
+    let unauthorized = signed(&limited, body(now, now + 60_000));
+    let cases = [
+        (
+            unsigned,
+            tonic::Code::Unauthenticated,
+            v1::ErrorCode::Unsigned,
+        ),
+        (
+            wrongly_signed,
+            tonic::Code::Unauthenticated,
+            v1::ErrorCode::BadSignature,
+        ),
+        (
+            expired,
+            tonic::Code::FailedPrecondition,
+            v1::ErrorCode::Expired,
+        ),
+        (
+            future,
+            tonic::Code::FailedPrecondition,
+            v1::ErrorCode::FutureDated,
+        ),
+        (
+            unauthorized,
+            tonic::Code::PermissionDenied,
+            v1::ErrorCode::Unauthorized,
+        ),
+    ];
+    for (request, code, error) in cases {
+        let status = client.execute(addr, request).await.expect_err("refused");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert_eq!(error_code(&status), Some(error), "{status:?}");
+    }
+    assert_eq!(client.log_counts(addr, "cell-0").await, before);
+
+    // A client certificate from another CA never completes a handshake.
+    let foreign_ca = ClusterCa::generate("other").expect("ca");
+    let issued = foreign_ca
+        .issue(&Role::Client("intruder".into()), &[])
+        .expect("issue");
+    let ca_pem = std::fs::read_to_string(cluster.path("certs/ca.pem")).expect("ca");
+    let identity =
+        TlsIdentity::from_pem(&ca_pem, &issued.cert_pem, &issued.key_pem).expect("identity");
+    let mut intruder = cluster.client("dev");
+    intruder.tls = tls::client_config(&identity).expect("tls");
+    let request = intruder.command(
+        "log",
+        "cell-0",
+        "append",
+        serde_json::json!({"tag": "evil"}),
+        rand::random(),
+    );
+    let status = intruder.execute(addr, request).await.expect_err("refused");
+    assert_eq!(
+        error_code(&status),
+        None,
+        "refused in the handshake: {status:?}"
+    );
+    assert_eq!(client.log_counts(addr, "cell-0").await, before);
+}
+
+#[derive(Debug, Default)]
+struct LoadLog {
+    /// Acknowledged command tags per cell.
+    acked: HashMap<String, Vec<String>>,
+    /// Tags whose last answer was UNKNOWN_OUTCOME (never acknowledged).
+    unknown: HashMap<String, Vec<String>>,
+    /// Error codes seen (None: no Cellfleet detail).
+    errors: HashMap<String, usize>,
+}
+
+/// Clients append unique tags to `cells` through `ingresses`, retrying
+/// retry-safe failures with the same envelope, until `stop`.
+async fn load(
+    cluster_client: cluster_common::TestClient,
+    ingresses: Vec<std::net::SocketAddr>,
+    cells: Vec<String>,
+    worker: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    log: Arc<Mutex<LoadLog>>,
+) {
+    let mut client = cluster_client;
+    let mut n = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        n += 1;
+        let cell = &cells[n % cells.len()];
+        let tag = format!("w{worker}-{n}");
+        let request = client.command(
+            "log",
+            cell,
+            "append",
+            serde_json::json!({"tag": tag}),
+            rand::random(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let addr = ingresses[(n + attempt) % ingresses.len()];
+            match client.execute(addr, request.clone()).await {
+                Ok(response) => {
+                    assert!(applied(&response), "{response:?}");
+                    log.lock()
+                        .expect("log")
+                        .acked
+                        .entry(cell.clone())
+                        .or_default()
+                        .push(tag.clone());
+                    break;
+                }
+                Err(status) => {
+                    let code = error_code(&status);
+                    let name = code.map_or_else(
+                        || format!("transport {:?}", status.code()),
+                        |c| c.as_str_name().to_owned(),
+                    );
+                    *log.lock().expect("log").errors.entry(name).or_default() += 1;
+                    let retry_safe = cellfleet_router::status::detail_from_status(&status)
+                        .is_some_and(|d| d.retry_safe);
+                    if !retry_safe || Instant::now() > deadline {
+                        if code == Some(v1::ErrorCode::UnknownOutcome) {
+                            log.lock()
+                                .expect("log")
+                                .unknown
+                                .entry(cell.clone())
+                                .or_default()
+                                .push(tag.clone());
+                        }
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn run_load_around(
+    cluster: &mut Cluster,
+    ingresses: Vec<std::net::SocketAddr>,
+    cells: &[String],
+    event: impl FnOnce(&mut Cluster),
+    after: Duration,
+) -> LoadLog {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = Arc::new(Mutex::new(LoadLog::default()));
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        tasks.push(tokio::spawn(load(
+            cluster.client("dev"),
+            ingresses.clone(),
+            cells.to_vec(),
+            worker,
+            stop.clone(),
+            log.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| event(cluster));
+    tokio::time::sleep(after).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(90), task)
+            .await
+            .expect("load workers stop")
+            .expect("load worker");
+    }
+    Arc::try_unwrap(log)
+        .expect("workers done")
+        .into_inner()
+        .expect("log")
+}
+
+/// Every acknowledged tag is in its Cell exactly once; unknown ones at most once.
+async fn check_exactly_once(
+    cluster: &Cluster,
+    via: std::net::SocketAddr,
+    cells: &[String],
+    log: &LoadLog,
+) {
+    let mut client = cluster.client("dev");
+    let mut total = 0;
+    for cell in cells {
+        let counts = client.log_counts(via, cell).await;
+        for tag in log.acked.get(cell).into_iter().flatten() {
+            assert_eq!(counts.get(tag), Some(&1), "acknowledged {tag} in {cell}");
+            total += 1;
+        }
+        for tag in log.unknown.get(cell).into_iter().flatten() {
+            assert!(
+                counts.get(tag).copied().unwrap_or(0) <= 1,
+                "{tag} applied twice"
+            );
+        }
+        assert!(
+            counts.values().all(|n| *n == 1),
+            "a command ran twice in {cell}: {counts:?}"
+        );
+    }
+    assert!(total > 0, "no command was acknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drain_under_load_hands_cells_over_with_no_unknown_outcome() {
+    let mut cluster = Cluster::start(3, s3("cluster-drain"), 5_000);
+    let cells: Vec<String> = (0..6).map(|i| format!("drain-{i}")).collect();
+    let ingresses = cluster.nodes.iter().map(|n| n.client).collect();
+    let mut drained_cleanly = false;
+    let log = run_load_around(
+        &mut cluster,
+        ingresses,
+        &cells,
+        |cluster| drained_cleanly = cluster.terminate(0),
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(
+        drained_cleanly,
+        "node n1 did not exit cleanly after SIGTERM"
+    );
+    assert!(
+        log.unknown.is_empty(),
+        "unknown outcomes during a drain: {log:?}"
+    );
+    assert!(
+        !log.errors.contains_key("ERROR_CODE_UNKNOWN_OUTCOME"),
+        "{log:?}"
+    );
+    let via = cluster.nodes[1].client;
+    check_exactly_once(&cluster, via, &cells, &log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_an_owner_under_load_loses_no_acknowledged_command() {
+    let mut cluster = Cluster::start(3, s3("cluster-kill"), 2_000);
+    let cells: Vec<String> = (0..6).map(|i| format!("kill-{i}")).collect();
+    // Clients use n2 and n3; n1 (an owner of some Cells) is killed.
+    let ingresses: Vec<_> = cluster.nodes[1..].iter().map(|n| n.client).collect();
+    let log = run_load_around(
+        &mut cluster,
+        ingresses,
+        &cells,
+        |cluster| cluster.kill9(0),
+        Duration::from_secs(6),
+    )
+    .await;
+    let documented: HashSet<&str> = [
+        "ERROR_CODE_PEER_UNAVAILABLE",
+        "ERROR_CODE_NOT_OWNER",
+        "ERROR_CODE_UNKNOWN_OUTCOME",
+        "ERROR_CODE_FENCED",
+        "ERROR_CODE_RESOURCE_EXHAUSTED",
+        "ERROR_CODE_NOT_COMMITTED",
+        "ERROR_CODE_DEADLINE_EXCEEDED",
+    ]
+    .into_iter()
+    .collect();
+    for name in log.errors.keys() {
+        assert!(
+            documented.contains(name.as_str()),
+            "undocumented failure {name}: {log:?}"
+        );
+    }
+    // n1 owned some of these Cells (placement is deterministic over the
+    // node ids), so the load did meet the dead owner.
+    assert!(
+        log.errors.contains_key("ERROR_CODE_PEER_UNAVAILABLE"),
+        "the killed node owned none of the cells: {log:?}"
+    );
+    let via = cluster.nodes[2].client;
+    check_exactly_once(&cluster, via, &cells, &log).await;
+    // The killed node's Cells were taken over: every Cell answers.
+    let mut client = cluster.client("dev");
+    for cell in &cells {
+        let response = client
+            .query(via, "log", cell, "count", serde_json::json!({}))
+            .await
+            .expect("query after takeover");
+        assert_ne!(response.served_by, "n1");
+    }
+}

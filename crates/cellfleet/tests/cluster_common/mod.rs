@@ -1,0 +1,397 @@
+//! Test harness: a cluster of real `cellfleet node` processes on loopback (files written by `cellfleet dev --no-start`), and a signing gRPC client with retries.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellfleet_proto::v1;
+use cellfleet_proto::v1::client_client::ClientClient;
+use cellfleet_router::signing::{read_signing_key, seal, Domain};
+use cellfleet_router::status::detail_from_status;
+use cellfleet_router::tls::{self, TlsIdentity};
+use prost::Message;
+use tonic::transport::Channel;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cellfleet");
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which store the nodes share.
+pub enum Store {
+    Local,
+    S3 { prefix: String },
+}
+
+pub struct NodeProcess {
+    pub id: String,
+    pub child: Child,
+    pub client: SocketAddr,
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<NodeProcess>,
+    env: Vec<(String, String)>,
+}
+
+fn run_ok(args: &[&str]) {
+    let output = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run cellfleet");
+    assert!(
+        output.status.success(),
+        "cellfleet {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+impl Cluster {
+    pub fn start(nodes: usize, store: Store, lease_ms: u64) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().to_str().expect("utf-8 path").to_owned();
+        let nodes_text = nodes.to_string();
+        let lease_text = lease_ms.to_string();
+        run_ok(&[
+            "dev",
+            "--no-start",
+            "--data",
+            &data,
+            "--nodes",
+            &nodes_text,
+            "--lease-ms",
+            &lease_text,
+        ]);
+        // A second key that may only read kv (for the authorization test).
+        run_ok(&[
+            "keys",
+            "new",
+            "limited",
+            "--kinds",
+            "kv",
+            "--ops",
+            "get",
+            "--registry",
+            &format!("{data}/keys.toml"),
+            "--out",
+            &format!("{data}/limited.ed25519.pem"),
+        ]);
+        let mut env = vec![
+            (
+                "CELLFLEET_LISTEN_CLIENT".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
+            ("CELLFLEET_LISTEN_PEER".to_owned(), "127.0.0.1:0".to_owned()),
+            ("CELLFLEET_LISTEN_HTTP".to_owned(), "127.0.0.1:0".to_owned()),
+        ];
+        if let Store::S3 { prefix } = &store {
+            let config = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
+            // Creates the test bucket if missing (on its own thread: tests
+            // call this from inside their runtime).
+            std::thread::spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime")
+                    .block_on(cellfleet_store::testkit::s3_store());
+            })
+            .join()
+            .expect("test bucket");
+            env.push(("CELLFLEET_PREFIX".into(), prefix.clone()));
+            env.push(("CELLFLEET_S3_BUCKET".into(), config.bucket.clone()));
+            for (name, value) in [
+                ("CELLFLEET_S3_ENDPOINT", config.endpoint),
+                ("CELLFLEET_S3_REGION", config.region),
+                ("CELLFLEET_S3_ACCESS_KEY", config.access_key),
+                ("CELLFLEET_S3_SECRET_KEY", config.secret_key),
+            ] {
+                env.push((name.into(), value.unwrap_or_default()));
+            }
+            env.push(("CELLFLEET_S3_PATH_STYLE".into(), "true".into()));
+        }
+        let mut cluster = Cluster {
+            dir,
+            nodes: Vec::new(),
+            env,
+        };
+        for i in 1..=nodes {
+            let node = cluster.spawn(&format!("n{i}"));
+            cluster.nodes.push(node);
+        }
+        cluster
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn spawn(&self, id: &str) -> NodeProcess {
+        let mut child = Command::new(BIN)
+            .arg("node")
+            .arg("--config")
+            .arg(self.path(&format!("{id}.toml")))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cellfleet node");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id} did not become ready");
+            };
+            if let Some(rest) = line.split(" client=").nth(1) {
+                let client = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|a| a.parse().ok())
+                    .expect("client address in the ready line");
+                return NodeProcess {
+                    id: id.to_owned(),
+                    child,
+                    client,
+                };
+            }
+        }
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit.
+    pub fn terminate(&mut self, index: usize) -> bool {
+        let pid = self.nodes[index].child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = self.nodes[index].child.try_wait() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = self.nodes[index].child.kill();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(&mut self, index: usize) {
+        let _ = self.nodes[index].child.kill();
+        let _ = self.nodes[index].child.wait();
+    }
+
+    pub fn client(&self, key_id: &str) -> TestClient {
+        let identity = TlsIdentity::load(
+            &self.path("certs/ca.pem"),
+            &self.path("certs/client-dev.pem"),
+            &self.path("certs/client-dev.key"),
+        )
+        .expect("client identity");
+        let key_file = if key_id == "dev" {
+            self.path("dev.ed25519.pem")
+        } else {
+            self.path(&format!("{key_id}.ed25519.pem"))
+        };
+        TestClient {
+            tls: tls::client_config(&identity).expect("tls"),
+            key: Arc::new(read_signing_key(&key_file).expect("signing key")),
+            key_id: key_id.to_owned(),
+            channels: HashMap::new(),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+        }
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
+pub fn error_code(status: &tonic::Status) -> Option<v1::ErrorCode> {
+    detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok())
+}
+
+pub struct TestClient {
+    pub tls: Arc<rustls::ClientConfig>,
+    pub key: Arc<ed25519_dalek::SigningKey>,
+    pub key_id: String,
+    channels: HashMap<SocketAddr, Channel>,
+}
+
+impl TestClient {
+    pub fn channel(&mut self, addr: SocketAddr) -> Channel {
+        let tls = self.tls.clone();
+        self.channels
+            .entry(addr)
+            .or_insert_with(|| {
+                cellfleet_router::transport::channel(addr, "127.0.0.1", tls, Duration::from_secs(2))
+                    .expect("channel")
+            })
+            .clone()
+    }
+
+    pub fn command(
+        &self,
+        kind: &str,
+        key: &str,
+        command: &str,
+        args: serde_json::Value,
+        id: [u8; 16],
+    ) -> v1::ExecuteRequest {
+        let now = now_ms();
+        let body = v1::CommandBody {
+            kind: kind.into(),
+            key: key.as_bytes().to_vec(),
+            command: command.into(),
+            args_json: args.to_string().into_bytes(),
+            command_id: id.to_vec(),
+            issued_at_ms: now,
+            expires_at_ms: now + 120_000,
+        };
+        v1::ExecuteRequest {
+            envelope: Some(seal(
+                Domain::Command,
+                body.encode_to_vec(),
+                &self.key_id,
+                &self.key,
+            )),
+        }
+    }
+
+    pub async fn execute(
+        &mut self,
+        addr: SocketAddr,
+        request: v1::ExecuteRequest,
+    ) -> Result<v1::ExecuteResponse, tonic::Status> {
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(Duration::from_secs(30));
+        Ok(ClientClient::new(self.channel(addr))
+            .execute(call)
+            .await?
+            .into_inner())
+    }
+
+    pub async fn query(
+        &mut self,
+        addr: SocketAddr,
+        kind: &str,
+        key: &str,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Result<v1::QueryResponse, tonic::Status> {
+        let now = now_ms();
+        let body = v1::QueryBody {
+            kind: kind.into(),
+            key: key.as_bytes().to_vec(),
+            query: name.into(),
+            args_json: args.to_string().into_bytes(),
+            min_receipt: None,
+            request_id: Vec::new(),
+            issued_at_ms: now,
+            expires_at_ms: now + 60_000,
+        };
+        let request = v1::QueryRequest {
+            envelope: Some(seal(
+                Domain::Query,
+                body.encode_to_vec(),
+                &self.key_id,
+                &self.key,
+            )),
+        };
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(Duration::from_secs(30));
+        Ok(ClientClient::new(self.channel(addr))
+            .query(call)
+            .await?
+            .into_inner())
+    }
+
+    pub async fn resolve(
+        &mut self,
+        addr: SocketAddr,
+        kind: &str,
+        key: &str,
+        id: [u8; 16],
+    ) -> Result<v1::ResolveResponse, tonic::Status> {
+        let now = now_ms();
+        let body = v1::ResolveBody {
+            kind: kind.into(),
+            key: key.as_bytes().to_vec(),
+            command_id: id.to_vec(),
+            issued_at_ms: now,
+            expires_at_ms: now + 60_000,
+        };
+        let request = v1::ResolveRequest {
+            envelope: Some(seal(
+                Domain::Resolve,
+                body.encode_to_vec(),
+                &self.key_id,
+                &self.key,
+            )),
+        };
+        Ok(ClientClient::new(self.channel(addr))
+            .resolve(request)
+            .await?
+            .into_inner())
+    }
+
+    /// Per-tag counts of a `log` Cell, read through `addr`, retrying
+    /// retry-safe failures for a bounded time.
+    pub async fn log_counts(&mut self, addr: SocketAddr, key: &str) -> HashMap<String, i64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self
+                .query(addr, "log", key, "count", serde_json::json!({}))
+                .await
+            {
+                Ok(response) => {
+                    let value: serde_json::Value =
+                        serde_json::from_slice(&response.result_json).expect("json");
+                    let rows = value["rows"].as_array().expect("rows").clone();
+                    return rows
+                        .iter()
+                        .map(|row| {
+                            (
+                                row[0].as_str().expect("tag").to_owned(),
+                                row[1].as_i64().expect("count"),
+                            )
+                        })
+                        .collect();
+                }
+                Err(status) if Instant::now() < deadline => {
+                    let _ = status;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("query log {key} via {addr}: {status:?}"),
+            }
+        }
+    }
+}
+
+pub fn path_exists(path: &Path) -> bool {
+    path.exists()
+}

@@ -76,6 +76,63 @@ async fn floor(store: &Arc<dyn ObjectStore>, run: &str, label: &str) -> Duration
     p50
 }
 
+/// The same publication floor with 16 concurrent writers spread over
+/// 1,000 Cell-like prefixes (what workload (b) asks of the store): one
+/// LTX create plus one root CAS per publication. Returns publications/s.
+async fn floor_fleet(store: &Arc<dyn ObjectStore>, run: &str) -> f64 {
+    const WRITERS: u64 = 16;
+    const PER_WRITER: u64 = 125;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            let run = run.to_owned();
+            tokio::spawn(async move {
+                let mut etags = std::collections::HashMap::new();
+                let mut latencies = Vec::new();
+                for i in 0..PER_WRITER {
+                    let cell = w * (FLEET_CELLS / WRITERS) + i % (FLEET_CELLS / WRITERS);
+                    let root_key = format!("{run}/floor-fleet/cells/{cell}/root.json");
+                    let mut root = vec![b'r'; 900];
+                    root[..8].copy_from_slice(&i.to_be_bytes());
+                    let sent = Instant::now();
+                    store
+                        .put(
+                            &format!("{run}/floor-fleet/cells/{cell}/ltx/{i}"),
+                            Bytes::from(vec![b'l'; 4 * 1024 + 200]),
+                            PutCondition::IfNoneMatch,
+                        )
+                        .await
+                        .expect("ltx put");
+                    let condition = match etags.get(&cell) {
+                        Some(etag) => PutCondition::IfMatch(Clone::clone(etag)),
+                        None => PutCondition::IfNoneMatch,
+                    };
+                    let etag = store
+                        .put(&root_key, Bytes::from(root), condition)
+                        .await
+                        .expect("root cas");
+                    etags.insert(cell, etag);
+                    latencies.push(sent.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("writer"));
+    }
+    let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+    latencies.sort();
+    println!(
+        "floor[fleet]   LTX PUT + root CAS, 16 writers over 1,000 prefixes: {rate:.0} publications/s p50={:.3} ms p99={:.3} ms",
+        ms(percentile(&latencies, 0.5)),
+        ms(percentile(&latencies, 0.99)),
+    );
+    rate
+}
+
 fn put_command(n: u64, key: &str) -> Command {
     let (name, args) = cellfleet_cell::kind::to_wire(&KvCommand::Put {
         key: key.to_owned(),
@@ -250,6 +307,7 @@ async fn main() {
     workload(&churn, "churn warm-up", 16, per_submitter, warm).await;
     reports.push(workload(&churn, "1,000 cells, 256 open, 16 subm.", 16, 250, fleet).await);
     let floor_after = floor(&store, &run, "after").await;
+    floor_fleet(&store, &run).await;
     let floor_p50 = (floor_before + floor_after) / 2;
     println!("floor p50 (mean of before/after) = {:.3} ms", ms(floor_p50));
     for report in &mut reports {
@@ -262,6 +320,8 @@ async fn main() {
             || l.starts_with("cellfleet_runtime_passivations_total")
             || l.starts_with("cellfleet_runtime_group_commands_sum")
             || l.starts_with("cellfleet_runtime_group_commands_count")
+            || l.starts_with("cellfleet_runtime_publication_seconds_sum")
+            || l.starts_with("cellfleet_runtime_publication_seconds_count")
     }) {
         println!("{line}");
     }

@@ -32,6 +32,7 @@ pub mod lease;
 mod metrics;
 pub mod node;
 pub mod publication;
+pub mod testkit;
 
 pub use config::{NodeConfig, NodeLimits};
 pub use error::{Error, Result};

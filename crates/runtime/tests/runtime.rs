@@ -196,7 +196,9 @@ async fn takeover_waits_for_lease_expiry_and_fences_the_paused_owner() {
         // A still believes its lease: its publications are fenced by the CAS.
         for n in 20..23 {
             match a.execute(KIND, KEY, append(clock_a.as_ref(), n)).await {
-                Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => {}
+                Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => {
+                    log.not_committed(n)
+                }
                 other => panic!("{backend}: the old owner published: {other:?}"),
             }
         }

@@ -3,66 +3,18 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cellfleet_authority::{Clock, LeaseConfig, ManualClock, NodeId};
-use cellfleet_cell::{Command, CommandId, KindError, Outcome, RustKind, Typed};
-use cellfleet_runtime::{Kinds, Node, NodeConfig, NodeHandle, Resolution};
+use cellfleet_cell::{Command, Outcome, Typed};
+use cellfleet_runtime::testkit::{journal_tags, Journal, JOURNAL};
+use cellfleet_runtime::{Kinds, Node, NodeConfig, NodeHandle};
 use cellfleet_store::{LocalStore, ObjectStore};
-use rusqlite::Connection;
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub const START_MS: u64 = 1_700_000_000_000;
-pub const KIND: &str = "journal";
-
-/// Appends tags to a journal; a tag applied twice shows up twice.
-#[derive(Debug, Clone)]
-pub struct Journal;
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "name", content = "args", rename_all = "snake_case")]
-pub enum JournalCommand {
-    Append { tag: String },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "name", content = "args", rename_all = "snake_case")]
-pub enum JournalQuery {
-    All {},
-}
-
-impl RustKind for Journal {
-    type Command = JournalCommand;
-    type Query = JournalQuery;
-    type Output = Value;
-
-    fn name(&self) -> &str {
-        KIND
-    }
-
-    fn migrations(&self) -> Vec<String> {
-        vec![
-            "CREATE TABLE journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, tag TEXT NOT NULL)"
-                .into(),
-        ]
-    }
-
-    fn execute(&self, conn: &Connection, command: JournalCommand) -> Result<Value, KindError> {
-        let JournalCommand::Append { tag } = command;
-        conn.execute("INSERT INTO journal (tag) VALUES (?1)", [&tag])?;
-        Ok(json!({ "seq": conn.last_insert_rowid() }))
-    }
-
-    fn query(&self, conn: &Connection, _query: JournalQuery) -> Result<Value, KindError> {
-        let mut statement = conn.prepare("SELECT tag FROM journal ORDER BY seq")?;
-        let tags = statement
-            .query_map([], |row| row.get::<_, String>(0))?
-            .collect::<rusqlite::Result<Vec<String>>>()?;
-        Ok(json!(tags))
-    }
-}
+pub const KIND: &str = JOURNAL;
 
 pub fn kinds() -> Arc<Kinds> {
     Arc::new(Kinds::builtin().with(Arc::new(Typed(Journal))))
@@ -125,62 +77,32 @@ pub fn append(clock: &dyn Clock, n: u64) -> Command {
     )
 }
 
-/// Acknowledged commands: id, tag and the outcome the client was given.
+/// The exact recovery check over `n`-numbered journal appends.
 #[derive(Debug, Default, Clone)]
-pub struct AckLog {
-    entries: Arc<Mutex<Vec<(u64, Outcome)>>>,
-}
+pub struct AckLog(pub cellfleet_runtime::testkit::AckLog);
 
 impl AckLog {
     pub fn ack(&self, n: u64, outcome: Outcome) {
-        self.entries.lock().unwrap().push((n, outcome));
+        self.0.ack(command_id(n), format!("t{n}"), outcome);
+    }
+
+    pub fn not_committed(&self, n: u64) {
+        self.0.not_committed(command_id(n), format!("t{n}"));
     }
 
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap().len()
+        self.0.acked()
     }
 
-    /// The exact recovery check: the journal holds every acknowledged
-    /// command exactly once and nothing else; the ledger returns the
-    /// acknowledged outcome for each.
     pub async fn verify(&self, node: &NodeHandle, key: &[u8]) {
-        let tags = journal(node, key).await;
-        let mut expected: Vec<String> = self
-            .entries
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(n, _)| format!("t{n}"))
-            .collect();
-        let mut found = tags.clone();
-        expected.sort();
-        found.sort();
-        assert_eq!(
-            found, expected,
-            "recovered journal differs from the acknowledged log"
-        );
-        let entries = self.entries.lock().unwrap().clone();
-        for (n, outcome) in entries {
-            match node
-                .resolve(KIND, key, CommandId(command_id(n)), None)
-                .await
-                .expect("resolve")
-            {
-                Resolution::Committed {
-                    outcome: stored, ..
-                } => assert_eq!(stored, outcome, "t{n}"),
-                other => panic!("t{n} acknowledged but resolves to {other:?}"),
-            }
+        if let Err(difference) = self.0.verify(node, key).await {
+            panic!("exact recovery check failed: {difference}");
         }
     }
 }
 
 pub async fn journal(node: &NodeHandle, key: &[u8]) -> Vec<String> {
-    let value = node
-        .query(KIND, key, "all", json!({}), None)
-        .await
-        .expect("journal query");
-    serde_json::from_value(value).expect("tags")
+    journal_tags(node, key).await.expect("journal query")
 }
 
 pub fn lease_expiry() -> Duration {

@@ -401,8 +401,9 @@ async fn compaction_under_write_load_keeps_the_chain_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passivation_keeps_ownership_under_the_open_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> =
+    let inner: Arc<dyn ObjectStore> =
         Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let store = Arc::new(FaultStore::new(inner));
     let clock = manual_clock();
     let mut config = node_config("a", dir.path(), "passivation");
     config.limits.cells_open_max = 2;
@@ -422,7 +423,9 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
             >= 4
     );
     // Reopened on demand, with its state, and zero reads while the lease lives.
+    store.reset_counts();
     assert_eq!(journal(&a, b"cell-0").await, vec!["t0"]);
+    assert_eq!(store.counts().reads(), 0, "{:?}", store.counts());
     let described = a.describe_cell(KIND, b"cell-5").await.unwrap();
     assert_eq!(described.txid, 2);
 }

@@ -28,3 +28,9 @@ pub use kind::{Kind, KindError, Limits, RustKind, Typed};
 pub use kv::Kv;
 pub use manifest::Manifest;
 pub use recovery::{recover, ChainFile};
+
+/// The website's embedding guide, compiled and run as a doc-test so its
+/// Rust snippets stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../website/guide/embedding.md")]
+pub struct WebsiteEmbeddingGuide;

@@ -1,0 +1,202 @@
+//! Runs the shell snippets of `website/guide/quickstart.md` for real, in
+//! order, against the `cellfleet dev` cluster the guide itself starts, and
+//! checks the state the guide promises at the end. Blocks tagged `sh
+//! no-run` are only syntax-checked; `sh background` blocks are started in
+//! the background (like a second terminal) and stopped with Ctrl-C (SIGINT)
+//! at the end. The guide's Rust snippets are doc-tests of `cellfleet-cell`.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, PartialEq)]
+enum Mode {
+    Run,
+    Background,
+    SyntaxOnly,
+}
+
+fn blocks(markdown: &str) -> Vec<(Mode, String)> {
+    let mut out = Vec::new();
+    // Inside a fence: its mode (`None` for a block that is not shell) and body.
+    let mut current: Option<(Option<Mode>, String)> = None;
+    for line in markdown.lines() {
+        match (current.as_mut(), line.strip_prefix("```")) {
+            (None, Some(info)) => {
+                let mode = match info.trim() {
+                    "sh" => Some(Mode::Run),
+                    "sh background" => Some(Mode::Background),
+                    "sh no-run" => Some(Mode::SyntaxOnly),
+                    _ => None,
+                };
+                current = Some((mode, String::new()));
+            }
+            (Some(_), Some(_)) => {
+                if let Some((Some(mode), body)) = current.take() {
+                    out.push((mode, body));
+                }
+            }
+            (Some((_, body)), None) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+/// The background processes, stopped with SIGINT (and then SIGKILL) even
+/// when the test fails half-way.
+struct Background(Vec<Child>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-INT", "--", &group]).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for child in &mut self.0 {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn shell(dir: &Path, path: &str, script: &str) -> std::process::Output {
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env_remove("CELLFLEET_CONFIG")
+        .output()
+        .expect("run bash")
+}
+
+fn wait_for(file: &Path, text: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut seen = String::new();
+        if let Ok(mut f) = std::fs::File::open(file) {
+            let _ = f.read_to_string(&mut seen);
+        }
+        if seen.contains(text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {text:?} within {limit:?}; output so far:\n{seen}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn quickstart_runs_as_written() {
+    let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../website/guide/quickstart.md");
+    let markdown = std::fs::read_to_string(&guide).unwrap();
+    let blocks = blocks(&markdown);
+    assert!(blocks.iter().filter(|(m, _)| *m == Mode::Run).count() >= 6);
+    assert_eq!(
+        blocks
+            .iter()
+            .filter(|(m, _)| *m == Mode::Background)
+            .count(),
+        1
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_cellfleet"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // A port range no other test uses, so the guide's default ports do
+    // not collide with a parallel run.
+    let port_base = 20_000 + (std::process::id() % 400) * 100;
+    let localize = |script: &str| {
+        script.replace(
+            "cellfleet dev",
+            &format!("cellfleet dev --port-base {port_base}"),
+        )
+    };
+
+    let mut background = Background(Vec::new());
+    for (i, (mode, body)) in blocks.iter().enumerate() {
+        match mode {
+            Mode::SyntaxOnly => {
+                let out = Command::new("bash")
+                    .args(["-n", "-c", body])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "block {i} is not valid shell:\n{body}"
+                );
+            }
+            Mode::Background => {
+                let log = dir.path().join(format!("background-{i}.log"));
+                let child = Command::new("bash")
+                    .args(["-c", &format!("exec {}", localize(body).trim())])
+                    .current_dir(dir.path())
+                    .env("PATH", &path)
+                    .stdout(std::fs::File::create(&log).unwrap())
+                    .stderr(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+                    .unwrap();
+                background.0.push(child);
+                wait_for(&log, "cluster ready", Duration::from_secs(90));
+            }
+            Mode::Run => {
+                let out = shell(dir.path(), &path, &localize(body));
+                assert!(
+                    out.status.success(),
+                    "block {i} failed ({}):\n{body}\nstdout:\n{}\nstderr:\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+
+    // What the guide promises at the end: the list survived the kill, the
+    // duplicate did not add a second "eggs", and the Cell moved to another
+    // node at the next epoch.
+    let out = shell(
+        dir.path(),
+        &path,
+        "cellfleet query todo groceries open --json",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = serde_json::to_string(&answer).unwrap();
+    assert!(rows.contains(r#"[2,"bread"]"#), "{rows}");
+    assert!(rows.contains(r#"[3,"eggs"]"#), "{rows}");
+    assert_eq!(rows.matches("eggs").count(), 1, "{rows}");
+    assert!(!rows.contains("milk"), "{rows}");
+    let out = shell(
+        dir.path(),
+        &path,
+        "cellfleet cell show todo groceries --json",
+    );
+    let root: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(root["summary"]["epoch"], 2, "{root}");
+    drop(background);
+}

@@ -27,7 +27,11 @@ use crate::ids::{NodeId, SessionId};
 use crate::root::InvalidRecord;
 
 /// The lease format version this code writes and reads.
-pub const LEASE_FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 added [`Endpoints::peer`]; version 1 carried the peer address
+/// inside the `grpc` URL (`?peer=`) and is no longer read (nothing was
+/// deployed with it).
+pub const LEASE_FORMAT_VERSION: u32 = 2;
 /// Largest encoded lease accepted.
 pub const LEASE_BYTES_MAX: usize = 4096;
 /// Longest endpoint string.
@@ -77,14 +81,37 @@ pub enum LeaseState {
     Retired,
 }
 
-/// How to reach a node.
+/// How to reach a node. Every field is required in the record; an empty
+/// string means "not served" (an embedder without listeners).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Endpoints {
-    /// gRPC address (`https://host:port`).
+    /// Client-facing gRPC address (`https://host:port`): owner hints name it.
     pub grpc: String,
+    /// Node-to-node gRPC address (`https://host:port`) of the peer service,
+    /// which other nodes forward to. Empty: peers are served at `grpc`.
+    pub peer: String,
     /// HTTP address (Durable Streams, metrics).
     pub http: String,
+}
+
+impl Endpoints {
+    /// Where other nodes reach the peer service: `peer`, or `grpc` when
+    /// the node serves peers on its client listener.
+    pub fn peer_or_grpc(&self) -> &str {
+        if self.peer.is_empty() {
+            &self.grpc
+        } else {
+            &self.peer
+        }
+    }
+}
+
+/// Only the version, read before the strict decode so an old record gets a
+/// precise error instead of "missing field".
+#[derive(Deserialize)]
+struct VersionProbe {
+    version: u32,
 }
 
 /// A node's lease record.
@@ -126,7 +153,8 @@ impl LeaseRecord {
         }
         let endpoint_ok =
             |e: &str| e.len() <= ENDPOINT_BYTES_MAX && !e.chars().any(char::is_control);
-        if !endpoint_ok(&self.endpoints.grpc) || !endpoint_ok(&self.endpoints.http) {
+        let Endpoints { grpc, peer, http } = &self.endpoints;
+        if ![grpc, peer, http].into_iter().all(|e| endpoint_ok(e)) {
             return Err(InvalidRecord(
                 "endpoint too long or has control characters".into(),
             ));
@@ -148,6 +176,13 @@ impl LeaseRecord {
     pub fn decode(bytes: &[u8]) -> Result<Self, InvalidRecord> {
         if bytes.len() > LEASE_BYTES_MAX {
             return Err(InvalidRecord(format!("lease over {LEASE_BYTES_MAX} bytes")));
+        }
+        if let Ok(VersionProbe { version }) = serde_json::from_slice(bytes) {
+            if version != LEASE_FORMAT_VERSION {
+                return Err(InvalidRecord(format!(
+                    "lease format version {version} is not readable by this build (it reads {LEASE_FORMAT_VERSION})"
+                )));
+            }
         }
         let record: Self = serde_json::from_slice(bytes)
             .map_err(|e| InvalidRecord(format!("bad lease JSON: {e}")))?;
@@ -419,16 +454,37 @@ mod tests {
             SessionId::random(),
             Endpoints {
                 grpc: "https://a:1".into(),
+                peer: "https://a:3".into(),
                 http: "http://a:2".into(),
             },
             5,
             &config(),
         );
-        assert_eq!(
-            LeaseRecord::decode(&lease.encode().unwrap()).unwrap(),
-            lease
-        );
+        let bytes = lease.encode().unwrap();
+        assert_eq!(LeaseRecord::decode(&bytes).unwrap(), lease);
+        assert_eq!(lease.endpoints.peer_or_grpc(), "https://a:3");
         assert!(LeaseRecord::decode(b"{}").is_err());
+        // The peer endpoint is a field of its own, required and checked.
+        let value = serde_json::to_value(&lease).unwrap();
+        assert_eq!(value["endpoints"]["peer"], "https://a:3");
+        let mut missing = value.clone();
+        missing["endpoints"].as_object_mut().unwrap().remove("peer");
+        assert!(LeaseRecord::decode(&serde_json::to_vec(&missing).unwrap()).is_err());
+        let mut control = value.clone();
+        control["endpoints"]["peer"] = serde_json::json!("https://a:3\n");
+        assert!(LeaseRecord::decode(&serde_json::to_vec(&control).unwrap()).is_err());
+        // A version-1 record (peer inside the grpc URL) is refused by name.
+        let mut old = missing;
+        old["version"] = serde_json::json!(1);
+        old["endpoints"]["grpc"] = serde_json::json!("https://a:1?peer=a:3");
+        let error = LeaseRecord::decode(&serde_json::to_vec(&old).unwrap()).unwrap_err();
+        assert!(error.to_string().contains("version 1"), "{error}");
+        // An embedder serving peers on its client listener leaves it empty.
+        let shared = Endpoints {
+            grpc: "https://b:1".into(),
+            ..Endpoints::default()
+        };
+        assert_eq!(shared.peer_or_grpc(), "https://b:1");
         let mut value = serde_json::to_value(&lease).unwrap();
         value["expires_at_ms"] = serde_json::json!(1);
         assert!(LeaseRecord::decode(&serde_json::to_vec(&value).unwrap()).is_err());

@@ -38,6 +38,7 @@ fn valid_lease() -> LeaseRecord {
         SessionId::from_u128(5),
         Endpoints {
             grpc: "https://127.0.0.1:1".into(),
+            peer: "https://127.0.0.1:3".into(),
             http: "http://127.0.0.1:2".into(),
         },
         1_000,

@@ -57,10 +57,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use cellfleet_authority::{
-    Clock, Endpoints, Layout, LeaseConfig, NodeId, NodeLeases, Roots, SystemClock,
-};
-use cellfleet_router::endpoints::NodeEndpoints;
+use cellfleet_authority::{Clock, Layout, LeaseConfig, NodeId, NodeLeases, Roots, SystemClock};
+use cellfleet_router::endpoints::lease_endpoints;
 use cellfleet_router::envelope::{EnvelopePolicy, Verifier};
 use cellfleet_router::forward::Router;
 use cellfleet_router::registry::KeyRegistry;
@@ -434,18 +432,15 @@ async fn serve(file: NodeFile) -> anyhow::Result<ExitCode> {
         http: bind(&file.listen.http, "listen.http").await?,
     };
     let host = file.listen.advertise_host.as_deref();
-    let node_endpoints = NodeEndpoints::new(
+    let endpoints = lease_endpoints(
         &advertised(listeners.client.local_addr()?, host),
         &advertised(listeners.peer.local_addr()?, host),
+        &advertised(listeners.http.local_addr()?, host),
     );
-    let http_endpoint = format!("http://{}", advertised(listeners.http.local_addr()?, host));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut config = NodeConfig::new(node_id.clone(), &file.data_dir, &file.prefix);
     config.lease = file.lease_config();
-    config.endpoints = Endpoints {
-        grpc: node_endpoints.encode(),
-        http: http_endpoint.clone(),
-    };
+    config.endpoints = endpoints;
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     let node = Node::start(config, store.clone(), clock.clone(), Arc::new(kinds))

@@ -28,7 +28,7 @@ use cellfleet_proto::v1::peer_client::PeerClient;
 use cellfleet_runtime::NodeHandle;
 use tonic::transport::Channel;
 
-use crate::endpoints::{host_port, NodeEndpoints};
+use crate::endpoints::host_port;
 use crate::envelope::Verifier;
 use crate::error::{Error, OwnerHint};
 use crate::hints::{rendezvous_owner, CachedOwner, OwnerHintCache};
@@ -160,10 +160,10 @@ impl Router {
     async fn peer_of(&self, node: &NodeId, refresh: bool) -> Result<String, Error> {
         let live = self.live_nodes(refresh).await?;
         if let Some(record) = live.iter().find(|r| r.node_id == *node) {
-            return Ok(NodeEndpoints::parse(&record.endpoints.grpc).peer);
+            return Ok(record.endpoints.peer_or_grpc().to_owned());
         }
         match self.leases.read(node).await.map_err(authority)? {
-            Some(lease) => Ok(NodeEndpoints::parse(&lease.record.endpoints.grpc).peer),
+            Some(lease) => Ok(lease.record.endpoints.peer_or_grpc().to_owned()),
             None => Err(Error::PeerUnavailable {
                 endpoint: node.as_str().to_owned(),
                 reason: "the node has no lease record".into(),

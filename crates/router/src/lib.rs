@@ -8,7 +8,7 @@
 //! - [`status`]: the one table from [`Error`] to gRPC status, wire code and retry hint.
 //! - [`hints`]: the bounded owner-hint cache and rendezvous placement.
 //! - [`reflection`]: gRPC server reflection.
-//! - [`endpoints`]: client and peer endpoints in a lease record.
+//! - [`endpoints`]: a node's client, peer and HTTP URLs for its lease record.
 //! - [`forward`]: routing at the ingress (hints, placement, forwarding, one retry); [`local`]: running on this node's runtime.
 //! - [`service_client`], [`service_peer`], [`service_admin`]: the gRPC services; [`server`]: the listeners; [`http`]: metrics and health.
 //!

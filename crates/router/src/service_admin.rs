@@ -14,7 +14,7 @@ use cellfleet_store::ObjectStore;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
-use crate::endpoints::NodeEndpoints;
+use crate::endpoints::host_port;
 use crate::error::Error;
 use crate::forward::Router;
 
@@ -145,7 +145,6 @@ impl v1::admin_server::Admin for AdminService {
         let leases = leases
             .into_iter()
             .map(|record| {
-                let endpoints = NodeEndpoints::parse(&record.endpoints.grpc);
                 let live = matches!(
                     session_liveness(Some(&record), record.session_id, now_ms, margin_ms),
                     Liveness::Live { .. }
@@ -158,8 +157,8 @@ impl v1::admin_server::Admin for AdminService {
                 v1::NodeLease {
                     node_id: record.node_id.as_str().to_owned(),
                     session_id: record.session_id.to_string(),
-                    endpoint: endpoints.client,
-                    peer_endpoint: endpoints.peer,
+                    endpoint: record.endpoints.grpc.clone(),
+                    peer_endpoint: host_port(record.endpoints.peer_or_grpc()).to_owned(),
                     expires_at_ms: i64::try_from(record.expires_at_ms).unwrap_or(i64::MAX),
                     live,
                     draining: record.state == LeaseState::Retired

@@ -195,7 +195,7 @@ impl From<cellfleet_runtime::Error> for Error {
             } => Error::NotOwner(OwnerHint {
                 cell_id: cell.as_str().to_owned(),
                 node_id: owner.map(|node| node.as_str().to_owned()),
-                endpoint: endpoint.map(|grpc| crate::endpoints::NodeEndpoints::parse(&grpc).client),
+                endpoint,
                 epoch: 0,
             }),
             R::ResourceExhausted {

@@ -115,6 +115,15 @@ impl Default for CellConfig {
     }
 }
 
+/// A query's value and the published position it was read at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueryAnswer {
+    /// What the query returned.
+    pub value: Value,
+    /// The published state it read (TXID and checksum).
+    pub position: Position,
+}
+
 /// The result of one group.
 #[derive(Debug)]
 pub struct GroupResult {
@@ -996,6 +1005,15 @@ impl Cell {
     /// Run query `name` of the kind on the published state (never on
     /// pending state, and never refused because something is pending).
     pub fn query(&self, name: &str, args: &Value) -> Result<Value> {
+        self.query_with_position(name, args)
+            .map(|answer| answer.value)
+    }
+
+    /// [`Cell::query`], together with the published position the value was
+    /// read at. Both come from this one call on `&self`, so no publication
+    /// can be confirmed between reading the value and naming its position.
+    pub fn query_with_position(&self, name: &str, args: &Value) -> Result<QueryAnswer> {
+        let position = self.published;
         self.check_not_poisoned()?;
         let limits = self.kind.limits();
         let payload = name.len() as u64 + value_bytes(args);
@@ -1030,7 +1048,7 @@ impl Cell {
                 limit: limits.bytes_max,
             });
         }
-        Ok(value)
+        Ok(QueryAnswer { value, position })
     }
 
     /// The stored outcome of command `id` in the published state (never in

@@ -506,10 +506,12 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             if args.common.json {
                 println!(
                     "{}",
-                    serde_json::json!({"ok": true, "result": value, "served_by": response.served_by})
+                    serde_json::json!({"ok": true, "result": value,
+                        "receipt": receipt_json(&response.receipt), "served_by": response.served_by})
                 );
             } else {
                 println!("{}", serde_json::to_string_pretty(&value)?);
+                println!("receipt    {}", receipt_text(&response.receipt));
                 println!("served by  {}", response.served_by);
             }
             Ok(ExitCode::SUCCESS)

@@ -35,6 +35,7 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
     let mut ids = Vec::new();
     for cell in &cells {
         let mut served = HashSet::new();
+        let mut last_receipt = None;
         for (i, addr) in addrs.iter().enumerate() {
             let id: [u8; 16] = rand::random();
             let request = client.command(
@@ -58,8 +59,61 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
             served.insert(first.served_by.clone());
             served.insert(again.served_by);
             ids.push((cell.clone(), id));
+            last_receipt = first.receipt;
         }
         assert_eq!(served.len(), 1, "cell {cell} was served by {served:?}");
+        // A query names the published state it read: at least the last
+        // command's, with or without that receipt as its minimum.
+        let last = last_receipt.expect("a command receipt");
+        for (addr, min) in addrs
+            .iter()
+            .flat_map(|a| [(a, None), (a, Some(last.clone()))])
+        {
+            let response = client
+                .query_after(
+                    *addr,
+                    "log",
+                    cell,
+                    "count",
+                    serde_json::json!({}),
+                    min.clone(),
+                )
+                .await
+                .expect("query");
+            let receipt = response.receipt.expect("a query receipt");
+            assert_eq!(
+                (&receipt.cell_id, receipt.epoch),
+                (&last.cell_id, last.epoch),
+                "cell {cell} via {addr} (min {min:?})"
+            );
+            assert!(
+                receipt.txid >= last.txid,
+                "cell {cell} via {addr}: read txid {} before the command's {}",
+                receipt.txid,
+                last.txid
+            );
+        }
+        // Read-your-writes still refuses a receipt that is not published.
+        let ahead = v1::Receipt {
+            txid: last.txid + 1_000,
+            ..last.clone()
+        };
+        let status = client
+            .query_after(
+                addrs[0],
+                "log",
+                cell,
+                "count",
+                serde_json::json!({}),
+                Some(ahead),
+            )
+            .await
+            .expect_err("an unpublished receipt is refused");
+        assert_eq!(
+            error_code(&status),
+            Some(v1::ErrorCode::ReceiptNotReached),
+            "{status:?}"
+        );
     }
     let mut owners = HashSet::new();
     for cell in &cells {

@@ -191,6 +191,9 @@ fn quickstart_runs_as_written() {
     assert!(rows.contains(r#"[3,"eggs"]"#), "{rows}");
     assert_eq!(rows.matches("eggs").count(), 1, "{rows}");
     assert!(!rows.contains("milk"), "{rows}");
+    // The answer names the state it read: after the takeover, epoch 2.
+    assert_eq!(answer["receipt"]["epoch"], 2, "{answer}");
+    assert!(answer["receipt"]["txid"].as_u64() > Some(0), "{answer}");
     let out = shell(
         dir.path(),
         &path,

@@ -95,7 +95,7 @@ fn min_receipt(query: &VerifiedQuery) -> Result<Option<Receipt>> {
 /// Runs a verified query on this node.
 pub async fn query(node: &NodeHandle, query: &VerifiedQuery) -> Result<v1::QueryResponse> {
     let min = min_receipt(query)?;
-    let value = node
+    let queried = node
         .query(
             &query.kind,
             &query.key,
@@ -105,8 +105,8 @@ pub async fn query(node: &NodeHandle, query: &VerifiedQuery) -> Result<v1::Query
         )
         .await?;
     Ok(v1::QueryResponse {
-        result_json: value.to_string().into_bytes(),
-        receipt: None,
+        result_json: queried.value.to_string().into_bytes(),
+        receipt: Some(receipt_to_proto(&queried.receipt)),
         served_by: node.node_id().as_str().to_owned(),
     })
 }

@@ -55,6 +55,15 @@ pub struct Receipt {
     pub txid: u64,
 }
 
+/// The answer to a query: its value and the published state it read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queried {
+    /// The published position (cell, epoch, TXID) the value was read at.
+    pub receipt: Receipt,
+    /// What the query returned.
+    pub value: Value,
+}
+
 /// The answer to a command.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Executed {
@@ -167,7 +176,7 @@ pub(crate) enum Msg {
         name: String,
         args: Value,
         min_txid: Option<u64>,
-        reply: Reply<Value>,
+        reply: Reply<Queried>,
     },
     Resolve {
         id: CommandId,
@@ -236,7 +245,7 @@ struct QueryWaiter {
     min_txid: u64,
     name: String,
     args: Value,
-    reply: Reply<Value>,
+    reply: Reply<Queried>,
     deadline: tokio::time::Instant,
 }
 
@@ -535,7 +544,7 @@ impl Actor {
         name: String,
         args: Value,
         min_txid: Option<u64>,
-        reply: Reply<Value>,
+        reply: Reply<Queried>,
     ) {
         match min_txid {
             Some(min) if min > self.published_txid() => {
@@ -564,9 +573,17 @@ impl Actor {
         }
     }
 
-    async fn run_query(&mut self, name: String, args: Value) -> Result<Value> {
-        match self.with_cell(move |cell| cell.query(&name, &args)).await {
-            Some(Ok(value)) => Ok(value),
+    /// The value and its TXID come from one engine call
+    /// ([`Cell::query_with_position`]), so they name the same state.
+    async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
+        match self
+            .with_cell(move |cell| cell.query_with_position(&name, &args))
+            .await
+        {
+            Some(Ok(answer)) => Ok(Queried {
+                receipt: self.receipt(answer.position.txid.0),
+                value: answer.value,
+            }),
             Some(Err(error)) => Err(Error::from(error)),
             None => Err(Error::Closed("the cell engine was lost".into())),
         }

@@ -56,5 +56,5 @@ pub use config::{NodeConfig, NodeLimits};
 pub use error::{Error, Result};
 pub use kinds::Kinds;
 pub use metrics::Metrics;
-pub use node::{CellDescription, Executed, Node, NodeHandle, Receipt, Resolution};
+pub use node::{CellDescription, Executed, Node, NodeHandle, Queried, Receipt, Resolution};
 pub use publication::{PublishFailure, PublishRequest, Publisher, StorePublisher};

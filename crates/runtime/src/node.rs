@@ -32,7 +32,7 @@ use tracing::Instrument;
 
 use crate::activation::{Activation, Activator};
 use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, Reply, StopHow};
-pub use crate::actor::{CellDescription, Executed, Receipt, Resolution};
+pub use crate::actor::{CellDescription, Executed, Queried, Receipt, Resolution};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::kinds::Kinds;
@@ -606,9 +606,10 @@ impl NodeHandle {
         }
     }
 
-    /// Runs query `name` on the owner's published state. With
-    /// `min_receipt`, waits (at most `query_wait_ms_max`) until that TXID is
-    /// published, or refuses.
+    /// Runs query `name` on the owner's published state and returns the
+    /// value with the receipt of the state it read (its TXID is at least
+    /// `min_receipt`'s). With `min_receipt`, waits (at most
+    /// `query_wait_ms_max`) until that TXID is published, or refuses.
     pub async fn query(
         &self,
         kind: &str,
@@ -616,7 +617,7 @@ impl NodeHandle {
         name: &str,
         args: Value,
         min_receipt: Option<&Receipt>,
-    ) -> Result<Value> {
+    ) -> Result<Queried> {
         let mut last = Error::Closed("no attempt made".into());
         for _ in 0..DISPATCH_ATTEMPTS_MAX {
             let (cell, handle) = self.shared.actor_for(kind, key).await?;

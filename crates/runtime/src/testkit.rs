@@ -76,8 +76,8 @@ impl RustKind for Journal {
 
 /// The tags of the journal Cell `key`, in order.
 pub async fn journal_tags(node: &NodeHandle, key: &[u8]) -> crate::Result<Vec<String>> {
-    let value = node.query(JOURNAL, key, "all", json!({}), None).await?;
-    serde_json::from_value(value).map_err(|e| crate::Error::BadRequest(e.to_string()))
+    let queried = node.query(JOURNAL, key, "all", json!({}), None).await?;
+    serde_json::from_value(queried.value).map_err(|e| crate::Error::BadRequest(e.to_string()))
 }
 
 #[derive(Debug, Default)]

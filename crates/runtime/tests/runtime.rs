@@ -53,11 +53,18 @@ async fn commands_queries_receipts_and_retries() {
         assert!(again.duplicate);
         assert_eq!(again.receipt.txid, 6);
         // Read-your-writes: the receipt is published; a future one is refused.
-        let value = node
+        let queried = node
             .query(KIND, KEY, "all", json!({}), Some(&receipt))
             .await
             .unwrap();
-        assert_eq!(value.as_array().unwrap().len(), 5);
+        assert_eq!(queried.value.as_array().unwrap().len(), 5);
+        // The query names the published state it read: the last command's.
+        assert_eq!(queried.receipt, receipt, "{backend}");
+        let plain = node.query(KIND, KEY, "all", json!({}), None).await.unwrap();
+        assert_eq!(
+            (plain.receipt, plain.value),
+            (receipt.clone(), queried.value)
+        );
         let mut ahead = receipt.clone();
         ahead.txid += 10;
         let refused = node.query(KIND, KEY, "all", json!({}), Some(&ahead)).await;

@@ -303,13 +303,26 @@ impl TestClient {
         name: &str,
         args: serde_json::Value,
     ) -> Result<v1::QueryResponse, tonic::Status> {
+        self.query_after(addr, kind, key, name, args, None).await
+    }
+
+    /// A query that must read a state at least as new as `min_receipt`.
+    pub async fn query_after(
+        &mut self,
+        addr: SocketAddr,
+        kind: &str,
+        key: &str,
+        name: &str,
+        args: serde_json::Value,
+        min_receipt: Option<v1::Receipt>,
+    ) -> Result<v1::QueryResponse, tonic::Status> {
         let now = now_ms();
         let body = v1::QueryBody {
             kind: kind.into(),
             key: key.as_bytes().to_vec(),
             query: name.into(),
             args_json: args.to_string().into_bytes(),
-            min_receipt: None,
+            min_receipt,
             request_id: Vec::new(),
             issued_at_ms: now,
             expires_at_ms: now + 60_000,

@@ -114,6 +114,11 @@ pub struct ResolveArgs {
     key: String,
     /// The command id (32 hex digits).
     id: String,
+    /// The command's expires_at_ms (printed by `exec`). With it, a command
+    /// that never committed and can no longer run is reported EXPIRED
+    /// instead of ABSENT.
+    #[arg(long)]
+    expires_at_ms: Option<i64>,
     #[command(flatten)]
     common: Common,
 }
@@ -424,7 +429,15 @@ pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         Ok(response) => response,
         Err(status) => {
             if !args.common.json {
-                eprintln!("command id {} (retry with --id {})", hex(&id), hex(&id));
+                eprintln!(
+                    "command id {} expires at {expires} ms (retry with --id {}, or \
+                     `cellfleet resolve {} {} {} --expires-at-ms {expires}`)",
+                    hex(&id),
+                    hex(&id),
+                    args.kind,
+                    args.key,
+                    hex(&id)
+                );
             }
             return Ok(report_error(&status, args.common.json));
         }
@@ -438,6 +451,7 @@ pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         let view = serde_json::json!({
             "ok": true,
             "command_id": hex(&response.command_id),
+            "expires_at_ms": expires,
             "outcome": state,
             "result": outcome,
             "receipt": receipt_json(&response.receipt),
@@ -530,6 +544,7 @@ pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
         command_id: id.to_vec(),
         issued_at_ms: issued,
         expires_at_ms: expires,
+        command_expires_at_ms: args.expires_at_ms.unwrap_or(0),
     };
     let envelope = seal(
         Domain::Resolve,

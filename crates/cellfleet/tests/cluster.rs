@@ -142,11 +142,38 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
             assert_eq!(resolved.state, v1::CommandState::Committed as i32);
         }
     }
+    let never_sent: [u8; 16] = rand::random();
     let absent = client
-        .resolve(addrs[0], "log", &cells[0], rand::random())
+        .resolve(addrs[0], "log", &cells[0], never_sent)
         .await
         .expect("resolve");
     assert_eq!(absent.state, v1::CommandState::Absent as i32);
+    // With the command's expiry long past, the same id is EXPIRED through
+    // every node; a committed command stays COMMITTED, an unexpired absent
+    // one stays ABSENT.
+    let expired_at = now_ms() - 3_600_000;
+    for addr in &addrs {
+        let expired = client
+            .resolve_expiring(*addr, "log", &cells[0], never_sent, expired_at)
+            .await
+            .expect("resolve");
+        assert_eq!(
+            expired.state,
+            v1::CommandState::Expired as i32,
+            "via {addr}"
+        );
+        let (cell, id) = &ids[0];
+        let committed = client
+            .resolve_expiring(*addr, "log", cell, *id, expired_at)
+            .await
+            .expect("resolve");
+        assert_eq!(committed.state, v1::CommandState::Committed as i32);
+        let live = client
+            .resolve_expiring(*addr, "log", &cells[0], never_sent, now_ms() + 60_000)
+            .await
+            .expect("resolve");
+        assert_eq!(live.state, v1::CommandState::Absent as i32, "via {addr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,6 +96,8 @@ pub struct VerifiedResolve {
     pub key: Vec<u8>,
     /// The command id to resolve.
     pub command_id: [u8; COMMAND_ID_BYTES],
+    /// The command's own expiry, when the client sent it (EXPIRED vs ABSENT).
+    pub command_expires_at_ms: Option<i64>,
 }
 
 /// An admin request that passed every ingress check.
@@ -190,12 +192,22 @@ impl Verifier {
         check_cell(&body.kind, &body.key)?;
         let command_id = command_id(&body.command_id)?;
         self.check_window(body.issued_at_ms, body.expires_at_ms)?;
+        let command_expires_at_ms = match body.command_expires_at_ms {
+            0 => None,
+            ms if ms < 0 => {
+                return Err(Error::BadRequest(format!(
+                    "command_expires_at_ms {ms} is negative (0 means unknown)"
+                )))
+            }
+            ms => Some(ms),
+        };
         key.authorize(Operation::Resolve { kind: &body.kind })?;
         Ok(VerifiedResolve {
             key_id: envelope.key_id.clone(),
             kind: body.kind,
             key: body.key,
             command_id,
+            command_expires_at_ms,
         })
     }
 

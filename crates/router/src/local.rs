@@ -118,7 +118,7 @@ pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1:
             &resolve.kind,
             &resolve.key,
             CommandId(resolve.command_id),
-            None,
+            resolve.command_expires_at_ms,
         )
         .await?;
     let mut response = v1::ResolveResponse {

@@ -350,6 +350,18 @@ impl TestClient {
         key: &str,
         id: [u8; 16],
     ) -> Result<v1::ResolveResponse, tonic::Status> {
+        self.resolve_expiring(addr, kind, key, id, 0).await
+    }
+
+    /// A resolve that names the command's own expiry (0: unknown).
+    pub async fn resolve_expiring(
+        &mut self,
+        addr: SocketAddr,
+        kind: &str,
+        key: &str,
+        id: [u8; 16],
+        command_expires_at_ms: i64,
+    ) -> Result<v1::ResolveResponse, tonic::Status> {
         let now = now_ms();
         let body = v1::ResolveBody {
             kind: kind.into(),
@@ -357,6 +369,7 @@ impl TestClient {
             command_id: id.to_vec(),
             issued_at_ms: now,
             expires_at_ms: now + 60_000,
+            command_expires_at_ms,
         };
         let request = v1::ResolveRequest {
             envelope: Some(seal(

@@ -255,15 +255,35 @@ fn queries_resolves_and_admin_use_their_own_domains() {
         command_id: vec![2; 16],
         issued_at_ms: NOW_MS,
         expires_at_ms: NOW_MS + 1_000,
+        command_expires_at_ms: 0,
     };
     let envelope = signing::seal(Domain::Resolve, resolve.encode_to_vec(), "app", &f.key);
+    let verified = f.verifier.verify_resolve(&envelope).expect("resolve");
     assert_eq!(
-        f.verifier
-            .verify_resolve(&envelope)
-            .expect("resolve")
-            .command_id,
-        [2; 16]
+        (verified.command_id, verified.command_expires_at_ms),
+        ([2; 16], None)
     );
+    // The command's own expiry travels to the runtime; negative is refused.
+    for (sent, expected) in [(NOW_MS - 5, Some(NOW_MS - 5)), (-1, None)] {
+        let body = v1::ResolveBody {
+            command_expires_at_ms: sent,
+            ..resolve.clone()
+        };
+        let envelope = signing::seal(Domain::Resolve, body.encode_to_vec(), "app", &f.key);
+        match expected {
+            Some(ms) => assert_eq!(
+                f.verifier
+                    .verify_resolve(&envelope)
+                    .expect("resolve")
+                    .command_expires_at_ms,
+                Some(ms)
+            ),
+            None => assert!(matches!(
+                f.verifier.verify_resolve(&envelope),
+                Err(Error::BadRequest(_))
+            )),
+        }
+    }
     let admin = v1::AdminBody {
         operation: "drain".into(),
         node_id: String::new(),

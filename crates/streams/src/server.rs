@@ -1,0 +1,957 @@
+//! The HTTP/1.1 server: maps Durable Streams requests (PUT, POST, GET, HEAD, DELETE, OPTIONS) to `stream` Cell commands and queries.
+//!
+//! Ordering: a mutation is answered only after the runtime's `execute`
+//! returned, which is after the publication CAS of the group holding it;
+//! then waiting readers are woken ([`Notifier`]). Reads are runtime queries,
+//! which see only published state.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use cellfleet_cell::{Command, Outcome};
+use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::kind::{
+    Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState, STREAM_KIND,
+};
+use crate::notify::{self, Notifier};
+use crate::offset;
+
+/// The response body type.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct StreamsConfig {
+    /// How long a long-poll waits for data before answering 204.
+    pub long_poll_timeout: Duration,
+    /// Longest an SSE connection stays open (clients reconnect).
+    pub sse_lifetime: Duration,
+    /// Largest request body accepted.
+    pub body_bytes_max: usize,
+    /// Connections served at once (long-polls and SSE included).
+    pub connections_max: usize,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            long_poll_timeout: Duration::from_secs(20),
+            sse_lifetime: Duration::from_secs(60),
+            body_bytes_max: 8 << 20,
+            connections_max: 1024,
+        }
+    }
+}
+
+/// The streams service of one node.
+#[derive(Clone, Debug)]
+pub struct Streams {
+    node: NodeHandle,
+    config: Arc<StreamsConfig>,
+    notifier: Arc<Notifier>,
+}
+
+const EXPOSED: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
+    Stream-TTL, Stream-Expires-At, Stream-Sse-Data-Encoding, Producer-Epoch, Producer-Seq, \
+    Producer-Expected-Seq, Producer-Received-Seq, ETag, Location, Content-Type";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+fn respond(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Body> {
+    let mut response = respond(status, format!("{message}\n"));
+    set(response.headers_mut(), "content-type", "text/plain");
+    response
+}
+
+fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
+    if let Ok(value) = HeaderValue::from_str(value.as_ref()) {
+        headers.insert(name, value);
+    }
+}
+
+fn header<'a>(request: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    request.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+fn is_json(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/json" || media.ends_with("+json")
+}
+
+fn is_text(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media.starts_with("text/") || is_json(&media)
+}
+
+fn query_params(request: &Request<Incoming>) -> Vec<(String, String)> {
+    request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Splits a JSON body into messages (a top-level array is flattened).
+fn json_messages(body: &[u8], allow_empty: bool) -> Result<Vec<Vec<u8>>, &'static str> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| "body is not valid json")?;
+    let items = match value {
+        Value::Array(items) => {
+            if items.is_empty() && !allow_empty {
+                return Err("empty json array");
+            }
+            items
+        }
+        other => vec![other],
+    };
+    Ok(items.iter().map(|v| v.to_string().into_bytes()).collect())
+}
+
+fn encode(messages: &[Vec<u8>]) -> Vec<String> {
+    messages.iter().map(|m| BASE64.encode(m)).collect()
+}
+
+/// Joins read messages into the response body for the stream's type.
+fn join(state: &StreamState, messages: &[(u64, String)]) -> Vec<u8> {
+    let decoded: Vec<Vec<u8>> = messages
+        .iter()
+        .filter_map(|(_, m)| BASE64.decode(m).ok())
+        .collect();
+    if is_json(&state.config.content_type) {
+        let mut out = b"[".to_vec();
+        for (i, m) in decoded.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(m);
+        }
+        out.push(b']');
+        out
+    } else {
+        decoded.concat()
+    }
+}
+
+/// The cursor for a live response: the 20 s interval number, moved past
+/// the client's so caches never serve the same long-poll twice.
+fn cursor(client: Option<&str>) -> String {
+    let interval = (now_ms().max(0) as u64) / 20_000;
+    match client.and_then(|c| c.parse::<u64>().ok()) {
+        Some(c) if c >= interval => (c + 1).to_string(),
+        _ => interval.to_string(),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Control {
+    stream_next_offset: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_cursor: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    up_to_date: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream_closed: bool,
+}
+
+fn sse_event(kind: &str, data: &str) -> Bytes {
+    let mut out = format!("event: {kind}\n");
+    for line in data.split('\n') {
+        out.push_str("data:");
+        out.push_str(line.strip_suffix('\r').unwrap_or(line));
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
+}
+
+enum Mode {
+    CatchUp,
+    LongPoll,
+    Sse,
+}
+
+impl Streams {
+    /// A service over `node`.
+    pub fn new(node: NodeHandle, config: StreamsConfig) -> Self {
+        Streams {
+            node,
+            config: Arc::new(config),
+            notifier: Arc::new(Notifier::default()),
+        }
+    }
+
+    /// Serves `listener` until `shutdown` turns true.
+    pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+        let permits = Arc::new(Semaphore::new(self.config.connections_max.max(1)));
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, _)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                continue;
+            };
+            let service = self.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let handler = hyper::service::service_fn(move |request| {
+                    let service = service.clone();
+                    async move { Ok::<_, Infallible>(service.handle(request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, handler)
+                    .await;
+            });
+        }
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let method = request.method().clone();
+        let mut response = match method {
+            Method::OPTIONS => respond(StatusCode::NO_CONTENT, ""),
+            Method::PUT => self.create(request).await,
+            Method::POST => self.append(request).await,
+            Method::GET => self.read(request).await,
+            Method::HEAD => self.head(request).await,
+            Method::DELETE => self.delete(request).await,
+            _ => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        };
+        let headers = response.headers_mut();
+        set(headers, "x-content-type-options", "nosniff");
+        set(headers, "cross-origin-resource-policy", "cross-origin");
+        set(headers, "access-control-allow-origin", "*");
+        set(
+            headers,
+            "access-control-allow-methods",
+            "GET, POST, PUT, DELETE, HEAD, OPTIONS",
+        );
+        set(headers, "access-control-allow-headers", "*");
+        set(headers, "access-control-expose-headers", EXPOSED);
+        if !headers.contains_key("cache-control") {
+            set(headers, "cache-control", "no-store");
+        }
+        response
+    }
+
+    async fn execute(
+        &self,
+        path: &str,
+        command: StreamCommand,
+    ) -> Result<StreamOutput, Response<Body>> {
+        let (name, args) = wire(&command)?;
+        let expires_at_ms = now_ms() + 60_000;
+        let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
+        let executed = self
+            .node
+            .execute(STREAM_KIND, path.as_bytes(), command)
+            .await
+            .map_err(runtime_error)?;
+        match executed.outcome {
+            Outcome::Applied { result } => serde_json::from_value(result)
+                .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
+            Outcome::Rejected { rejection } => Err(error(
+                StatusCode::BAD_REQUEST,
+                &format!("rejected: {}", rejection.message),
+            )),
+        }
+    }
+
+    async fn query(&self, path: &str, query: StreamQuery) -> Result<StreamOutput, Response<Body>> {
+        let (name, args) = wire(&query)?;
+        let queried = self
+            .node
+            .query(STREAM_KIND, path.as_bytes(), &name, args, None)
+            .await
+            .map_err(runtime_error)?;
+        serde_json::from_value(queried.value)
+            .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output"))
+    }
+
+    async fn body(&self, request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+        Limited::new(request.into_body(), self.config.body_bytes_max)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .map_err(|_| error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"))
+    }
+
+    async fn create(&self, request: Request<Incoming>) -> Response<Body> {
+        match self.try_create(request).await {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    async fn try_create(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let path = request.uri().path().to_owned();
+        let content_type = header(&request, "content-type")
+            .unwrap_or("application/octet-stream")
+            .to_owned();
+        let ttl = header(&request, "stream-ttl").map(str::to_owned);
+        let expires = header(&request, "stream-expires-at").map(str::to_owned);
+        let closed =
+            header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let host = header(&request, "host").map(str::to_owned);
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        if ttl.is_some() && expires.is_some() {
+            return Err(bad("give Stream-TTL or Stream-Expires-At, not both"));
+        }
+        let now = now_ms();
+        let ttl_seconds = match &ttl {
+            Some(t)
+                if !t.is_empty()
+                    && t.bytes().all(|b| b.is_ascii_digit())
+                    && (t == "0" || !t.starts_with('0')) =>
+            {
+                Some(t.parse::<u64>().map_err(|_| bad("bad Stream-TTL"))?)
+            }
+            Some(_) => return Err(bad("Stream-TTL must be a non-negative integer")),
+            None => None,
+        };
+        let expires_at_ms = match (&expires, ttl_seconds) {
+            (Some(e), _) => Some(parse_time(e).ok_or_else(|| bad("bad Stream-Expires-At"))?),
+            (None, Some(t)) => Some(now.saturating_add((t as i64).saturating_mul(1000))),
+            (None, None) => None,
+        };
+        let body = self.body(request).await?;
+        let messages = if body.is_empty() {
+            Vec::new()
+        } else if is_json(&content_type) {
+            json_messages(&body, true).map_err(&bad)?
+        } else {
+            vec![body.to_vec()]
+        };
+        let config = StreamConfig {
+            content_type: content_type.clone(),
+            ttl_seconds,
+            expires_at: expires,
+            expires_at_ms,
+        };
+        let output = self
+            .execute(
+                &path,
+                StreamCommand::Create {
+                    config,
+                    closed,
+                    messages: encode(&messages),
+                    now_ms: now,
+                },
+            )
+            .await?;
+        match output {
+            StreamOutput::Created { state, created } => {
+                let status = if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
+                let mut response = respond(status, "");
+                let headers = response.headers_mut();
+                state_headers(headers, &state);
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                if let Some(host) = host {
+                    set(headers, "location", format!("http://{host}{path}"));
+                }
+                self.notifier.changed(&path);
+                Ok(response)
+            }
+            StreamOutput::ConfigMismatch => Err(error(
+                StatusCode::CONFLICT,
+                "stream exists with another configuration",
+            )),
+            _ => Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected output",
+            )),
+        }
+    }
+
+    async fn append(&self, request: Request<Incoming>) -> Response<Body> {
+        match self.try_append(request).await {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    async fn try_append(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let path = request.uri().path().to_owned();
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let content_type = header(&request, "content-type").map(str::to_owned);
+        let close =
+            header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let seq = header(&request, "stream-seq").map(str::to_owned);
+        let producer = producer_headers(&request).map_err(&bad)?;
+        let body = self.body(request).await?;
+        if body.is_empty() && !close {
+            return Err(bad("empty append"));
+        }
+        let messages = if body.is_empty() {
+            Vec::new()
+        } else {
+            let Some(ct) = &content_type else {
+                return Err(bad("Content-Type is required"));
+            };
+            if is_json(ct) {
+                json_messages(&body, false).map_err(&bad)?
+            } else {
+                vec![body.to_vec()]
+            }
+        };
+        let output = self
+            .execute(
+                &path,
+                StreamCommand::Append {
+                    content_type,
+                    messages: encode(&messages),
+                    seq,
+                    producer,
+                    close,
+                    now_ms: now_ms(),
+                },
+            )
+            .await?;
+        let response = match output {
+            StreamOutput::Appended { state, producer } => {
+                self.notifier.changed(&path);
+                let status = if producer.is_some() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::NO_CONTENT
+                };
+                let mut response = respond(status, "");
+                let headers = response.headers_mut();
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                if state.closed {
+                    set(headers, "stream-closed", "true");
+                }
+                if let Some(p) = producer {
+                    set(headers, "producer-epoch", p.epoch.to_string());
+                    set(headers, "producer-seq", p.seq.to_string());
+                }
+                response
+            }
+            StreamOutput::Duplicate { state, producer } => {
+                let mut response = respond(StatusCode::NO_CONTENT, "");
+                let headers = response.headers_mut();
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                if state.closed {
+                    set(headers, "stream-closed", "true");
+                }
+                set(headers, "producer-epoch", producer.epoch.to_string());
+                set(headers, "producer-seq", producer.seq.to_string());
+                response
+            }
+            StreamOutput::NotFound => error(StatusCode::NOT_FOUND, "no such stream"),
+            StreamOutput::ContentTypeMismatch => error(
+                StatusCode::CONFLICT,
+                "content type does not match the stream's",
+            ),
+            StreamOutput::Closed { state } => {
+                let mut response = error(StatusCode::CONFLICT, "stream is closed");
+                set(response.headers_mut(), "stream-closed", "true");
+                set(
+                    response.headers_mut(),
+                    "stream-next-offset",
+                    offset::format(state.tail),
+                );
+                response
+            }
+            StreamOutput::SeqConflict => error(
+                StatusCode::CONFLICT,
+                "Stream-Seq is not greater than the last",
+            ),
+            StreamOutput::StaleEpoch { current_epoch } => {
+                let mut response = error(StatusCode::FORBIDDEN, "stale producer epoch");
+                set(
+                    response.headers_mut(),
+                    "producer-epoch",
+                    current_epoch.to_string(),
+                );
+                response
+            }
+            StreamOutput::InvalidEpochSeq => bad("a new producer epoch must start at seq 0"),
+            StreamOutput::SeqGap { expected, received } => {
+                let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
+                set(
+                    response.headers_mut(),
+                    "producer-expected-seq",
+                    expected.to_string(),
+                );
+                set(
+                    response.headers_mut(),
+                    "producer-received-seq",
+                    received.to_string(),
+                );
+                response
+            }
+            _ => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
+        };
+        Ok(response)
+    }
+
+    async fn delete(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        let response = match self
+            .execute(&path, StreamCommand::Delete { now_ms: now_ms() })
+            .await
+        {
+            Ok(StreamOutput::Deleted) => respond(StatusCode::NO_CONTENT, ""),
+            Ok(StreamOutput::NotFound) => error(StatusCode::NOT_FOUND, "no such stream"),
+            Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
+            Err(r) => r,
+        };
+        self.notifier.changed(&path);
+        response
+    }
+
+    async fn head(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        match self
+            .query(
+                &path,
+                StreamQuery::Read {
+                    offset: None,
+                    now_ms: now_ms(),
+                },
+            )
+            .await
+        {
+            Ok(StreamOutput::Read { state, .. }) => {
+                let mut response = respond(StatusCode::OK, "");
+                let headers = response.headers_mut();
+                state_headers(headers, &state);
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                response
+            }
+            Ok(_) => error(StatusCode::NOT_FOUND, "no such stream"),
+            Err(r) => r,
+        }
+    }
+
+    async fn read(&self, request: Request<Incoming>) -> Response<Body> {
+        match self.try_read(request).await {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    async fn try_read(&self, request: Request<Incoming>) -> Result<Response<Body>, Response<Body>> {
+        let path = request.uri().path().to_owned();
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let params = query_params(&request);
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let mode = match get("live").as_deref() {
+            None => Mode::CatchUp,
+            Some("long-poll") => Mode::LongPoll,
+            Some("sse") => Mode::Sse,
+            Some(_) => return Err(bad("live must be long-poll or sse")),
+        };
+        let offset_param = get("offset");
+        if !matches!(mode, Mode::CatchUp) && offset_param.is_none() {
+            return Err(bad("live reads need an offset"));
+        }
+        let start = match offset_param.as_deref() {
+            None | Some("-1") => Some(0),
+            Some("now") => None,
+            Some(text) => Some(offset::parse(text).ok_or_else(|| bad("malformed offset"))?),
+        };
+        let client_cursor = get("cursor");
+        let if_none_match = header(&request, "if-none-match").map(str::to_owned);
+        match mode {
+            Mode::CatchUp => self.catch_up(&path, start, if_none_match.as_deref()).await,
+            Mode::LongPoll => self.long_poll(&path, start, client_cursor.as_deref()).await,
+            Mode::Sse => self.sse(&path, start, client_cursor).await,
+        }
+    }
+
+    async fn read_at(
+        &self,
+        path: &str,
+        start: Option<u64>,
+    ) -> Result<(StreamState, Vec<(u64, String)>, u64, u64), Response<Body>> {
+        match self
+            .query(
+                path,
+                StreamQuery::Read {
+                    offset: start,
+                    now_ms: now_ms(),
+                },
+            )
+            .await?
+        {
+            StreamOutput::Read {
+                state,
+                messages,
+                next,
+            } => {
+                let from = start.unwrap_or(state.tail);
+                Ok((state, messages, from, next))
+            }
+            StreamOutput::BadOffset => Err(error(
+                StatusCode::BAD_REQUEST,
+                "offset is not in this stream",
+            )),
+            _ => Err(error(StatusCode::NOT_FOUND, "no such stream")),
+        }
+    }
+
+    async fn catch_up(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        if_none_match: Option<&str>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let (state, messages, from, next) = self.read_at(path, start).await?;
+        let up_to_date = next == state.tail;
+        let closed = up_to_date && state.closed;
+        let etag = format!(
+            "\"{}:{}{}\"",
+            offset::format(from),
+            offset::format(next),
+            if closed { ":c" } else { "" }
+        );
+        if if_none_match == Some(etag.as_str()) {
+            let mut response = respond(StatusCode::NOT_MODIFIED, "");
+            set(response.headers_mut(), "etag", &etag);
+            return Ok(response);
+        }
+        let mut response = respond(StatusCode::OK, join(&state, &messages));
+        let headers = response.headers_mut();
+        set(headers, "content-type", &state.config.content_type);
+        set(headers, "stream-next-offset", offset::format(next));
+        set(headers, "etag", &etag);
+        if up_to_date {
+            set(headers, "stream-up-to-date", "true");
+        }
+        if closed {
+            set(headers, "stream-closed", "true");
+        }
+        Ok(response)
+    }
+
+    async fn long_poll(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        client_cursor: Option<&str>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let deadline = tokio::time::Instant::now() + self.config.long_poll_timeout;
+        // Subscribe before the emptiness check, so an append between the
+        // check and the wait still wakes this reader.
+        let mut changes = self.notifier.subscribe(path);
+        let mut position = start;
+        loop {
+            let (state, messages, from, next) = self.read_at(path, position).await?;
+            position = Some(from);
+            if !messages.is_empty() {
+                let mut response = respond(StatusCode::OK, join(&state, &messages));
+                let headers = response.headers_mut();
+                set(headers, "content-type", &state.config.content_type);
+                set(headers, "stream-next-offset", offset::format(next));
+                set(headers, "stream-cursor", cursor(client_cursor));
+                if next == state.tail {
+                    set(headers, "stream-up-to-date", "true");
+                    if state.closed {
+                        set(headers, "stream-closed", "true");
+                    }
+                }
+                return Ok(response);
+            }
+            if state.closed || tokio::time::Instant::now() >= deadline {
+                let mut response = respond(StatusCode::NO_CONTENT, "");
+                let headers = response.headers_mut();
+                set(headers, "content-type", &state.config.content_type);
+                set(headers, "stream-next-offset", offset::format(from));
+                set(headers, "stream-up-to-date", "true");
+                if state.closed {
+                    set(headers, "stream-closed", "true");
+                } else {
+                    set(headers, "stream-cursor", cursor(client_cursor));
+                }
+                return Ok(response);
+            }
+            notify::wait(&mut changes, deadline).await;
+        }
+    }
+
+    async fn sse(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        client_cursor: Option<String>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let mut changes = self.notifier.subscribe(path);
+        let (state, messages, from, next) = self.read_at(path, start).await?;
+        let binary = !is_text(&state.config.content_type);
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+        let service = self.clone();
+        let path = path.to_owned();
+        let deadline = tokio::time::Instant::now() + self.config.sse_lifetime;
+        let first = (state, messages, next);
+        tokio::spawn(async move {
+            let session = SseSession {
+                service,
+                path,
+                tx,
+                deadline,
+                binary,
+                client_cursor,
+            };
+            session.run(&mut changes, first, from).await;
+        });
+        let body = StreamBody::new(ReceiverBody(rx)).boxed();
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        set(headers, "content-type", "text/event-stream");
+        set(headers, "cache-control", "no-cache");
+        if binary {
+            set(headers, "stream-sse-data-encoding", "base64");
+        }
+        Ok(response)
+    }
+}
+
+struct ReceiverBody(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl tokio_stream::Stream for ReceiverBody {
+    type Item = Result<Frame<Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// One SSE connection's writer task.
+struct SseSession {
+    service: Streams,
+    path: String,
+    tx: mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+    deadline: tokio::time::Instant,
+    binary: bool,
+    client_cursor: Option<String>,
+}
+
+impl SseSession {
+    async fn send(&self, bytes: Bytes) -> bool {
+        self.tx.send(Ok(Frame::data(bytes))).await.is_ok()
+    }
+
+    /// Data event (when any), then a control event; `false` ends the connection.
+    async fn emit(&self, state: &StreamState, messages: &[(u64, String)], next: u64) -> bool {
+        if !messages.is_empty() {
+            let payload = if self.binary {
+                let raw: Vec<u8> = messages
+                    .iter()
+                    .filter_map(|(_, m)| BASE64.decode(m).ok())
+                    .flatten()
+                    .collect();
+                BASE64.encode(raw)
+            } else {
+                String::from_utf8_lossy(&join(state, messages)).into_owned()
+            };
+            if !self.send(sse_event("data", &payload)).await {
+                return false;
+            }
+        }
+        let up_to_date = next == state.tail;
+        let closed = up_to_date && state.closed;
+        let control = Control {
+            stream_next_offset: offset::format(next),
+            stream_cursor: (!closed).then(|| cursor(self.client_cursor.as_deref())),
+            up_to_date,
+            stream_closed: closed,
+        };
+        let text = serde_json::to_string(&control).unwrap_or_default();
+        self.send(sse_event("control", &text)).await && !closed
+    }
+
+    async fn run(
+        self,
+        changes: &mut watch::Receiver<u64>,
+        first: (StreamState, Vec<(u64, String)>, u64),
+        from: u64,
+    ) {
+        let (state, messages, mut next) = first;
+        let _ = from;
+        if !self.emit(&state, &messages, next).await {
+            return;
+        }
+        let mut idle = next == state.tail;
+        while tokio::time::Instant::now() < self.deadline {
+            if idle {
+                notify::wait(changes, self.deadline).await;
+            }
+            let Ok((state, messages, _, after)) =
+                self.service.read_at(&self.path, Some(next)).await
+            else {
+                return;
+            };
+            idle = after == state.tail;
+            if messages.is_empty() && !state.closed {
+                continue;
+            }
+            if !self.emit(&state, &messages, after).await {
+                return;
+            }
+            next = after;
+        }
+    }
+}
+
+fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {
+    let fail = || error(StatusCode::INTERNAL_SERVER_ERROR, "command does not encode");
+    let Ok(Value::Object(mut map)) = serde_json::to_value(value) else {
+        return Err(fail());
+    };
+    let Some(Value::String(name)) = map.remove("name") else {
+        return Err(fail());
+    };
+    let args = map
+        .remove("args")
+        .unwrap_or(Value::Object(Default::default()));
+    Ok((name, args))
+}
+
+fn runtime_error(e: RuntimeError) -> Response<Body> {
+    let status = match &e {
+        RuntimeError::NotOwner { .. } => StatusCode::MISDIRECTED_REQUEST,
+        RuntimeError::ResourceExhausted { .. } | RuntimeError::Draining => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        RuntimeError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut response = error(status, &e.to_string());
+    if let RuntimeError::ResourceExhausted { retry_after_ms, .. } = e {
+        set(
+            response.headers_mut(),
+            "retry-after",
+            retry_after_ms.div_ceil(1000).max(1).to_string(),
+        );
+    }
+    response
+}
+
+fn state_headers(headers: &mut HeaderMap, state: &StreamState) {
+    set(headers, "content-type", &state.config.content_type);
+    if let Some(ttl) = state.config.ttl_seconds {
+        set(headers, "stream-ttl", ttl.to_string());
+    }
+    if let Some(at) = &state.config.expires_at {
+        set(headers, "stream-expires-at", at);
+    }
+    if state.closed {
+        set(headers, "stream-closed", "true");
+    }
+}
+
+fn producer_headers(request: &Request<Incoming>) -> Result<Option<Producer>, &'static str> {
+    let id = header(request, "producer-id");
+    let epoch = header(request, "producer-epoch");
+    let seq = header(request, "producer-seq");
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => {
+            let number = |t: &str| {
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("producer epoch and seq must be non-negative integers");
+                }
+                t.parse::<u64>().map_err(|_| "producer number too large")
+            };
+            if id.is_empty() {
+                return Err("empty Producer-Id");
+            }
+            Ok(Some(Producer {
+                id: id.to_owned(),
+                epoch: number(epoch)?,
+                seq: number(seq)?,
+            }))
+        }
+        _ => Err("Producer-Id, Producer-Epoch and Producer-Seq go together"),
+    }
+}
+
+fn parse_time(text: &str) -> Option<i64> {
+    let at =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+}

@@ -59,24 +59,24 @@ sql = "SELECT tag, COUNT(*) AS n FROM entries GROUP BY tag ORDER BY tag"
 pub struct DevArgs {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
-    nodes: usize,
+    pub(crate) nodes: usize,
     /// Where certificates, keys, configs, node data and the local store live.
     #[arg(long, default_value = ".cellfleet-dev")]
-    data: PathBuf,
+    pub(crate) data: PathBuf,
     /// Use this S3 endpoint URL instead of the local-directory store
     /// (bucket from CELLFLEET_S3_BUCKET, default "cellfleet-dev"; credentials
     /// from CELLFLEET_S3_ACCESS_KEY / CELLFLEET_S3_SECRET_KEY).
     #[arg(long)]
-    s3: Option<String>,
+    pub(crate) s3: Option<String>,
     /// Client ports are BASE+1.., peer ports BASE+101.., HTTP ports BASE+201...
     #[arg(long, default_value_t = 7000)]
-    port_base: u16,
+    pub(crate) port_base: u16,
     /// Node lease length (a killed node's Cells move after about this long).
     #[arg(long, default_value_t = 5000)]
-    lease_ms: u64,
+    pub(crate) lease_ms: u64,
     /// Write the files and exit without starting nodes.
     #[arg(long)]
-    no_start: bool,
+    pub(crate) no_start: bool,
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -201,7 +201,8 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     Ok(configs)
 }
 
-fn terminate(child: &Child) {
+/// Asks `child` to drain (SIGTERM, through `kill`: no libc in this crate).
+pub(crate) fn terminate(child: &Child) {
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())

@@ -1,5 +1,6 @@
 //! The `cellfleet` command-line tool.
 
+mod bench;
 mod certs_cmd;
 mod client_cmd;
 mod dev_cmd;
@@ -54,6 +55,8 @@ enum Command {
     Cell(client_cmd::CellCommand),
     /// Drain a node: publish its accepted work, release its Cells, retire its lease.
     Drain(client_cmd::DrainArgs),
+    /// Measure a real cluster: local and forwarded commands and queries, with the floors (mTLS echo, conditional PUT) in the same run.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Cells(args) => client_cmd::cells(args),
         Command::Cell(command) => client_cmd::cell(command),
         Command::Drain(args) => client_cmd::drain(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(code) => code,

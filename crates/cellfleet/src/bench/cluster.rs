@@ -1,0 +1,348 @@
+//! The benchmark's cluster: a temporary directory written by `dev`'s code, the store the nodes share, and N `cellfleet node` child processes on loopback ports chosen by the kernel.
+//!
+//! Node output goes to `nN.log` in the temporary directory (printed in
+//! part if a node fails to start). [`BenchCluster::stop`] sends SIGTERM to
+//! every node (they drain) and waits; dropping the cluster kills whatever
+//! still runs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use cellfleet_router::signing::read_signing_key;
+use cellfleet_router::tls::{self, TlsIdentity};
+use cellfleet_store::{ObjectStore, S3Config, S3Store, StoreConfig};
+
+use crate::bench::client::Signer;
+use crate::bench::StoreKind;
+use crate::dev_cmd::{self, DevArgs};
+
+/// How long a node may take to print its ready line.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the nodes may take to drain after SIGTERM.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// The bucket benchmark runs use on S3 (each run under its own prefix).
+const BENCH_BUCKET: &str = "cellfleet-bench";
+/// Lease length of the benchmark's nodes.
+const LEASE_MS: u64 = 5_000;
+/// Lines of a failed node's log shown.
+const LOG_TAIL_LINES: usize = 30;
+
+/// The store, resolved before the nodes start.
+#[derive(Debug)]
+pub enum StoreSetup {
+    Local,
+    S3 {
+        config: Box<S3Config>,
+        prefix: String,
+    },
+}
+
+impl StoreSetup {
+    /// For S3: the server's settings (starting SeaweedFS through the
+    /// repository's script when `CELLFLEET_S3_ENDPOINT` is unset, as the
+    /// tests do), the bench bucket (created if missing) and a fresh prefix.
+    pub fn resolve(kind: StoreKind, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Self> {
+        match kind {
+            StoreKind::Local => Ok(StoreSetup::Local),
+            StoreKind::S3 => {
+                // testkit panics with its reason when no server can be had;
+                // on its own thread that becomes an error here.
+                let config =
+                    std::thread::spawn(|| cellfleet_store::testkit::s3_config(BENCH_BUCKET))
+                        .join()
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                            "no S3 server: set CELLFLEET_S3_ENDPOINT (and the other CELLFLEET_S3_* \
+                             variables) or run `scripts/seaweedfs.sh start`; or use --store local"
+                        )
+                        })?;
+                runtime.block_on(async {
+                    let store = S3Store::connect(&config)
+                        .await
+                        .context("configuring the S3 client")?;
+                    store.create_bucket_if_missing().await.with_context(|| {
+                        format!("creating bucket {BENCH_BUCKET} at {:?}", config.endpoint)
+                    })?;
+                    anyhow::Ok(())
+                })?;
+                let prefix = format!("bench/{:016x}", rand::random::<u64>());
+                Ok(StoreSetup::S3 {
+                    config: Box::new(config),
+                    prefix,
+                })
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct NodeProcess {
+    pub id: String,
+    child: Child,
+    pub client: SocketAddr,
+}
+
+#[derive(Debug)]
+pub struct BenchCluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<NodeProcess>,
+    store: StoreSetup,
+}
+
+impl BenchCluster {
+    /// Writes the cluster files and starts `nodes` nodes; returns once every
+    /// node printed its ready line.
+    pub fn start(nodes: usize, store: StoreSetup) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("cellfleet-bench-")
+            .tempdir()
+            .context("creating the temporary cluster directory")?;
+        let configs = dev_cmd::prepare(&DevArgs {
+            nodes,
+            data: dir.path().to_owned(),
+            s3: None,
+            port_base: 0,
+            lease_ms: LEASE_MS,
+            no_start: true,
+        })?;
+        let env = node_env(&store);
+        let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
+        let mut cluster = BenchCluster {
+            dir,
+            nodes: Vec::new(),
+            store,
+        };
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, SocketAddr)>();
+        let mut children = Vec::new();
+        for (index, config) in configs.iter().enumerate() {
+            let id = format!("n{}", index + 1);
+            let log_path = cluster.dir.path().join(format!("{id}.log"));
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            let mut child = Command::new(&exe)
+                .arg("node")
+                .arg("--config")
+                .arg(config)
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log.try_clone()?))
+                .spawn()
+                .with_context(|| format!("cannot start {} node", exe.display()))?;
+            let stdout = child.stdout.take().expect("stdout is piped");
+            let ready_tx = ready_tx.clone();
+            std::thread::spawn(move || forward_output(index, stdout, log, ready_tx));
+            children.push((id, child));
+        }
+        drop(ready_tx);
+        let mut addrs = vec![None; children.len()];
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut ready = 0;
+        while ready < children.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ready_rx.recv_timeout(left) {
+                Ok((index, addr)) => {
+                    addrs[index] = Some(addr);
+                    ready += 1;
+                }
+                Err(_) => {
+                    let logs = cluster.log_tails(children.len());
+                    for (_, child) in &mut children {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    bail!(
+                        "only {ready} of {} nodes became ready within {READY_TIMEOUT:?}\n{logs}",
+                        children.len()
+                    );
+                }
+            }
+        }
+        for ((id, child), addr) in children.into_iter().zip(addrs) {
+            cluster.nodes.push(NodeProcess {
+                id,
+                child,
+                client: addr.expect("every node reported ready"),
+            });
+        }
+        Ok(cluster)
+    }
+
+    fn log_tails(&self, nodes: usize) -> String {
+        (1..=nodes)
+            .map(|i| {
+                let path = self.dir.path().join(format!("n{i}.log"));
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+                format!("--- {} ---\n{tail}", path.display())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn node_ids(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.id.clone()).collect()
+    }
+
+    pub fn client_addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.client).collect()
+    }
+
+    /// The client's mTLS configuration (the `dev` client certificate).
+    pub fn client_tls(&self) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        let identity = TlsIdentity::load(
+            &self.path("certs/ca.pem"),
+            &self.path("certs/client-dev.pem"),
+            &self.path("certs/client-dev.key"),
+        )
+        .context("client certificate")?;
+        Ok(tls::client_config(&identity)?)
+    }
+
+    /// A node's TLS identity (the echo floor serves with n1's).
+    pub fn node_identity(&self, id: &str) -> anyhow::Result<TlsIdentity> {
+        Ok(TlsIdentity::load(
+            &self.path("certs/ca.pem"),
+            &self.path(&format!("certs/node-{id}.pem")),
+            &self.path(&format!("certs/node-{id}.key")),
+        )?)
+    }
+
+    pub fn signing_key(&self) -> anyhow::Result<Signer> {
+        let key = read_signing_key(&self.path("dev.ed25519.pem")).context("client signing key")?;
+        Ok(Signer {
+            key_id: "dev".into(),
+            key: Arc::new(key),
+        })
+    }
+
+    /// The nodes' store, opened as the nodes open it (S3 with retries).
+    pub async fn floor_store(&self) -> anyhow::Result<Arc<dyn ObjectStore>> {
+        let config = match &self.store {
+            StoreSetup::Local => StoreConfig::Local {
+                dir: self.path("store"),
+            },
+            StoreSetup::S3 { config, .. } => StoreConfig::S3((**config).clone()),
+        };
+        Ok(cellfleet_store::open(&config).await?)
+    }
+
+    /// Where the store floor writes (beside the cluster's keys, never in them).
+    pub fn floor_prefix(&self) -> String {
+        match &self.store {
+            StoreSetup::Local => "bench-floor".into(),
+            StoreSetup::S3 { prefix, .. } => format!("{prefix}/floor"),
+        }
+    }
+
+    pub fn store_description(&self) -> String {
+        match &self.store {
+            StoreSetup::Local => format!("local {}", self.path("store").display()),
+            StoreSetup::S3 { config, prefix } => format!(
+                "s3 {} bucket {} prefix {prefix}",
+                config.endpoint.as_deref().unwrap_or("(aws)"),
+                config.bucket
+            ),
+        }
+    }
+
+    /// SIGTERM to every node, then waits for each to exit; returns
+    /// (node id, exited successfully) per node.
+    pub fn stop(&mut self) -> Vec<(String, bool)> {
+        for node in &self.nodes {
+            dev_cmd::terminate(&node.child);
+        }
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let mut results = Vec::new();
+        for node in &mut self.nodes {
+            let clean = loop {
+                match node.child.try_wait() {
+                    Ok(Some(status)) => break status.success(),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    _ => {
+                        let _ = node.child.kill();
+                        let _ = node.child.wait();
+                        break false;
+                    }
+                }
+            };
+            results.push((node.id.clone(), clean));
+        }
+        results
+    }
+}
+
+impl Drop for BenchCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Ok(None) = node.child.try_wait() {
+                let _ = node.child.kill();
+                let _ = node.child.wait();
+            }
+        }
+    }
+}
+
+/// The environment that points a node at the store and at kernel-chosen ports.
+fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        "CELLFLEET_LISTEN_CLIENT",
+        "CELLFLEET_LISTEN_PEER",
+        "CELLFLEET_LISTEN_HTTP",
+    ]
+    .into_iter()
+    .map(|name| (name.to_owned(), "127.0.0.1:0".to_owned()))
+    .collect();
+    if let StoreSetup::S3 { config, prefix } = store {
+        env.push(("CELLFLEET_PREFIX".into(), prefix.clone()));
+        env.push(("CELLFLEET_S3_BUCKET".into(), config.bucket.clone()));
+        for (name, value) in [
+            ("CELLFLEET_S3_ENDPOINT", &config.endpoint),
+            ("CELLFLEET_S3_REGION", &config.region),
+            ("CELLFLEET_S3_ACCESS_KEY", &config.access_key),
+            ("CELLFLEET_S3_SECRET_KEY", &config.secret_key),
+        ] {
+            env.push((name.into(), value.clone().unwrap_or_default()));
+        }
+        env.push((
+            "CELLFLEET_S3_PATH_STYLE".into(),
+            config.path_style.to_string(),
+        ));
+    }
+    env
+}
+
+/// Copies a node's stdout to its log and reports its client address once
+/// it prints `... ready client=ADDR ...`.
+fn forward_output(
+    index: usize,
+    stdout: std::process::ChildStdout,
+    mut log: std::fs::File,
+    ready: mpsc::Sender<(usize, SocketAddr)>,
+) {
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        let _ = writeln!(log, "{line}");
+        if !line.contains(" ready ") {
+            continue;
+        }
+        let addr = line
+            .split(" client=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse().ok());
+        if let Some(addr) = addr {
+            let _ = ready.send((index, addr));
+        }
+    }
+}

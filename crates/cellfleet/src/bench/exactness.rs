@@ -1,0 +1,201 @@
+//! The exactness check after a run: every acknowledged command's tag is in its Cell exactly once, no tag is there twice, and a tag that was never acknowledged is there at most once.
+//!
+//! The [`AckLog`] is the client's memory of what it sent: acknowledged tags
+//! and tags whose call failed (outcome unknown or refused) per Cell. It
+//! grows with the run (bounded by duration × throughput, a few MB at most
+//! for minutes of load). The check reads each Cell's state through one node
+//! with the `log` kind's `count` query (tag → rows).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::bench::client::{describe, BenchClient};
+use crate::bench::workloads::{COUNT, LOG_KIND};
+
+/// How long the check retries reading one Cell.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Offending tags listed in the report (the counts are complete).
+const EXAMPLES_MAX: usize = 5;
+
+#[derive(Debug, Default)]
+struct Entries {
+    acked: HashMap<String, Vec<String>>,
+    unacknowledged: HashMap<String, Vec<String>>,
+}
+
+/// Tags the client sent, per Cell key.
+#[derive(Debug, Default)]
+pub struct AckLog {
+    entries: Mutex<Entries>,
+}
+
+impl AckLog {
+    pub fn acked(&self, cell: &str, tag: String) {
+        let mut entries = self.entries.lock().expect("ack log lock");
+        entries.acked.entry(cell.to_owned()).or_default().push(tag);
+    }
+
+    pub fn unacknowledged(&self, cell: &str, tag: String) {
+        let mut entries = self.entries.lock().expect("ack log lock");
+        entries
+            .unacknowledged
+            .entry(cell.to_owned())
+            .or_default()
+            .push(tag);
+    }
+}
+
+/// The check's result.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Exactness {
+    pub passed: bool,
+    pub cells: usize,
+    /// Acknowledged commands.
+    pub acked: usize,
+    /// Acknowledged commands found exactly once.
+    pub present_once: usize,
+    /// Calls that failed without an acknowledgement.
+    pub unacknowledged: usize,
+    /// Of those, how many applied anyway (allowed: at most once).
+    pub unacknowledged_applied: usize,
+    pub missing: usize,
+    pub duplicated: usize,
+    /// Tags in a Cell that the client never sent.
+    pub unexpected: usize,
+    /// Some offending tags, and Cells that could not be read.
+    pub problems: Vec<String>,
+}
+
+async fn read_counts(
+    client: &BenchClient,
+    via: usize,
+    cell: &str,
+) -> Result<HashMap<String, i64>, String> {
+    let deadline = Instant::now() + READ_TIMEOUT;
+    loop {
+        let request = client.query_request(LOG_KIND, cell, COUNT, &serde_json::json!({}));
+        match client.query(via, request).await {
+            Ok(response) => return parse_counts(&response.result_json),
+            Err(status) if Instant::now() < deadline => {
+                let _ = status;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => return Err(describe(&status)),
+        }
+    }
+}
+
+/// `{"rows": [["tag", n], ...]}` → tag → n.
+fn parse_counts(json: &[u8]) -> Result<HashMap<String, i64>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| format!("count result is not JSON: {e}"))?;
+    let rows = value["rows"]
+        .as_array()
+        .ok_or_else(|| format!("count result has no rows: {value}"))?;
+    rows.iter()
+        .map(|row| match (row[0].as_str(), row[1].as_i64()) {
+            (Some(tag), Some(n)) => Ok((tag.to_owned(), n)),
+            _ => Err(format!("unexpected count row {row}")),
+        })
+        .collect()
+}
+
+/// Reads every Cell in `log` through node `via` and compares.
+pub async fn check(client: &BenchClient, log: &AckLog, via: usize) -> Exactness {
+    let entries = std::mem::take(&mut *log.entries.lock().expect("ack log lock"));
+    let cells: HashSet<&String> = entries
+        .acked
+        .keys()
+        .chain(entries.unacknowledged.keys())
+        .collect();
+    let mut result = Exactness {
+        cells: cells.len(),
+        ..Exactness::default()
+    };
+    let problem = |result: &mut Exactness, text: String| {
+        if result.problems.len() < EXAMPLES_MAX {
+            result.problems.push(text);
+        }
+    };
+    for cell in cells {
+        let counts = match read_counts(client, via, cell).await {
+            Ok(counts) => counts,
+            Err(error) => {
+                let acked = entries.acked.get(cell).map_or(0, Vec::len);
+                result.acked += acked;
+                result.missing += acked;
+                problem(&mut result, format!("cannot read {cell}: {error}"));
+                continue;
+            }
+        };
+        let acked = entries.acked.get(cell).map(Vec::as_slice).unwrap_or(&[]);
+        let unacknowledged = entries
+            .unacknowledged
+            .get(cell)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for tag in acked {
+            result.acked += 1;
+            match counts.get(tag).copied().unwrap_or(0) {
+                1 => result.present_once += 1,
+                0 => {
+                    result.missing += 1;
+                    problem(
+                        &mut result,
+                        format!("{cell}: acknowledged {tag} is missing"),
+                    );
+                }
+                n => {
+                    result.duplicated += 1;
+                    problem(
+                        &mut result,
+                        format!("{cell}: acknowledged {tag} is there {n} times"),
+                    );
+                }
+            }
+        }
+        for tag in unacknowledged {
+            result.unacknowledged += 1;
+            match counts.get(tag).copied().unwrap_or(0) {
+                0 => {}
+                1 => result.unacknowledged_applied += 1,
+                n => {
+                    result.duplicated += 1;
+                    problem(
+                        &mut result,
+                        format!("{cell}: unacknowledged {tag} is there {n} times"),
+                    );
+                }
+            }
+        }
+        let sent: HashSet<&String> = acked.iter().chain(unacknowledged).collect();
+        for tag in counts.keys().filter(|tag| !sent.contains(tag)) {
+            result.unexpected += 1;
+            problem(&mut result, format!("{cell}: {tag} was never sent"));
+        }
+    }
+    result.passed = result.acked > 0
+        && result.present_once == result.acked
+        && result.missing == 0
+        && result.duplicated == 0
+        && result.unexpected == 0;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_rows_are_parsed_and_bad_rows_refused() {
+        let counts =
+            parse_counts(br#"{"columns":["tag","n"],"rows":[["a",1],["b",2]]}"#).expect("parses");
+        assert_eq!(counts.get("a"), Some(&1));
+        assert_eq!(counts.get("b"), Some(&2));
+        assert!(parse_counts(br#"{"rows":[[1,"a"]]}"#).is_err());
+        assert!(parse_counts(b"not json").is_err());
+    }
+}

@@ -1,0 +1,233 @@
+//! The floors every workload is compared with, measured in the same run: a bare tonic echo over the nodes' own mTLS configuration, and the store's publication floor (a create-only 4 KiB PUT then an If-Match CAS of a 1 KiB object).
+//!
+//! The echo server serves the generated `cellfleet.v1.Client` service with
+//! a trivial implementation (a query answers with its own envelope body),
+//! behind `router::tls::server_config` and `router::transport::tls_incoming`
+//! with node n1's certificate, on its own 2-thread runtime (as a node
+//! runs), so the floor has every cost of a node's listener except the
+//! node's work. The echo client sends the same signed query a workload
+//! sends. The store floor opens the store as a node does (S3 with its
+//! retry wrapper) and writes what one publication writes, each worker on
+//! its own keys (no contention).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use bytes::Bytes;
+use cellfleet_proto::v1;
+use cellfleet_proto::v1::client_server::ClientServer;
+use cellfleet_router::tls::{self, Listener, TlsIdentity};
+use cellfleet_store::{ObjectStore, PutCondition};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status};
+
+use crate::bench::client::BenchClient;
+use crate::bench::load::{self, Sample, Timing, Window};
+
+pub const ECHO: &str = "echo";
+pub const STORE_PUBLICATION: &str = "store_publication";
+pub const STORE_CREATE: &str = "store_create_4k";
+pub const STORE_CAS: &str = "store_cas_1k";
+
+/// Size of the create-only object (an LTX file of one small transaction).
+const CREATE_BYTES: usize = 4 * 1024;
+/// Size of the CAS-replaced object (an authority root).
+const CAS_BYTES: usize = 1024;
+
+#[derive(Debug)]
+struct Echo;
+
+#[tonic::async_trait]
+impl v1::client_server::Client for Echo {
+    async fn execute(
+        &self,
+        request: Request<v1::ExecuteRequest>,
+    ) -> Result<Response<v1::ExecuteResponse>, Status> {
+        let body = request
+            .into_inner()
+            .envelope
+            .map(|e| e.body)
+            .unwrap_or_default();
+        Ok(Response::new(v1::ExecuteResponse {
+            outcome: Some(v1::execute_response::Outcome::ResultJson(body)),
+            served_by: ECHO.into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn query(
+        &self,
+        request: Request<v1::QueryRequest>,
+    ) -> Result<Response<v1::QueryResponse>, Status> {
+        let body = request
+            .into_inner()
+            .envelope
+            .map(|e| e.body)
+            .unwrap_or_default();
+        Ok(Response::new(v1::QueryResponse {
+            result_json: body,
+            receipt: None,
+            served_by: ECHO.into(),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        _request: Request<v1::ResolveRequest>,
+    ) -> Result<Response<v1::ResolveResponse>, Status> {
+        Ok(Response::new(v1::ResolveResponse::default()))
+    }
+}
+
+/// The echo server, on its own thread and runtime.
+#[derive(Debug)]
+pub struct EchoServer {
+    pub addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl EchoServer {
+    pub fn start(identity: &TlsIdentity) -> anyhow::Result<Self> {
+        let config = tls::server_config(identity, Listener::Client)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        // Bound here (the caller may be inside another runtime), served on
+        // the echo runtime.
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").context("binding the echo listener")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        eprintln!("bench: the echo listener failed: {error}");
+                        return;
+                    }
+                };
+                let served = tonic::transport::Server::builder()
+                    .add_service(ClientServer::new(Echo))
+                    .serve_with_incoming_shutdown(
+                        cellfleet_router::transport::tls_incoming(listener, config),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await;
+                if let Err(error) = served {
+                    eprintln!("bench: the echo server stopped: {error}");
+                }
+            });
+        });
+        Ok(EchoServer { addr, stop, thread })
+    }
+
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// The echo floor: the same signed query a workload sends, answered at once.
+pub async fn echo(client: &BenchClient, concurrency: usize, window: Window) -> Sample {
+    let client = client.clone();
+    load::drive(concurrency, window, 0, move |worker, _| {
+        let client = client.clone();
+        async move {
+            let request = client.query_request(
+                "log",
+                &format!("echo-{worker}"),
+                "count",
+                &serde_json::json!({}),
+            );
+            let sent = Instant::now();
+            client
+                .query(0, request)
+                .await
+                .map_err(|status| crate::bench::client::describe(&status))?;
+            Ok(Timing::total(sent.elapsed()))
+        }
+    })
+    .await
+}
+
+/// Bytes that differ per `nonce` (ETags must change on every replace).
+fn body(size: usize, nonce: u64) -> Bytes {
+    let mut bytes = vec![b'x'; size];
+    bytes[..8].copy_from_slice(&nonce.to_be_bytes());
+    Bytes::from(bytes)
+}
+
+/// The publication floor: per request a create-only PUT of a fresh 4 KiB
+/// key, then an If-Match replace of the worker's 1 KiB root. Parts:
+/// `[create, cas]`.
+pub async fn store(
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    concurrency: usize,
+    window: Window,
+) -> anyhow::Result<Sample> {
+    let prefix = format!("{prefix}/c{concurrency}");
+    let mut roots = Vec::with_capacity(concurrency);
+    for worker in 0..concurrency {
+        let key = format!("{prefix}/w{worker}/root");
+        let etag = store
+            .put(&key, body(CAS_BYTES, 0), PutCondition::Overwrite)
+            .await
+            .with_context(|| format!("seeding the floor object {key}"))?;
+        roots.push(tokio::sync::Mutex::new(etag));
+    }
+    let roots = Arc::new(roots);
+    let prefix = Arc::new(prefix);
+    Ok(
+        load::drive(concurrency, window, 2, move |worker, sequence| {
+            let store = store.clone();
+            let roots = roots.clone();
+            let prefix = prefix.clone();
+            async move {
+                let mut etag = roots[worker].lock().await;
+                let started = Instant::now();
+                store
+                    .put(
+                        &format!("{prefix}/w{worker}/ltx-{sequence}"),
+                        body(CREATE_BYTES, sequence),
+                        PutCondition::IfNoneMatch,
+                    )
+                    .await
+                    .map_err(|e| format!("create-only put: {e}"))?;
+                let created = started.elapsed();
+                let replaced = Instant::now();
+                let root = format!("{prefix}/w{worker}/root");
+                let put = store
+                    .put(
+                        &root,
+                        body(CAS_BYTES, sequence),
+                        PutCondition::IfMatch(etag.clone()),
+                    )
+                    .await;
+                *etag = match put {
+                    Ok(new_etag) => new_etag,
+                    Err(error) => {
+                        // A lost reply may have applied: re-read before the next try.
+                        if let Ok(meta) = store.head(&root).await {
+                            *etag = meta.etag;
+                        }
+                        return Err(format!("if-match put: {error}"));
+                    }
+                };
+                Ok(Timing {
+                    total: started.elapsed(),
+                    parts: vec![created, replaced.elapsed()],
+                })
+            }
+        })
+        .await,
+    )
+}

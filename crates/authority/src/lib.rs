@@ -10,6 +10,9 @@
 //!   ([`transition`] decides, [`Roots`] executes, [`reconcile`] settles lost
 //!   replies).
 //!
+//! A third, `{prefix}/cluster.json` ([`ClusterRecord`]), is created once and
+//! checked at every node start ([`cluster`]).
+//!
 //! Decisions are pure functions tested by property tests; the executors are
 //! thin. Time comes from an injected [`Clock`].
 //!
@@ -17,6 +20,7 @@
 //! the object store; it never deletes a root or a lease.
 
 mod clock;
+pub mod cluster;
 mod error;
 mod ids;
 pub mod layout;
@@ -28,6 +32,7 @@ mod roots;
 pub mod transition;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use cluster::{check_cluster, ClusterCheck, ClusterRecord};
 pub use error::{Error, Result};
 pub use ids::{CellId, Epoch, IdError, NodeId, SessionId};
 pub use layout::{Layout, LtxKey};

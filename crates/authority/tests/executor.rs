@@ -494,3 +494,67 @@ async fn transient_lease_errors_are_retryable_and_not_fencing() {
     assert!(f.leases.is_serving(&held), "the old deadline still holds");
     f.leases.renew(&held).await.expect("next attempt succeeds");
 }
+
+#[tokio::test]
+async fn the_cluster_record_is_created_once_and_refuses_another_configuration() {
+    use cellfleet_authority::cluster::{check_cluster, ClusterCheck, ClusterRecord, Mismatch};
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let layout = Layout::new("c").unwrap();
+    let (a, b) = ("a".repeat(64), "b".repeat(64));
+    let ours = ClusterRecord::new(&layout, &a, 4096, 5);
+    assert_eq!(
+        check_cluster(&store, &layout, &ours, false).await.unwrap(),
+        ClusterCheck::Created(ours.clone())
+    );
+    // A later node with the same configuration agrees; created_at is the first's.
+    let later = ClusterRecord::new(&layout, &a, 4096, 99);
+    assert_eq!(
+        check_cluster(&store, &layout, &later, false).await.unwrap(),
+        ClusterCheck::Agrees(ours.clone())
+    );
+    // Another manifest is refused, naming both digests, and changes nothing.
+    let other_kinds = ClusterRecord::new(&layout, &b, 4096, 99);
+    let ClusterCheck::Refused { mismatches, .. } =
+        check_cluster(&store, &layout, &other_kinds, false)
+            .await
+            .unwrap()
+    else {
+        panic!("another manifest must be refused");
+    };
+    assert_eq!(
+        mismatches,
+        vec![Mismatch::KindsDigest {
+            recorded: a.clone(),
+            ours: b.clone()
+        }]
+    );
+    // A page-size change is refused even when kinds changes are accepted.
+    let other_pages = ClusterRecord::new(&layout, &b, 8192, 99);
+    assert!(matches!(
+        check_cluster(&store, &layout, &other_pages, true)
+            .await
+            .unwrap(),
+        ClusterCheck::Refused { .. }
+    ));
+    // An accepted kinds change replaces the record by CAS (counter + 1).
+    let ClusterCheck::KindsChanged {
+        record,
+        previous_digest,
+    } = check_cluster(&store, &layout, &other_kinds, true)
+        .await
+        .unwrap()
+    else {
+        panic!("an accepted kinds change");
+    };
+    assert_eq!((previous_digest, record.counter), (a.clone(), 2));
+    assert_eq!(
+        (record.kinds_digest.as_str(), record.created_at_ms),
+        (b.as_str(), 5)
+    );
+    assert!(matches!(
+        check_cluster(&store, &layout, &ours, false).await.unwrap(),
+        ClusterCheck::Refused { .. }
+    ));
+    let stored = store.get(&layout.cluster_key()).await.unwrap();
+    assert_eq!(ClusterRecord::decode(&stored.body).unwrap(), record);
+}

@@ -45,6 +45,14 @@
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`, and
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`.
 //!
+//! Cluster record: at start, after the store probe, the node compares its
+//! prefix, page size and kinds manifest digest (no manifest: the empty
+//! manifest's) with `{prefix}/cluster.json`, creating it if absent, and
+//! refuses to start on any difference, naming both values. To change the
+//! cluster's kinds, put the new manifest on every node and start one node
+//! with `--accept-kinds-change` (it replaces the record by CAS); restart the
+//! others with the new manifest. Prefix and page size never change in place.
+//!
 //! Shutdown order on SIGTERM/Ctrl-C: readiness turns false, the runtime
 //! drains (stop admission, publish accepted work, release every root,
 //! retire the lease) while the listeners still answer (new requests get
@@ -57,7 +65,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use cellfleet_authority::{Clock, Layout, LeaseConfig, NodeId, NodeLeases, Roots, SystemClock};
+use cellfleet_authority::cluster::Mismatch;
+use cellfleet_authority::{
+    check_cluster, Clock, ClusterCheck, ClusterRecord, Layout, LeaseConfig, NodeId, NodeLeases,
+    Roots, SystemClock,
+};
 use cellfleet_router::endpoints::lease_endpoints;
 use cellfleet_router::envelope::{EnvelopePolicy, Verifier};
 use cellfleet_router::forward::Router;
@@ -79,6 +91,11 @@ pub struct NodeArgs {
     /// The node's TOML config (see `cellfleet node --help` and the docs of node_cmd.rs).
     #[arg(long, env = "CELLFLEET_NODE_CONFIG")]
     config: PathBuf,
+    /// Replace the cluster record's kinds manifest digest with this node's
+    /// (after putting the new manifest on every node). Without it, a node
+    /// whose manifest differs from the cluster's refuses to start.
+    #[arg(long)]
+    accept_kinds_change: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -371,7 +388,76 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(serve(file))
+    runtime.block_on(serve(file, args.accept_kinds_change))
+}
+
+/// Creates or checks `{prefix}/cluster.json`; an error (the node must not
+/// start) names every difference.
+async fn check_cluster_record(
+    store: &Arc<dyn cellfleet_store::ObjectStore>,
+    file: &NodeFile,
+    manifest: Option<&cellfleet_cell::Manifest>,
+    page_size: u32,
+    accept_kinds_change: bool,
+) -> anyhow::Result<()> {
+    let layout = Layout::new(&file.prefix)?;
+    let digest = match manifest {
+        Some(manifest) => manifest.digest(),
+        None => cellfleet_cell::Manifest::parse("")
+            .context("the empty kinds manifest")?
+            .digest(),
+    };
+    let now_ms = SystemClock.now_wall_ms();
+    let ours = ClusterRecord::new(&layout, &digest, page_size, now_ms);
+    let key = layout.cluster_key();
+    let manifest_path = file
+        .kinds
+        .manifest
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), |p| p.display().to_string());
+    let check = check_cluster(store, &layout, &ours, accept_kinds_change)
+        .await
+        .with_context(|| format!("cannot check the cluster record {key}"))?;
+    match check {
+        ClusterCheck::Created(_) => {
+            eprintln!(
+                "cellfleet node {}: created the cluster record {key} (kinds digest {digest})",
+                file.node_id
+            );
+        }
+        ClusterCheck::Agrees(_) => {}
+        ClusterCheck::KindsChanged {
+            previous_digest, ..
+        } => {
+            eprintln!(
+                "cellfleet node {}: the cluster's kinds changed from digest {previous_digest} to {digest} \
+                 (--accept-kinds-change); restart every other node with the manifest {manifest_path}",
+                file.node_id
+            );
+        }
+        ClusterCheck::Refused { mismatches, .. } => {
+            let only_kinds = mismatches
+                .iter()
+                .all(|m| matches!(m, Mismatch::KindsDigest { .. }));
+            let reasons: Vec<String> = mismatches.iter().map(ToString::to_string).collect();
+            let next = if only_kinds {
+                format!(
+                    "use the same kinds manifest as the other nodes (this node's: {manifest_path}), \
+                     or, to change the cluster's kinds, put the new manifest on every node and \
+                     start one node with `cellfleet node --accept-kinds-change`"
+                )
+            } else {
+                "data written under another prefix or page size would be invisible to this node; \
+                 check prefix (CELLFLEET_PREFIX) and the store"
+                    .to_owned()
+            };
+            bail!(
+                "{key}: {}; this node refuses to start: {next}",
+                reasons.join("; ")
+            );
+        }
+    }
+    Ok(())
 }
 
 fn advertised(addr: SocketAddr, host: Option<&str>) -> String {
@@ -381,7 +467,7 @@ fn advertised(addr: SocketAddr, host: Option<&str>) -> String {
     }
 }
 
-async fn serve(file: NodeFile) -> anyhow::Result<ExitCode> {
+async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<ExitCode> {
     let node_id = NodeId::new(&file.node_id).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The store first: a bucket that does not honour conditional writes
     // must never hold a lease or a root.
@@ -413,6 +499,16 @@ async fn serve(file: NodeFile) -> anyhow::Result<ExitCode> {
         Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
         None => Kinds::builtin(),
     };
+    // The page size every Cell is created with (NodeConfig::new uses the default).
+    let page_size = cellfleet_cell::CellConfig::default().page_size;
+    check_cluster_record(
+        &store,
+        &file,
+        manifest.as_ref(),
+        page_size,
+        accept_kinds_change,
+    )
+    .await?;
     let identity = TlsIdentity::load(&file.tls.ca, &file.tls.cert, &file.tls.key)
         .context("node certificate")?;
     match identity.role().context("node certificate")? {

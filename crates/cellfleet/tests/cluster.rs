@@ -575,3 +575,74 @@ async fn python_client_executes_a_signed_command_on_a_real_node() {
     let value: serde_json::Value = serde_json::from_slice(&response.result_json).expect("json");
     assert_eq!(value["value"], "hello from python", "{value}");
 }
+
+/// DESIGN.md §6: the kinds manifest is identical across the cluster. A node
+/// whose manifest differs from the digest in `{prefix}/cluster.json` refuses
+/// to start, naming both digests; `--accept-kinds-change` replaces the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_kinds_manifest_refuses_to_start() {
+    let mut cluster = Cluster::start(2, Store::Local, 5_000);
+    let record_path = cluster.path("store/objects/cellfleet/cluster.json");
+    let record = |path: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(path).expect("cluster.json")).expect("json")
+    };
+    let kinds = std::fs::read_to_string(cluster.path("kinds.toml")).expect("kinds");
+    let ours = cellfleet_cell::Manifest::parse(&kinds)
+        .expect("manifest")
+        .digest();
+    assert_eq!(record(&record_path)["kinds_digest"], ours.as_str());
+    assert_eq!(record(&record_path)["counter"], 1);
+    let changed_text =
+        format!("{kinds}\n[kinds.log.queries.tags]\nsql = \"SELECT DISTINCT tag FROM entries\"\n");
+    let changed = cellfleet_cell::Manifest::parse(&changed_text)
+        .expect("manifest")
+        .digest();
+    assert_ne!(ours, changed);
+    std::fs::write(cluster.path("kinds-changed.toml"), &changed_text).expect("write");
+    let n2 = std::fs::read_to_string(cluster.path("n2.toml")).expect("n2.toml");
+    let changed_config = cluster.path("n2-changed.toml");
+    let replaced = n2.replace(
+        "manifest = \"kinds.toml\"",
+        "manifest = \"kinds-changed.toml\"",
+    );
+    assert_ne!(replaced, n2, "n2.toml names kinds.toml");
+    std::fs::write(&changed_config, replaced).expect("write");
+
+    assert!(cluster.terminate(1), "n2 drains");
+    let mut refused = cluster
+        .node_command(&changed_config, &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run node");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = refused.kill();
+            panic!("a node with another kinds manifest kept running");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = refused.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the cluster's kinds manifest digest is {ours}"))
+            && stderr.contains(&format!("this node's is {changed}"))
+            && stderr.contains("--accept-kinds-change"),
+        "{stderr}"
+    );
+    assert_eq!(record(&record_path)["kinds_digest"], ours.as_str());
+
+    // The operator's explicit change: the record now names the new digest.
+    let child = cluster
+        .node_command(&changed_config, &["--accept-kinds-change"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let node = cluster.wait_ready("n2", child);
+    cluster.nodes[1] = node;
+    let after = record(&record_path);
+    assert_eq!(after["kinds_digest"], changed.as_str(), "{after}");
+    assert_eq!(after["counter"], 2, "{after}");
+}

@@ -133,15 +133,29 @@ impl Cluster {
     }
 
     fn spawn(&self, id: &str) -> NodeProcess {
-        let mut child = Command::new(BIN)
-            .arg("node")
-            .arg("--config")
-            .arg(self.path(&format!("{id}.toml")))
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        let child = self
+            .node_command(&self.path(&format!("{id}.toml")), &[])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn cellfleet node");
+        self.wait_ready(id, child)
+    }
+
+    /// `cellfleet node --config CONFIG ARGS` with the cluster's environment.
+    pub fn node_command(&self, config: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .arg("node")
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        command
+    }
+
+    /// Waits for a spawned node's (piped stdout) ready line.
+    pub fn wait_ready(&self, id: &str, mut child: Child) -> NodeProcess {
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {

@@ -67,6 +67,8 @@ pub enum StreamCommand {
     },
     /// DELETE.
     Delete { now_ms: i64 },
+    /// A read happened: renew a TTL.
+    Touch { now_ms: i64 },
 }
 
 /// `stream` queries.
@@ -151,6 +153,15 @@ fn decode(messages: &[String]) -> Result<Vec<Vec<u8>>, KindError> {
 type MetaRow = (String, Option<i64>, Option<String>, Option<i64>, i64, i64);
 
 fn load(conn: &Connection, now_ms: i64) -> Result<Option<StreamState>, KindError> {
+    // A Cell never written to has not run its migrations yet: no stream.
+    let tables: i64 = conn
+        .prepare_cached(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+        )?
+        .query_row([], |r| r.get(0))?;
+    if tables == 0 {
+        return Ok(None);
+    }
     let row: Option<MetaRow> = conn
         .prepare_cached(
             "SELECT content_type, ttl_seconds, expires_at, expires_at_ms, tail, closed FROM meta WHERE id = 1",
@@ -269,6 +280,12 @@ fn append(
         }
     }
     if state.closed {
+        if close && messages.is_empty() && producer.is_none() {
+            return Ok(StreamOutput::Appended {
+                state,
+                producer: None,
+            });
+        }
         return Ok(StreamOutput::Closed { state });
     }
     if !messages.is_empty() {
@@ -294,6 +311,7 @@ fn append(
         "UPDATE meta SET tail = ?1, closed = ?2 WHERE id = 1",
         (state.tail as i64, close as i64),
     )?;
+    renew(conn, &mut state, now_ms)?;
     if let Some(p) = &producer {
         conn.execute(
             "INSERT INTO producers (id, epoch, seq) VALUES (?1, ?2, ?3) \
@@ -302,6 +320,16 @@ fn append(
         )?;
     }
     Ok(StreamOutput::Appended { state, producer })
+}
+
+/// A TTL is a sliding window: every read or write moves the expiry.
+fn renew(conn: &Connection, state: &mut StreamState, now_ms: i64) -> Result<(), KindError> {
+    if let Some(ttl) = state.config.ttl_seconds {
+        let at = now_ms.saturating_add((ttl as i64).saturating_mul(1000));
+        conn.execute("UPDATE meta SET expires_at_ms = ?1 WHERE id = 1", [at])?;
+        state.config.expires_at_ms = Some(at);
+    }
+    Ok(())
 }
 
 fn read(conn: &Connection, offset: Option<u64>, now_ms: i64) -> Result<StreamOutput, KindError> {
@@ -425,6 +453,13 @@ impl RustKind for StreamKind {
                 close,
                 now_ms,
             } => append(conn, content_type, messages, seq, producer, close, now_ms),
+            StreamCommand::Touch { now_ms } => match load(conn, now_ms)? {
+                Some(mut state) => {
+                    renew(conn, &mut state, now_ms)?;
+                    Ok(StreamOutput::Deleted)
+                }
+                None => Ok(StreamOutput::NotFound),
+            },
             StreamCommand::Delete { now_ms } => {
                 let existed = load(conn, now_ms)?.is_some();
                 wipe(conn)?;

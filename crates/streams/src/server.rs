@@ -218,9 +218,12 @@ struct Control {
 
 fn sse_event(kind: &str, data: &str) -> Bytes {
     let mut out = format!("event: {kind}\n");
-    for line in data.split('\n') {
+    // CR, LF and CRLF all end an SSE line: each becomes its own data line,
+    // so a payload can never inject an event.
+    let normalized = data.replace("\r\n", "\n").replace('\r', "\n");
+    for line in normalized.split('\n') {
         out.push_str("data:");
-        out.push_str(line.strip_suffix('\r').unwrap_or(line));
+        out.push_str(line);
         out.push('\n');
     }
     out.push('\n');
@@ -322,6 +325,15 @@ impl Streams {
                 StatusCode::BAD_REQUEST,
                 &format!("rejected: {}", rejection.message),
             )),
+        }
+    }
+
+    /// Renews a TTL stream's expiry after a read (a TTL slides on access).
+    async fn touch(&self, path: &str, state: &StreamState) {
+        if state.config.ttl_seconds.is_some() {
+            let _ = self
+                .execute(path, StreamCommand::Touch { now_ms: now_ms() })
+                .await;
         }
     }
 
@@ -486,7 +498,8 @@ impl Streams {
         let response = match output {
             StreamOutput::Appended { state, producer } => {
                 self.notifier.changed(&path);
-                let status = if producer.is_some() {
+                // Close-only requests answer 204 even for producers.
+                let status = if producer.is_some() && !messages.is_empty() {
                     StatusCode::OK
                 } else {
                     StatusCode::NO_CONTENT
@@ -679,6 +692,7 @@ impl Streams {
         if_none_match: Option<&str>,
     ) -> Result<Response<Body>, Response<Body>> {
         let (state, messages, from, next) = self.read_at(path, start).await?;
+        self.touch(path, &state).await;
         let up_to_date = next == state.tail;
         let closed = up_to_date && state.closed;
         let etag = format!(
@@ -717,8 +731,13 @@ impl Streams {
         // check and the wait still wakes this reader.
         let mut changes = self.notifier.subscribe(path);
         let mut position = start;
+        let mut touched = false;
         loop {
             let (state, messages, from, next) = self.read_at(path, position).await?;
+            if !touched {
+                touched = true;
+                self.touch(path, &state).await;
+            }
             position = Some(from);
             if !messages.is_empty() {
                 let mut response = respond(StatusCode::OK, join(&state, &messages));
@@ -759,6 +778,7 @@ impl Streams {
     ) -> Result<Response<Body>, Response<Body>> {
         let mut changes = self.notifier.subscribe(path);
         let (state, messages, from, next) = self.read_at(path, start).await?;
+        self.touch(path, &state).await;
         let binary = !is_text(&state.config.content_type);
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
         let service = self.clone();

@@ -281,6 +281,10 @@ pub(crate) struct Actor {
     compaction: Option<JoinHandle<Prepared>>,
     snapshot_compaction: bool,
     waiters: Vec<QueryWaiter>,
+    /// Queries wait until this TXID is published: the migration the Cell
+    /// needed when it opened (a fresh Cell's schema), so no query ever
+    /// reads a state without the kind's tables.
+    queries_from_txid: u64,
     stopping: Option<StopHow>,
     stop_done: Vec<oneshot::Sender<Result<()>>>,
     failed: Option<String>,
@@ -329,6 +333,7 @@ impl Actor {
             compaction: None,
             snapshot_compaction: false,
             waiters: Vec::new(),
+            queries_from_txid: 0,
             stopping: None,
             stop_done: Vec::new(),
             failed: None,
@@ -352,6 +357,7 @@ impl Actor {
     /// Runs until stopped; returns how it ended.
     pub(crate) async fn run(mut self, migration: Option<Publication>) -> Exit {
         if let Some(migration) = migration {
+            self.queries_from_txid = migration.txid.0;
             self.start_publication(migration, 0);
         }
         loop {
@@ -546,6 +552,10 @@ impl Actor {
         min_txid: Option<u64>,
         reply: Reply<Queried>,
     ) {
+        let min_txid = match (min_txid, self.queries_from_txid) {
+            (min, 0) => min,
+            (min, ready) => Some(min.unwrap_or(0).max(ready)),
+        };
         match min_txid {
             Some(min) if min > self.published_txid() => {
                 let executed = self.cell.as_ref().map_or(0, |cell| cell.position().txid.0);

@@ -99,6 +99,34 @@ async fn commands_queries_receipts_and_retries() {
     }
 }
 
+/// A query is the first request a Cell sees: it answers from the kind's
+/// (empty) schema, published before any query is served, never from the
+/// state before the Cell's migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_on_a_fresh_cell_waits_for_its_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    // The migration's publication is slow, so a query would otherwise
+    // reach the Cell before its schema is published.
+    let store = Arc::new(FaultStore::new(store));
+    store.inject(
+        Fault::delay(
+            Some(Op::PutIfNoneMatch),
+            std::time::Duration::from_millis(200),
+        )
+        .times(1),
+    );
+    let clock = manual_clock();
+    let node = start(node_config("n1", dir.path(), "fresh"), store, clock).await;
+    let queried = node
+        .query(KIND, b"never-written", "all", json!({}), None)
+        .await
+        .unwrap();
+    assert_eq!(queried.value, json!([]));
+    assert_eq!(queried.receipt.txid, 1, "the schema's publication");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_lease_serves_a_warm_cell_with_zero_reads() {
     let dir = tempfile::tempdir().unwrap();

@@ -68,7 +68,8 @@ pub struct DevArgs {
     /// from CELLFLEET_S3_ACCESS_KEY / CELLFLEET_S3_SECRET_KEY).
     #[arg(long)]
     pub(crate) s3: Option<String>,
-    /// Client ports are BASE+1.., peer ports BASE+101.., HTTP ports BASE+201...
+    /// Client ports are BASE+1.., peer ports BASE+101.., HTTP ports BASE+201..,
+    /// Durable Streams ports BASE+301...
     #[arg(long, default_value_t = 7000)]
     pub(crate) port_base: u16,
     /// Node lease length (a killed node's Cells move after about this long).
@@ -163,6 +164,9 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 peer: format!("127.0.0.1:{}", port(100)),
                 http: format!("127.0.0.1:{}", port(200)),
                 advertise_host: None,
+                // Durable Streams on by default in dev: BASE+301...
+                streams: Some(format!("127.0.0.1:{}", port(300))),
+                streams_long_poll_ms: None,
             },
             store: store.clone(),
             tls: TlsFile {

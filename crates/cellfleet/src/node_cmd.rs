@@ -11,6 +11,7 @@
 //! client = "127.0.0.1:7001"  # client + admin services, mTLS (client or node certs)
 //! peer = "127.0.0.1:7101"    # peer service, mTLS (node certs only)
 //! http = "127.0.0.1:7201"    # /metrics /healthz /readyz
+//! streams = "127.0.0.1:7301" # optional: Durable Streams HTTP (streams_long_poll_ms = 500)
 //! advertise_host = "127.0.0.1"  # optional: the host others dial (default: the listen host)
 //!
 //! [store]                    # type = "local" (dir) or "s3" (bucket, endpoint, region,
@@ -106,6 +107,12 @@ pub struct ListenFile {
     pub http: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise_host: Option<String>,
+    /// Durable Streams HTTP listener (crates/streams); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<String>,
+    /// Long-poll timeout of the streams listener (default 20 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_long_poll_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -498,7 +505,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let kinds = match &manifest {
         Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
         None => Kinds::builtin(),
-    };
+    }
+    .with(Arc::new(cellfleet_cell::Typed(cellfleet_streams::StreamKind)));
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
     check_cluster_record(
@@ -572,6 +580,22 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     ));
     let drain = Arc::new(DrainState::default());
     let server = NodeServer::start(listeners, &identity, router, store, layout, drain.clone())?;
+    // Kept alive until this function returns; dropping it stops the listener.
+    let (_streams_stop, streams_stopped) = tokio::sync::watch::channel(false);
+    if let Some(address) = &file.listen.streams {
+        let listener = bind(address, "listen.streams").await?;
+        let mut config = cellfleet_streams::StreamsConfig::default();
+        if let Some(ms) = file.listen.streams_long_poll_ms {
+            config.long_poll_timeout = std::time::Duration::from_millis(ms);
+        }
+        println!(
+            "cellfleet node {} streams=http://{}",
+            file.node_id,
+            listener.local_addr()?
+        );
+        let streams = cellfleet_streams::Streams::new(node.clone(), config);
+        tokio::spawn(streams.serve(listener, streams_stopped));
+    }
     println!(
         "cellfleet node {} ready client={} peer={} http={} store={}",
         file.node_id, server.client_addr, server.peer_addr, server.http_addr, report.store

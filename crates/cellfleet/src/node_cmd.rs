@@ -506,7 +506,9 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
         None => Kinds::builtin(),
     }
-    .with(Arc::new(cellfleet_cell::Typed(cellfleet_streams::StreamKind)));
+    .with(Arc::new(cellfleet_cell::Typed(
+        cellfleet_streams::StreamKind,
+    )));
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
     check_cluster_record(

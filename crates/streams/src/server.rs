@@ -367,9 +367,18 @@ impl Streams {
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Response<Body>> {
         let path = request.uri().path().to_owned();
-        let content_type = header(&request, "content-type")
-            .unwrap_or("application/octet-stream")
-            .to_owned();
+        let forked_from = header(&request, "stream-forked-from").map(str::to_owned);
+        let fork_offset = header(&request, "stream-fork-offset").map(str::to_owned);
+        if header(&request, "stream-fork-sub-offset").is_some() {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "Stream-Fork-Sub-Offset is not supported yet",
+            ));
+        }
+        let explicit_type = header(&request, "content-type").map(str::to_owned);
+        let content_type = explicit_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".to_owned());
         let ttl = header(&request, "stream-ttl").map(str::to_owned);
         let expires = header(&request, "stream-expires-at").map(str::to_owned);
         let closed =
@@ -397,13 +406,34 @@ impl Streams {
             (None, None) => None,
         };
         let body = self.body(request).await?;
-        let messages = if body.is_empty() {
+        let mut content_type = content_type;
+        let mut ttl_seconds = ttl_seconds;
+        let mut expires_at_ms = expires_at_ms;
+        let mut inherited = Vec::new();
+        if let Some(source) = &forked_from {
+            let fork = self
+                .fork_prefix(source, fork_offset.as_deref(), explicit_type.as_deref())
+                .await?;
+            content_type = fork.state.config.content_type.clone();
+            if ttl_seconds.is_none() && expires.is_none() {
+                ttl_seconds = fork.state.config.ttl_seconds;
+                expires_at_ms = ttl_seconds
+                    .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
+                    .or(fork.state.config.expires_at_ms);
+            }
+            inherited = fork.messages;
+        } else if fork_offset.is_some() {
+            return Err(bad("Stream-Fork-Offset needs Stream-Forked-From"));
+        }
+        let mut messages = if body.is_empty() {
             Vec::new()
         } else if is_json(&content_type) {
             json_messages(&body, true).map_err(&bad)?
         } else {
             vec![body.to_vec()]
         };
+        inherited.append(&mut messages);
+        let messages = inherited;
         let config = StreamConfig {
             content_type: content_type.clone(),
             ttl_seconds,
@@ -447,6 +477,55 @@ impl Streams {
                 "unexpected output",
             )),
         }
+    }
+
+    /// The source's messages before the fork offset (copied into the fork:
+    /// a first pass; forks do not share storage with their source yet).
+    async fn fork_prefix(
+        &self,
+        source: &str,
+        fork_offset: Option<&str>,
+        explicit_type: Option<&str>,
+    ) -> Result<Fork, Response<Body>> {
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let (state, _, _, _) = self.read_at(source, None).await?;
+        if let Some(ct) = explicit_type {
+            if media_type(ct) != media_type(&state.config.content_type) {
+                return Err(error(
+                    StatusCode::CONFLICT,
+                    "content type differs from the source's",
+                ));
+            }
+        }
+        let end = match fork_offset {
+            None => state.tail,
+            Some(text) => offset::parse(text).ok_or_else(|| bad("malformed Stream-Fork-Offset"))?,
+        };
+        if end > state.tail {
+            return Err(bad("Stream-Fork-Offset is beyond the source's tail"));
+        }
+        let mut messages = Vec::new();
+        let mut position = 0;
+        while position < end {
+            let (_, chunk, _, next) = self.read_at(source, Some(position)).await?;
+            if chunk.is_empty() {
+                break;
+            }
+            for (start, data) in chunk {
+                if start >= end {
+                    break;
+                }
+                let data = BASE64
+                    .decode(data)
+                    .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stored data"))?;
+                if start + data.len() as u64 > end {
+                    return Err(bad("Stream-Fork-Offset is not a message boundary"));
+                }
+                messages.push(data);
+            }
+            position = next;
+        }
+        Ok(Fork { state, messages })
     }
 
     async fn append(&self, request: Request<Incoming>) -> Response<Body> {
@@ -806,6 +885,21 @@ impl Streams {
         }
         Ok(response)
     }
+}
+
+/// What a fork inherits from its source.
+struct Fork {
+    state: StreamState,
+    messages: Vec<Vec<u8>>,
+}
+
+fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 struct ReceiverBody(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);

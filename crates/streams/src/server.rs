@@ -369,10 +369,28 @@ impl Streams {
         let path = request.uri().path().to_owned();
         let forked_from = header(&request, "stream-forked-from").map(str::to_owned);
         let fork_offset = header(&request, "stream-fork-offset").map(str::to_owned);
-        if header(&request, "stream-fork-sub-offset").is_some() {
+        let sub_offset = match header(&request, "stream-fork-sub-offset") {
+            None => 0,
+            Some(_) if forked_from.is_none() => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "Stream-Fork-Sub-Offset needs Stream-Forked-From",
+                ))
+            }
+            Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text
+                .parse::<u64>()
+                .map_err(|_| error(StatusCode::BAD_REQUEST, "bad Stream-Fork-Sub-Offset"))?,
+            Some(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "Stream-Fork-Sub-Offset must be a non-negative integer",
+                ))
+            }
+        };
+        if sub_offset > 0 && fork_offset.is_none() {
             return Err(error(
                 StatusCode::BAD_REQUEST,
-                "Stream-Fork-Sub-Offset is not supported yet",
+                "Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset",
             ));
         }
         let explicit_type = header(&request, "content-type").map(str::to_owned);
@@ -412,7 +430,12 @@ impl Streams {
         let mut inherited = Vec::new();
         if let Some(source) = &forked_from {
             let fork = self
-                .fork_prefix(source, fork_offset.as_deref(), explicit_type.as_deref())
+                .fork_prefix(
+                    source,
+                    fork_offset.as_deref(),
+                    sub_offset,
+                    explicit_type.as_deref(),
+                )
                 .await?;
             content_type = fork.state.config.content_type.clone();
             if ttl_seconds.is_none() && expires.is_none() {
@@ -485,6 +508,7 @@ impl Streams {
         &self,
         source: &str,
         fork_offset: Option<&str>,
+        sub_offset: u64,
         explicit_type: Option<&str>,
     ) -> Result<Fork, Response<Body>> {
         let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
@@ -524,6 +548,29 @@ impl Streams {
                 messages.push(data);
             }
             position = next;
+        }
+        if sub_offset > 0 {
+            // Part of what was appended at the fork offset: the first
+            // `sub_offset` bytes (binary) or messages (JSON).
+            let (_, after, _, _) = self.read_at(source, Some(end)).await?;
+            let decoded: Vec<Vec<u8>> = after
+                .iter()
+                .filter_map(|(_, m)| BASE64.decode(m).ok())
+                .collect();
+            if is_json(&state.config.content_type) {
+                if sub_offset as usize > decoded.len() {
+                    return Err(bad("Stream-Fork-Sub-Offset overshoots the messages"));
+                }
+                messages.extend(decoded.into_iter().take(sub_offset as usize));
+            } else {
+                let Some(first) = decoded.into_iter().next() else {
+                    return Err(bad("no message at Stream-Fork-Offset"));
+                };
+                if sub_offset as usize > first.len() {
+                    return Err(bad("Stream-Fork-Sub-Offset overshoots the message"));
+                }
+                messages.push(first[..sub_offset as usize].to_vec());
+            }
         }
         Ok(Fork { state, messages })
     }

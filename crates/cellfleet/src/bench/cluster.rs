@@ -29,6 +29,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const BENCH_BUCKET: &str = "cellfleet-bench";
 /// Lease length of the benchmark's nodes.
 const LEASE_MS: u64 = 5_000;
+/// Appended to dev's kinds manifest: tag counts after a tag, a page at a time.
+const BENCH_QUERIES: &str = r#"
+[kinds.log.queries.count_after]
+sql = "SELECT tag, COUNT(*) AS n FROM entries WHERE tag > :after GROUP BY tag ORDER BY tag LIMIT 500"
+"#;
 /// Lines of a failed node's log shown.
 const LOG_TAIL_LINES: usize = 30;
 
@@ -102,6 +107,13 @@ impl BenchCluster {
             .prefix("cellfleet-bench-")
             .tempdir()
             .context("creating the temporary cluster directory")?;
+        // dev's manifest plus a paged read of the log, which the exactness
+        // check needs (a query returns at most 1,000 rows).
+        std::fs::write(
+            dir.path().join("kinds.toml"),
+            format!("{}{BENCH_QUERIES}", dev_cmd::EXAMPLE_KINDS),
+        )
+        .context("writing the kinds manifest")?;
         let configs = dev_cmd::prepare(&DevArgs {
             nodes,
             data: dir.path().to_owned(),

@@ -4,7 +4,8 @@
 //! and tags whose call failed (outcome unknown or refused) per Cell. It
 //! grows with the run (bounded by duration × throughput, a few MB at most
 //! for minutes of load). The check reads each Cell's state through one node
-//! with the `log` kind's `count` query (tag → rows).
+//! with the `count_after` query the bench adds to the `log` kind, a page
+//! of tags at a time (a query returns at most 1,000 rows).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -13,7 +14,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bench::client::{describe, BenchClient};
-use crate::bench::workloads::{COUNT, LOG_KIND};
+use crate::bench::workloads::LOG_KIND;
+
+/// The paged read of a log (see `cluster::BENCH_QUERIES`).
+const COUNT_AFTER: &str = "count_after";
 
 /// How long the check retries reading one Cell.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,10 +79,20 @@ async fn read_counts(
     cell: &str,
 ) -> Result<HashMap<String, i64>, String> {
     let deadline = Instant::now() + READ_TIMEOUT;
+    let mut counts = HashMap::new();
+    let mut after = String::new();
     loop {
-        let request = client.query_request(LOG_KIND, cell, COUNT, &serde_json::json!({}));
+        let args = serde_json::json!({ "after": after });
+        let request = client.query_request(LOG_KIND, cell, COUNT_AFTER, &args);
         match client.query(via, request).await {
-            Ok(response) => return parse_counts(&response.result_json),
+            Ok(response) => {
+                let page = parse_counts(&response.result_json)?;
+                let Some(last) = page.keys().max().cloned() else {
+                    return Ok(counts);
+                };
+                counts.extend(page);
+                after = last;
+            }
             Err(status) if Instant::now() < deadline => {
                 let _ = status;
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -41,7 +41,8 @@
 //!
 //! Environment overrides: `CELLFLEET_NODE_ID`, `CELLFLEET_DATA_DIR`,
 //! `CELLFLEET_PREFIX`, `CELLFLEET_LISTEN_CLIENT`, `CELLFLEET_LISTEN_PEER`,
-//! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
+//! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_LISTEN_STREAMS` (empty: off),
+//! `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
 //! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`, and
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`.
@@ -260,6 +261,10 @@ impl NodeFile {
         set(&mut self.listen.client, "CELLFLEET_LISTEN_CLIENT");
         set(&mut self.listen.peer, "CELLFLEET_LISTEN_PEER");
         set(&mut self.listen.http, "CELLFLEET_LISTEN_HTTP");
+        // The streams listener is optional: an empty value turns it off.
+        if let Ok(v) = std::env::var("CELLFLEET_LISTEN_STREAMS") {
+            self.listen.streams = (!v.is_empty()).then_some(v);
+        }
         if let Some(v) = env("CELLFLEET_DATA_DIR") {
             self.data_dir = v.into();
         }

@@ -312,6 +312,7 @@ fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
         "CELLFLEET_LISTEN_CLIENT",
         "CELLFLEET_LISTEN_PEER",
         "CELLFLEET_LISTEN_HTTP",
+        "CELLFLEET_LISTEN_STREAMS",
     ]
     .into_iter()
     .map(|name| (name.to_owned(), "127.0.0.1:0".to_owned()))

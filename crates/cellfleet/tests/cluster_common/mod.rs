@@ -90,6 +90,12 @@ impl Cluster {
             ),
             ("CELLFLEET_LISTEN_PEER".to_owned(), "127.0.0.1:0".to_owned()),
             ("CELLFLEET_LISTEN_HTTP".to_owned(), "127.0.0.1:0".to_owned()),
+            // dev's configs give the streams listener a fixed port; tests
+            // run in parallel, so they take kernel-chosen ports for it too.
+            (
+                "CELLFLEET_LISTEN_STREAMS".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
         ];
         if let Store::S3 { prefix } = &store {
             let config = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);

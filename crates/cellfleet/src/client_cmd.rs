@@ -229,6 +229,16 @@ impl Client {
         )?)
     }
 
+    /// Sign `body` under `domain` with this client's key.
+    fn seal(&self, domain: Domain, body: &impl Message) -> v1::SignedEnvelope {
+        seal(
+            domain,
+            body.encode_to_vec(),
+            &self.file.key_id,
+            &self.signing,
+        )
+    }
+
     fn window(&self) -> (i64, i64) {
         let now = now_ms();
         (
@@ -406,12 +416,7 @@ pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         issued_at_ms: issued,
         expires_at_ms: expires,
     };
-    let envelope = seal(
-        Domain::Command,
-        body.encode_to_vec(),
-        &client.file.key_id,
-        &client.signing,
-    );
+    let envelope = client.seal(Domain::Command, &body);
     let result = runtime()?.block_on(client.call(|channel| {
         let envelope = envelope.clone();
         async move {
@@ -495,12 +500,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         issued_at_ms: issued,
         expires_at_ms: expires,
     };
-    let envelope = seal(
-        Domain::Query,
-        body.encode_to_vec(),
-        &client.file.key_id,
-        &client.signing,
-    );
+    let envelope = client.seal(Domain::Query, &body);
     let result = runtime()?.block_on(client.call(|channel| {
         let envelope = envelope.clone();
         async move {
@@ -546,12 +546,7 @@ pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
         expires_at_ms: expires,
         command_expires_at_ms: args.expires_at_ms.unwrap_or(0),
     };
-    let envelope = seal(
-        Domain::Resolve,
-        body.encode_to_vec(),
-        &client.file.key_id,
-        &client.signing,
-    );
+    let envelope = client.seal(Domain::Resolve, &body);
     let result = runtime()?.block_on(client.call(|channel| {
         let envelope = envelope.clone();
         async move {
@@ -791,12 +786,7 @@ pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
         issued_at_ms: issued,
         expires_at_ms: expires,
     };
-    let envelope = seal(
-        Domain::Admin,
-        body.encode_to_vec(),
-        &client.file.key_id,
-        &client.signing,
-    );
+    let envelope = client.seal(Domain::Admin, &body);
     let channel = client.channel(&lease.endpoint)?;
     let result = runtime.block_on(async move {
         let mut request = tonic::Request::new(v1::DrainRequest {

@@ -10,15 +10,30 @@
 #
 # The server must use a long-poll timeout well under 5 s (vitest's per-test
 # timeout); 500 ms is what the suite's own harness uses. DS_SUBSCRIPTIONS=1
-# includes the opt-in subscription tests. Output ends with vitest's
+# includes the opt-in subscription tests. Node comes from scripts/node.sh
+# (the system Node if recent enough, else a pinned one from PyPI). Output ends with vitest's
 # "Tests  N passed | M failed" summary; the exit code is vitest's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${DS_CONFORMANCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cellfleet-ds-conformance}
 mkdir -p "$work"
+# One installer at a time (test binaries and people may run this at once).
+exec 8>"$work.lock"
+flock 8
 cp "$root/conformance/package.json" "$root/conformance/package-lock.json" \
   "$root/conformance/conformance.test.mjs" "$work/"
 
+node_bin=$(bash "$root/scripts/node.sh")
+export PATH="$node_bin:$PATH"
+pushd "$work" >/dev/null
+# Install exactly the locked tree; again whenever the lock file changes.
+if [ ! -d node_modules/@durable-streams/server-conformance-tests ] ||
+   ! cmp -s package-lock.json node_modules/.cellfleet-installed-lock; then
+  npm ci --no-audit --no-fund --loglevel=error
+  cp package-lock.json node_modules/.cellfleet-installed-lock
+fi
+flock -u 8
+popd >/dev/null
 url=${1:-}
 [ $# -gt 0 ] && shift
 server_pid=
@@ -39,7 +54,4 @@ if [ -z "$url" ]; then
 fi
 
 cd "$work"
-if [ ! -d node_modules/@durable-streams/server-conformance-tests ]; then
-  npm install --no-audit --no-fund --loglevel=error
-fi
 DS_URL="$url" npx --no-install vitest run conformance.test.mjs --reporter=default "$@"

@@ -77,8 +77,16 @@ pub trait ObjectStore: Send + Sync + Debug {
     /// [`Error::InvalidRange`] if the range is empty or starts past the end.
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Object>;
 
-    /// Reads an object's ETag and size without its body.
-    async fn head(&self, key: &str) -> Result<ObjectMeta>;
+    /// Reads an object's ETag and size without its body. The default reads
+    /// the whole object, which is right only for stores where a read costs
+    /// no more than a stat (memory, local files); remote stores override it.
+    async fn head(&self, key: &str) -> Result<ObjectMeta> {
+        let object = self.get(key).await?;
+        Ok(ObjectMeta {
+            etag: object.etag,
+            size: object.size,
+        })
+    }
 
     /// Writes an object if `condition` holds, atomically, and returns the new
     /// ETag. [`Error::PreconditionFailed`] if it does not hold (for

@@ -34,7 +34,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::object::{
     clamp_range, content_etag, validate_key, validate_prefix, ETag, ListEntry, ListPage, Object,
-    ObjectMeta, Op, PutCondition,
+    Op, PutCondition,
 };
 use crate::{ObjectStore, LIST_PAGE_KEYS_MAX};
 
@@ -332,14 +332,6 @@ impl ObjectStore for LocalStore {
             body: Bytes::from(bytes).slice(slice),
             etag,
             size,
-        })
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta> {
-        let object = self.get(key).await?;
-        Ok(ObjectMeta {
-            etag: object.etag,
-            size: object.size,
         })
     }
 

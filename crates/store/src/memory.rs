@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::object::{
     clamp_range, content_etag, validate_key, validate_prefix, ETag, ListEntry, ListPage, Object,
-    ObjectMeta, PutCondition,
+    PutCondition,
 };
 use crate::{ObjectStore, LIST_PAGE_KEYS_MAX};
 
@@ -55,14 +55,6 @@ impl ObjectStore for MemoryStore {
         Ok(Object {
             body: object.body.slice(slice),
             ..object
-        })
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta> {
-        let object = self.get(key).await?;
-        Ok(ObjectMeta {
-            etag: object.etag,
-            size: object.size,
         })
     }
 

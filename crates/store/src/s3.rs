@@ -334,6 +334,20 @@ where
     }
 }
 
+/// Collects a GET's body; a failure part-way is retryable (reads change nothing).
+async fn read_body(op: Op, key: &str, body: aws_sdk_s3::primitives::ByteStream) -> Result<Bytes> {
+    Ok(body
+        .collect()
+        .await
+        .map_err(|e| Error::Unavailable {
+            op,
+            key: key.to_owned(),
+            outcome: Outcome::NotApplied,
+            message: format!("reading the body: {e}"),
+        })?
+        .into_bytes())
+}
+
 #[async_trait]
 impl ObjectStore for S3Store {
     async fn get(&self, key: &str) -> Result<Object> {
@@ -347,17 +361,7 @@ impl ObjectStore for S3Store {
             .await
             .map_err(|e| map_error(Op::Get, key, e))?;
         let etag = reply_etag(key, output.e_tag())?;
-        let body = output
-            .body
-            .collect()
-            .await
-            .map_err(|e| Error::Unavailable {
-                op: Op::Get,
-                key: key.to_owned(),
-                outcome: Outcome::NotApplied,
-                message: format!("reading the body: {e}"),
-            })?
-            .into_bytes();
+        let body = read_body(Op::Get, key, output.body).await?;
         Ok(Object {
             size: body.len() as u64,
             body,
@@ -386,17 +390,7 @@ impl ObjectStore for S3Store {
             .map_err(|e| map_error(Op::GetRange, key, e))?;
         let etag = reply_etag(key, output.e_tag())?;
         let size = total_size(output.content_range());
-        let body = output
-            .body
-            .collect()
-            .await
-            .map_err(|e| Error::Unavailable {
-                op: Op::GetRange,
-                key: key.to_owned(),
-                outcome: Outcome::NotApplied,
-                message: format!("reading the body: {e}"),
-            })?
-            .into_bytes();
+        let body = read_body(Op::GetRange, key, output.body).await?;
         let size = size.unwrap_or(range.start + body.len() as u64);
         Ok(Object { body, etag, size })
     }

@@ -8,6 +8,7 @@ mod keys_cmd;
 mod ltx_cmd;
 mod node_cmd;
 mod store_cmd;
+mod stream_route;
 
 use std::process::ExitCode;
 

@@ -577,16 +577,19 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     };
     let verifier = Verifier::new(registry, policy, clock.clone());
     let peer_tls = tls::client_config(&identity)?;
-    let router = Arc::new(Router::new(
-        node.clone(),
-        verifier,
-        roots,
-        leases,
-        clock,
-        peer_tls,
-    ));
+    let router = Arc::new(
+        Router::new(node.clone(), verifier, roots, leases, clock, peer_tls)
+            .with_node_kinds(cellfleet_streams::ROUTED_KINDS.iter().copied()),
+    );
     let drain = Arc::new(DrainState::default());
-    let server = NodeServer::start(listeners, &identity, router, store, layout, drain.clone())?;
+    let server = NodeServer::start(
+        listeners,
+        &identity,
+        router.clone(),
+        store,
+        layout,
+        drain.clone(),
+    )?;
     // Kept alive until this function returns; dropping it stops the listener.
     let (_streams_stop, streams_stopped) = tokio::sync::watch::channel(false);
     if let Some(address) = &file.listen.streams {
@@ -600,7 +603,9 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
             file.node_id,
             listener.local_addr()?
         );
-        let streams = cellfleet_streams::Streams::new(node.clone(), config);
+        // Requests for streams owned elsewhere are routed to their owner.
+        let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));
+        let streams = cellfleet_streams::Streams::with_backend(backend, config);
         tokio::spawn(streams.serve(listener, streams_stopped));
     }
     println!(

@@ -11,7 +11,12 @@
 //! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
 //!   request makes at most [`HOPS_MAX`] hops and never loops;
 //! * the forwarded call carries the original signed envelope (the owner
-//!   verifies it again) and the client's deadline.
+//!   verifies it again) and the client's deadline;
+//! * a node's own unsigned request (a [`Routed::NodeCommand`] or
+//!   [`Routed::NodeQuery`], made for a protocol without signatures such as
+//!   Durable Streams HTTP) routes the same way, and runs — locally or on a
+//!   peer, after the peer's mTLS check — only for the kinds in the
+//!   receiving node's [`Router::with_node_kinds`] list.
 //!
 //! *Invariant:* a command whose forward may have reached the owner is never
 //! reported as "not sent": if its fate is unprovable the answer is
@@ -52,11 +57,15 @@ pub enum Routed {
     Query(v1::QueryRequest),
     /// Client.Resolve.
     Resolve(v1::ResolveRequest),
+    /// An unsigned command this node issues for a node-request kind.
+    NodeCommand(v1::NodeCommand),
+    /// An unsigned query this node issues for a node-request kind.
+    NodeQuery(v1::NodeQuery),
 }
 
 impl Routed {
     fn is_command(&self) -> bool {
-        matches!(self, Routed::Execute(_))
+        matches!(self, Routed::Execute(_) | Routed::NodeCommand(_))
     }
 }
 
@@ -86,6 +95,7 @@ pub struct Router {
     live: tokio::sync::Mutex<LiveSet>,
     peers: Mutex<HashMap<String, Channel>>,
     peer_tls: Arc<rustls::ClientConfig>,
+    node_kinds: Vec<String>,
 }
 
 /// What a failed attempt means for the retry.
@@ -113,7 +123,27 @@ impl Router {
             live: tokio::sync::Mutex::new(LiveSet::default()),
             peers: Mutex::new(HashMap::new()),
             peer_tls,
+            node_kinds: Vec::new(),
         }
+    }
+
+    /// Allows unsigned node requests ([`Routed::NodeCommand`],
+    /// [`Routed::NodeQuery`]) for exactly these kinds; none by default.
+    /// Only kinds whose commands are safe for any node to issue belong
+    /// here (the Durable Streams kinds, whose HTTP protocol has no
+    /// signatures).
+    pub fn with_node_kinds<I, S>(mut self, kinds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.node_kinds = kinds.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The kinds unsigned node requests may use.
+    pub fn node_kinds(&self) -> &[String] {
+        &self.node_kinds
     }
 
     /// The runtime.
@@ -275,7 +305,7 @@ impl Router {
     }
 
     async fn run_local(&self, request: &Routed) -> Result<v1::forward_response::Response, Error> {
-        run_local(&self.node, &self.verifier, request).await
+        run_local(&self.node, &self.verifier, &self.node_kinds, request).await
     }
 
     async fn forward(
@@ -302,6 +332,8 @@ impl Router {
                 Routed::Execute(r) => v1::forward_request::Request::Execute(r),
                 Routed::Query(r) => v1::forward_request::Request::Query(r),
                 Routed::Resolve(r) => v1::forward_request::Request::Resolve(r),
+                Routed::NodeCommand(r) => v1::forward_request::Request::NodeCommand(r),
+                Routed::NodeQuery(r) => v1::forward_request::Request::NodeQuery(r),
             }),
             hops,
             ingress_node_id: self.me().as_str().to_owned(),
@@ -467,10 +499,12 @@ fn classify_transport(status: tonic::Status, peer: &str) -> tonic::Status {
     status
 }
 
-/// Runs a routed request on `node` after verifying its envelope.
+/// Runs a routed request on `node` after verifying its envelope, or, for
+/// an unsigned node request, after checking its kind is in `node_kinds`.
 pub async fn run_local(
     node: &NodeHandle,
     verifier: &Verifier,
+    node_kinds: &[String],
     request: &Routed,
 ) -> Result<v1::forward_response::Response, Error> {
     use v1::forward_response::Response;
@@ -488,6 +522,25 @@ pub async fn run_local(
             let resolve = verifier.verify_resolve(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Resolve(crate::local::resolve(node, &resolve).await?)
         }
+        Routed::NodeCommand(r) => {
+            allow_node_kind(node_kinds, &r.kind)?;
+            Response::Execute(crate::local::node_command(node, r).await?)
+        }
+        Routed::NodeQuery(r) => {
+            allow_node_kind(node_kinds, &r.kind)?;
+            Response::Query(crate::local::node_query(node, r).await?)
+        }
+    })
+}
+
+/// An unsigned node request may only use the node-request kinds.
+fn allow_node_kind(node_kinds: &[String], kind: &str) -> Result<(), Error> {
+    if node_kinds.iter().any(|k| k == kind) {
+        return Ok(());
+    }
+    Err(Error::Unauthorized {
+        key_id: "(unsigned node request)".into(),
+        what: format!("use kind {kind:?} (node requests may use {node_kinds:?})"),
     })
 }
 

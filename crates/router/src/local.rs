@@ -146,3 +146,50 @@ pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1:
     response.state = state as i32;
     Ok(response)
 }
+
+fn node_args(args_json: &[u8]) -> Result<serde_json::Value> {
+    let args: serde_json::Value = serde_json::from_slice(args_json)
+        .map_err(|e| Error::Malformed(format!("args_json: {e}")))?;
+    if !args.is_object() {
+        return Err(Error::Malformed("args_json is not a JSON object".into()));
+    }
+    Ok(args)
+}
+
+/// Executes an unsigned node command on this node (the caller checked its kind).
+pub async fn node_command(
+    node: &NodeHandle,
+    request: &v1::NodeCommand,
+) -> Result<v1::ExecuteResponse> {
+    let id: [u8; 16] = request
+        .command_id
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::Malformed("command_id must be 16 bytes".into()))?;
+    let command = Command::new(
+        id,
+        request.command.clone(),
+        node_args(&request.args_json)?,
+        request.expires_at_ms,
+    );
+    let executed = node.execute(&request.kind, &request.key, command).await?;
+    Ok(executed_to_proto(node, id, &executed))
+}
+
+/// Runs an unsigned node query on this node (the caller checked its kind).
+pub async fn node_query(node: &NodeHandle, request: &v1::NodeQuery) -> Result<v1::QueryResponse> {
+    let queried = node
+        .query(
+            &request.kind,
+            &request.key,
+            &request.query,
+            node_args(&request.args_json)?,
+            None,
+        )
+        .await?;
+    Ok(v1::QueryResponse {
+        result_json: queried.value.to_string().into_bytes(),
+        receipt: Some(receipt_to_proto(&queried.receipt)),
+        served_by: node.node_id().as_str().to_owned(),
+    })
+}

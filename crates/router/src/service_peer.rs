@@ -1,7 +1,9 @@
 //! The `cellfleet.v1.Peer` service: a node runs a request another node's ingress routed here, after checking the caller is a node and verifying the envelope again.
 //!
 //! A peer never forwards: it answers from its own runtime or with
-//! NOT_OWNER and its best hint, so requests cannot loop.
+//! NOT_OWNER and its best hint, so requests cannot loop. An unsigned node
+//! request (NodeCommand, NodeQuery) is accepted only here — from an
+//! mTLS-authenticated node — and only for the router's node kinds.
 
 use std::sync::Arc;
 
@@ -50,9 +52,19 @@ impl v1::peer_server::Peer for PeerService {
             Some(v1::forward_request::Request::Execute(r)) => Routed::Execute(r),
             Some(v1::forward_request::Request::Query(r)) => Routed::Query(r),
             Some(v1::forward_request::Request::Resolve(r)) => Routed::Resolve(r),
+            Some(v1::forward_request::Request::NodeCommand(r)) => Routed::NodeCommand(r),
+            Some(v1::forward_request::Request::NodeQuery(r)) => Routed::NodeQuery(r),
             None => return Err(Error::Malformed("the forward carries no request".into()).into()),
         };
-        let response = run_local(self.router.node(), self.router.verifier(), &routed).await?;
+        // Unsigned node requests arrive only here, behind require_node
+        // (mTLS, node certificates), and run only for the node kinds.
+        let response = run_local(
+            self.router.node(),
+            self.router.verifier(),
+            self.router.node_kinds(),
+            &routed,
+        )
+        .await?;
         Ok(Response::new(v1::ForwardResponse {
             response: Some(response),
         }))

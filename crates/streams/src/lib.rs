@@ -13,10 +13,12 @@
 // once per request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod backend;
 pub mod kind;
 pub mod notify;
 pub mod offset;
 pub mod server;
 
+pub use backend::{BackendError, BackendFuture, LocalBackend, StreamBackend, ROUTED_KINDS};
 pub use kind::{StreamKind, STREAM_KIND};
 pub use server::{Streams, StreamsConfig};

@@ -1,0 +1,127 @@
+//! Where a stream's commands and queries run: [`LocalBackend`] runs them on this node's runtime (one node, the example server, tests); in a cluster the node binary supplies a backend that routes them to the stream's owner over the peer channel.
+//!
+//! The server talks to a backend only through [`StreamBackend::execute`]
+//! and [`StreamBackend::query`]; errors come back as [`BackendError`],
+//! which the server maps to HTTP statuses.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+
+use cellfleet_cell::{Command, Outcome};
+use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
+use serde_json::Value;
+
+/// The kinds whose commands and queries the streams server issues without
+/// a signature (the Durable Streams protocol has none). A cluster node lets
+/// peers run unsigned node requests for exactly these kinds; add a kind
+/// here only if any node may run any of its commands.
+pub const ROUTED_KINDS: &[&str] = &[crate::kind::STREAM_KIND];
+
+/// The future a backend call returns.
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
+
+/// Runs stream commands and queries somewhere in the cluster.
+pub trait StreamBackend: Debug + Send + Sync + 'static {
+    /// Executes `command` on Cell (`kind`, `key`); the outcome is returned
+    /// only after the command's publication was acknowledged.
+    fn execute<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        command: Command,
+    ) -> BackendFuture<'a, Outcome>;
+
+    /// Runs query `name` on Cell (`kind`, `key`) against published state.
+    fn query<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        name: &'a str,
+        args: Value,
+    ) -> BackendFuture<'a, Value>;
+}
+
+/// Why a backend call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// This node does not own the stream and cannot reach its owner.
+    #[error("not the owner: {0}")]
+    NotOwner(String),
+    /// Not run; safe to retry (after `retry_after_ms` when given).
+    #[error("unavailable: {message}")]
+    Unavailable {
+        /// What happened.
+        message: String,
+        /// When to retry, if known.
+        retry_after_ms: Option<u64>,
+    },
+    /// A command may or may not have been applied (its owner stopped
+    /// answering after it was sent).
+    #[error("outcome unknown: {0}")]
+    UnknownOutcome(String),
+    /// The request itself is wrong.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// Anything else (a refused node request, a broken reply).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<RuntimeError> for BackendError {
+    fn from(error: RuntimeError) -> Self {
+        match error {
+            RuntimeError::NotOwner { .. } => BackendError::NotOwner(error.to_string()),
+            RuntimeError::ResourceExhausted { retry_after_ms, .. } => BackendError::Unavailable {
+                message: error.to_string(),
+                retry_after_ms: Some(retry_after_ms),
+            },
+            RuntimeError::BadRequest(message) => BackendError::BadRequest(message),
+            RuntimeError::Unknown { .. } => BackendError::UnknownOutcome(error.to_string()),
+            other => BackendError::Unavailable {
+                message: other.to_string(),
+                retry_after_ms: None,
+            },
+        }
+    }
+}
+
+/// Runs everything on this node's runtime (a non-owner answers NOT_OWNER).
+#[derive(Clone, Debug)]
+pub struct LocalBackend {
+    node: NodeHandle,
+}
+
+impl LocalBackend {
+    /// The backend over `node`.
+    pub fn new(node: NodeHandle) -> Self {
+        LocalBackend { node }
+    }
+}
+
+impl StreamBackend for LocalBackend {
+    fn execute<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        command: Command,
+    ) -> BackendFuture<'a, Outcome> {
+        Box::pin(async move {
+            let executed = self.node.execute(kind, key, command).await?;
+            Ok(executed.outcome)
+        })
+    }
+
+    fn query<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        name: &'a str,
+        args: Value,
+    ) -> BackendFuture<'a, Value> {
+        Box::pin(async move {
+            let queried = self.node.query(kind, key, name, args, None).await?;
+            Ok(queried.value)
+        })
+    }
+}

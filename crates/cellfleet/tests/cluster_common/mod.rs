@@ -32,6 +32,9 @@ pub struct NodeProcess {
     pub id: String,
     pub child: Child,
     pub client: SocketAddr,
+    pub peer: SocketAddr,
+    /// The Durable Streams HTTP listener, when the node serves one.
+    pub streams: Option<SocketAddr>,
 }
 
 pub struct Cluster {
@@ -170,6 +173,7 @@ impl Cluster {
             }
         });
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut streams = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
@@ -177,16 +181,24 @@ impl Cluster {
                 let _ = child.wait();
                 panic!("node {id} did not become ready");
             };
-            if let Some(rest) = line.split(" client=").nth(1) {
-                let client = rest
+            let field = |name: &str| -> Option<SocketAddr> {
+                line.split(name)
+                    .nth(1)?
                     .split_whitespace()
-                    .next()
-                    .and_then(|a| a.parse().ok())
-                    .expect("client address in the ready line");
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            if let Some(address) = field(" streams=http://") {
+                streams = Some(address);
+            }
+            if let Some(client) = field(" client=") {
                 return NodeProcess {
                     id: id.to_owned(),
                     child,
                     client,
+                    peer: field(" peer=").expect("peer address in the ready line"),
+                    streams,
                 };
             }
         }

@@ -549,17 +549,40 @@ impl NodeHandle {
     /// holding it is published (or its fate is known not to be).
     pub async fn execute(&self, kind: &str, key: &[u8], command: Command) -> Result<Executed> {
         let bytes = command_bytes(&command);
-        let mut last = Error::Closed("no attempt made".into());
-        for _ in 0..DISPATCH_ATTEMPTS_MAX {
-            let (_cell, handle) = self.shared.actor_for(kind, key).await?;
-            let (tx, rx) = oneshot::channel();
-            let reply = Reply::new(tx, handle.load.clone(), self.shared.metrics.clone());
-            let msg = Msg::Execute {
+        // The actor vanished holding the reply: the command may have run.
+        // Never assume either way.
+        let lost = || Error::Unknown {
+            reason: "the cell actor stopped before answering".into(),
+        };
+        self.dispatch(kind, key, Some(lost), |_, reply| {
+            Ok(Msg::Execute {
                 command: command.clone(),
                 bytes,
                 reply,
-            };
-            if !self.send(&handle, msg)? {
+            })
+        })
+        .await
+    }
+
+    /// Sends the message `message` builds to the actor of `(kind, key)`,
+    /// activating it if needed, and waits for the answer. An actor that
+    /// stops first (passivation, drain, takeover) is waited out and the
+    /// message dispatched again, at most [`DISPATCH_ATTEMPTS_MAX`] times. A
+    /// reply dropped unanswered is retried too, unless `lost` says what
+    /// it means (a command may have run).
+    async fn dispatch<T>(
+        &self,
+        kind: &str,
+        key: &[u8],
+        lost: Option<fn() -> Error>,
+        mut message: impl FnMut(&CellId, Reply<T>) -> Result<Msg>,
+    ) -> Result<T> {
+        let mut last = Error::Closed("no attempt made".into());
+        for _ in 0..DISPATCH_ATTEMPTS_MAX {
+            let (cell, handle) = self.shared.actor_for(kind, key).await?;
+            let (tx, rx) = oneshot::channel();
+            let reply = Reply::new(tx, handle.load.clone(), self.shared.metrics.clone());
+            if !self.send(&handle, message(&cell, reply)?)? {
                 handle.wait_exit(self.exit_wait()).await;
                 continue;
             }
@@ -569,13 +592,10 @@ impl NodeHandle {
                     handle.wait_exit(self.exit_wait()).await;
                 }
                 Ok(answer) => return answer,
-                // The actor vanished holding the reply: the command may
-                // have run. Never assume either way.
-                Err(_) => {
-                    return Err(Error::Unknown {
-                        reason: "the cell actor stopped before answering".into(),
-                    })
-                }
+                Err(_) => match lost {
+                    Some(lost) => return Err(lost()),
+                    None => last = Error::Closed("the cell actor stopped".into()),
+                },
             }
         }
         Err(last)
@@ -618,35 +638,18 @@ impl NodeHandle {
         args: Value,
         min_receipt: Option<&Receipt>,
     ) -> Result<Queried> {
-        let mut last = Error::Closed("no attempt made".into());
-        for _ in 0..DISPATCH_ATTEMPTS_MAX {
-            let (cell, handle) = self.shared.actor_for(kind, key).await?;
-            if let Some(receipt) = min_receipt {
-                if receipt.cell != cell {
-                    return Err(Error::BadRequest("the receipt names another cell".into()));
-                }
+        self.dispatch(kind, key, None, |cell, reply| {
+            if min_receipt.is_some_and(|receipt| receipt.cell != *cell) {
+                return Err(Error::BadRequest("the receipt names another cell".into()));
             }
-            let (tx, rx) = oneshot::channel();
-            let msg = Msg::Query {
+            Ok(Msg::Query {
                 name: name.to_owned(),
                 args: args.clone(),
                 min_txid: min_receipt.map(|r| r.txid),
-                reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
-            };
-            if !self.send(&handle, msg)? {
-                handle.wait_exit(self.exit_wait()).await;
-                continue;
-            }
-            match rx.await {
-                Ok(Err(Error::Closed(reason))) => {
-                    last = Error::Closed(reason);
-                    handle.wait_exit(self.exit_wait()).await;
-                }
-                Ok(answer) => return answer,
-                Err(_) => last = Error::Closed("the cell actor stopped".into()),
-            }
-        }
-        Err(last)
+                reply,
+            })
+        })
+        .await
     }
 
     /// The fate of `command_id` on Cell `(kind, key)`: COMMITTED with the
@@ -659,29 +662,14 @@ impl NodeHandle {
         command_id: CommandId,
         expires_at_ms: Option<i64>,
     ) -> Result<Resolution> {
-        let mut last = Error::Closed("no attempt made".into());
-        for _ in 0..DISPATCH_ATTEMPTS_MAX {
-            let (_cell, handle) = self.shared.actor_for(kind, key).await?;
-            let (tx, rx) = oneshot::channel();
-            let msg = Msg::Resolve {
+        self.dispatch(kind, key, None, |_, reply| {
+            Ok(Msg::Resolve {
                 id: command_id,
                 expires_at_ms,
-                reply: Reply::new(tx, handle.load.clone(), self.shared.metrics.clone()),
-            };
-            if !self.send(&handle, msg)? {
-                handle.wait_exit(self.exit_wait()).await;
-                continue;
-            }
-            match rx.await {
-                Ok(Err(Error::Closed(reason))) => {
-                    last = Error::Closed(reason);
-                    handle.wait_exit(self.exit_wait()).await;
-                }
-                Ok(answer) => return answer,
-                Err(_) => last = Error::Closed("the cell actor stopped".into()),
-            }
-        }
-        Err(last)
+                reply,
+            })
+        })
+        .await
     }
 
     /// Cells this node owns (open or passivated).

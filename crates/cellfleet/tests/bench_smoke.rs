@@ -1,4 +1,4 @@
-//! Smoke test of `cellfleet bench`: a short run on two real nodes and SeaweedFS produces a report with every workload and floor, and the exactness check passes (correctness only, never timings).
+//! Smoke test of `cellfleet bench`: a short run on two real nodes and SeaweedFS (every workload, small fleet sizes, two capacity steps) produces a report with every workload and floor, the JSON and the plots, passes the exactness check and deletes its objects (correctness only, never timings).
 
 use std::process::Command;
 
@@ -10,6 +10,7 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
     // SeaweedFS through scripts/seaweedfs.sh, as the other S3 tests do.
     let dir = tempfile::tempdir().expect("tempdir");
     let json_path = dir.path().join("out.json");
+    let plots = dir.path().join("plots");
     let output = Command::new(BIN)
         .args([
             "bench",
@@ -19,13 +20,23 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             "s3",
             "--duration",
             "1",
+            // No warm-up: every worker's first request is measured, so no
+            // row is empty however slow a shared machine is.
             "--warmup",
-            "0.2",
+            "0",
             "--concurrency",
             "1",
+            "--fleet-cells",
+            "20,40",
+            "--fleet-concurrency",
+            "4",
+            "--capacity-rates",
+            "20,40",
             "--json",
         ])
         .arg(&json_path)
+        .arg("--plots")
+        .arg(&plots)
         .output()
         .expect("run cellfleet bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -41,15 +52,17 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             .expect("the report is JSON");
 
     let workloads = report["workloads"].as_array().expect("workloads");
-    for name in [
-        "local_command",
-        "forwarded_command",
-        "local_query",
-        "forwarded_query",
+    for (name, concurrency) in [
+        ("local_command", 1),
+        ("forwarded_command", 1),
+        ("local_query", 1),
+        ("forwarded_query", 1),
+        ("serial_query", 1),
+        ("hot_cell", 64),
     ] {
         let row = workloads
             .iter()
-            .find(|row| row["name"] == name && row["concurrency"] == 1)
+            .find(|row| row["name"] == name && row["concurrency"] == concurrency)
             .unwrap_or_else(|| panic!("no {name} row: {report}"));
         assert!(row["count"].as_u64().unwrap_or(0) > 0, "{row}");
         assert_eq!(row["errors"], 0, "{row}");
@@ -61,13 +74,48 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         };
         assert_eq!(row["floor"], floor, "{row}");
         assert!(row["floor_p50_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        if floor == "store_publication" {
+            // Commands: compared with SQLite, and their time split by phase.
+            assert!(
+                row["sqlite"]["sqlite_p50_ms"].as_f64().unwrap_or(0.0) > 0.0,
+                "{row}"
+            );
+            let phases = &row["phases"];
+            assert!(
+                phases["publications"].as_f64().unwrap_or(0.0) > 0.0,
+                "{row}"
+            );
+            assert!(phases["cas_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        }
     }
+    let fleet = report["fleet"].as_array().expect("fleet rows");
+    assert_eq!(fleet.len(), 2, "{report}");
+    for (row, cells) in fleet.iter().zip([20, 40]) {
+        assert_eq!(row["cells"], cells, "{row}");
+        assert!(row["count"].as_u64().unwrap_or(0) > 0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        let nodes = row["nodes"].as_array().expect("node samples");
+        assert_eq!(nodes.len(), 2, "{row}");
+        for node in nodes {
+            assert!(node["rss_bytes_max"].as_u64().unwrap_or(0) > 0, "{node}");
+            assert!(node["open_files_max"].as_u64().unwrap_or(0) > 0, "{node}");
+        }
+    }
+    let steps = report["capacity"]["steps"]
+        .as_array()
+        .expect("capacity steps");
+    assert_eq!(steps.len(), 2, "{report}");
+    assert!(
+        steps.iter().all(|s| s["count"].as_u64().unwrap_or(0) > 0),
+        "{report}"
+    );
     let floors = report["floors"].as_array().expect("floors");
     for name in [
         "echo",
         "store_publication",
         "store_create_4k",
         "store_cas_1k",
+        "sqlite_txn",
     ] {
         for phase in ["before", "after"] {
             let row = floors
@@ -105,4 +153,19 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
     let drained = report["drained"].as_array().expect("drained");
     assert_eq!(drained.len(), 2);
     assert!(drained.iter().all(|n| n["clean"] == true), "{report}");
+    // The run's objects (Cells' roots and LTX files, the floor's keys) are gone.
+    let cleanup = &report["cleanup"];
+    assert!(cleanup["note"].is_null(), "{cleanup}");
+    assert!(
+        cleanup["deleted_objects"].as_u64().unwrap_or(0) > 0,
+        "{cleanup}"
+    );
+    for name in ["latency_cdf.svg", "fleet.svg", "capacity.svg"] {
+        let svg = std::fs::read_to_string(plots.join(name))
+            .unwrap_or_else(|e| panic!("plot {name}: {e}"));
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{name}"
+        );
+    }
 }

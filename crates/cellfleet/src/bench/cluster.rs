@@ -3,7 +3,9 @@
 //! Node output goes to `nN.log` in the temporary directory (printed in
 //! part if a node fails to start). [`BenchCluster::stop`] sends SIGTERM to
 //! every node (they drain) and waits; dropping the cluster kills whatever
-//! still runs.
+//! still runs. On S3 each run writes under a fresh prefix of the bench
+//! bucket, which [`BenchCluster::delete_objects`] empties after the run
+//! (the local store lives in the temporary directory and goes with it).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -36,6 +38,13 @@ sql = "SELECT tag, COUNT(*) AS n FROM entries WHERE tag > :after GROUP BY tag OR
 "#;
 /// Lines of a failed node's log shown.
 const LOG_TAIL_LINES: usize = 30;
+/// Keys listed per page while deleting the run's objects.
+const DELETE_PAGE_KEYS: usize = 1_000;
+/// Deletes in flight at once.
+const DELETE_CONCURRENCY: usize = 32;
+/// Pages of deletes before giving up (bounds the loop on a store that
+/// keeps listing what it was asked to delete).
+const DELETE_PAGES_MAX: usize = 10_000;
 
 /// The store, resolved before the nodes start.
 #[derive(Debug)]
@@ -90,6 +99,15 @@ pub struct NodeProcess {
     pub id: String,
     child: Child,
     pub client: SocketAddr,
+    /// The plain HTTP listener (`/metrics`).
+    pub http: SocketAddr,
+}
+
+/// Where a node listens, from its ready line.
+#[derive(Clone, Copy, Debug)]
+struct Ready {
+    client: SocketAddr,
+    http: SocketAddr,
 }
 
 #[derive(Debug)]
@@ -129,7 +147,7 @@ impl BenchCluster {
             nodes: Vec::new(),
             store,
         };
-        let (ready_tx, ready_rx) = mpsc::channel::<(usize, SocketAddr)>();
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, Ready)>();
         let mut children = Vec::new();
         for (index, config) in configs.iter().enumerate() {
             let id = format!("n{}", index + 1);
@@ -175,10 +193,12 @@ impl BenchCluster {
             }
         }
         for ((id, child), addr) in children.into_iter().zip(addrs) {
+            let ready = addr.expect("every node reported ready");
             cluster.nodes.push(NodeProcess {
                 id,
                 child,
-                client: addr.expect("every node reported ready"),
+                client: ready.client,
+                http: ready.http,
             });
         }
         Ok(cluster)
@@ -207,6 +227,64 @@ impl BenchCluster {
 
     pub fn client_addrs(&self) -> Vec<SocketAddr> {
         self.nodes.iter().map(|n| n.client).collect()
+    }
+
+    pub fn http_addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.http).collect()
+    }
+
+    /// The node processes' ids (for `/proc`).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.child.id()).collect()
+    }
+
+    /// The temporary cluster directory (the SQLite floor writes there, on
+    /// the disk the nodes' Cells use).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Deletes every object of this run (its S3 prefix) and returns how
+    /// many; nothing to do on the local store (the directory goes with the
+    /// cluster). Call after the nodes stopped.
+    pub async fn delete_objects(&self) -> anyhow::Result<u64> {
+        let StoreSetup::S3 { prefix, .. } = &self.store else {
+            return Ok(0);
+        };
+        let store = self.floor_store().await?;
+        let prefix = format!("{prefix}/");
+        let mut deleted = 0u64;
+        for _ in 0..DELETE_PAGES_MAX {
+            let page = store
+                .list(&prefix, None, DELETE_PAGE_KEYS)
+                .await
+                .with_context(|| format!("listing {prefix}"))?;
+            if page.entries.is_empty() {
+                return Ok(deleted);
+            }
+            let mut keys = page.entries.into_iter().map(|entry| entry.key);
+            loop {
+                let batch: Vec<String> = keys.by_ref().take(DELETE_CONCURRENCY).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                let mut tasks = tokio::task::JoinSet::new();
+                for key in batch {
+                    let store = store.clone();
+                    tasks.spawn(async move {
+                        store
+                            .delete(&key)
+                            .await
+                            .with_context(|| format!("deleting {key}"))
+                    });
+                }
+                while let Some(done) = tasks.join_next().await {
+                    done??;
+                    deleted += 1;
+                }
+            }
+        }
+        bail!("{prefix} still lists objects after {DELETE_PAGES_MAX} pages of deletes")
     }
 
     /// The client's mTLS configuration (the `dev` client certificate).
@@ -336,26 +414,27 @@ fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
     env
 }
 
-/// Copies a node's stdout to its log and reports its client address once
-/// it prints `... ready client=ADDR ...`.
+/// Copies a node's stdout to its log and reports its addresses once it
+/// prints `... ready client=ADDR peer=ADDR http=ADDR ...`.
 fn forward_output(
     index: usize,
     stdout: std::process::ChildStdout,
     mut log: std::fs::File,
-    ready: mpsc::Sender<(usize, SocketAddr)>,
+    ready: mpsc::Sender<(usize, Ready)>,
 ) {
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         let _ = writeln!(log, "{line}");
         if !line.contains(" ready ") {
             continue;
         }
-        let addr = line
-            .split(" client=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|addr| addr.parse().ok());
-        if let Some(addr) = addr {
-            let _ = ready.send((index, addr));
+        let field = |name: &str| -> Option<SocketAddr> {
+            line.split(&format!(" {name}="))
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|addr| addr.parse().ok())
+        };
+        if let (Some(client), Some(http)) = (field("client"), field("http")) {
+            let _ = ready.send((index, Ready { client, http }));
         }
     }
 }

@@ -3,12 +3,14 @@
 //! The [`AckLog`] is the client's memory of what it sent: acknowledged tags
 //! and tags whose call failed (outcome unknown or refused) per Cell. It
 //! grows with the run (bounded by duration × throughput, a few MB at most
-//! for minutes of load). The check reads each Cell's state through one node
-//! with the `count_after` query the bench adds to the `log` kind, a page
-//! of tags at a time (a query returns at most 1,000 rows).
+//! for minutes of load). The check reads each Cell's state with the
+//! `count_after` query the bench adds to the `log` kind, a page of tags at
+//! a time (a query returns at most 1,000 rows), [`READS_CONCURRENT`] Cells
+//! at once through the nodes in turn (a fleet run leaves 100k Cells, most
+//! of them passivated: each read reopens one).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -23,6 +25,8 @@ const COUNT_AFTER: &str = "count_after";
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Offending tags listed in the report (the counts are complete).
 const EXAMPLES_MAX: usize = 5;
+/// Cells read at once.
+const READS_CONCURRENT: usize = 64;
 
 #[derive(Debug, Default)]
 struct Entries {
@@ -117,8 +121,8 @@ fn parse_counts(json: &[u8]) -> Result<HashMap<String, i64>, String> {
         .collect()
 }
 
-/// Reads every Cell in `log` through node `via` and compares.
-pub async fn check(client: &BenchClient, log: &AckLog, via: usize) -> Exactness {
+/// Reads every Cell in `log` (through the `nodes` nodes in turn) and compares.
+pub async fn check(client: &BenchClient, log: &AckLog, nodes: usize) -> Exactness {
     let entries = std::mem::take(&mut *log.entries.lock().expect("ack log lock"));
     let cells: HashSet<&String> = entries
         .acked
@@ -134,8 +138,27 @@ pub async fn check(client: &BenchClient, log: &AckLog, via: usize) -> Exactness 
             result.problems.push(text);
         }
     };
-    for cell in cells {
-        let counts = match read_counts(client, via, cell).await {
+    let limit = Arc::new(tokio::sync::Semaphore::new(READS_CONCURRENT));
+    let mut reads = tokio::task::JoinSet::new();
+    for (index, cell) in cells.into_iter().enumerate() {
+        let (client, limit, cell) = (client.clone(), limit.clone(), cell.clone());
+        reads.spawn(async move {
+            let _permit = limit.acquire_owned().await.expect("never closed");
+            let counts = read_counts(&client, index % nodes.max(1), &cell).await;
+            (cell, counts)
+        });
+    }
+    while let Some(read) = reads.join_next().await {
+        let (cell, counts) = match read {
+            Ok(read) => read,
+            Err(error) => {
+                result.missing += 1;
+                problem(&mut result, format!("a read task failed: {error}"));
+                continue;
+            }
+        };
+        let cell = &cell;
+        let counts = match counts {
             Ok(counts) => counts,
             Err(error) => {
                 let acked = entries.acked.get(cell).map_or(0, Vec::len);

@@ -1,4 +1,4 @@
-//! The floors every workload is compared with, measured in the same run: a bare tonic echo over the nodes' own mTLS configuration, and the store's publication floor (a create-only 4 KiB PUT then an If-Match CAS of a 1 KiB object).
+//! The floors every workload is compared with, measured in the same run: a bare tonic echo over the nodes' own mTLS configuration, the store's publication floor (a create-only 4 KiB PUT then an If-Match CAS of a 1 KiB object), and a bare SQLite transaction (the `log` kind's append on a plain rusqlite database with a Cell's settings).
 //!
 //! The echo server serves the generated `cellfleet.v1.Client` service with
 //! a trivial implementation (a query answers with its own envelope body),
@@ -8,7 +8,12 @@
 //! node's work. The echo client sends the same signed query a workload
 //! sends. The store floor opens the store as a node does (S3 with its
 //! retry wrapper) and writes what one publication writes, each worker on
-//! its own keys (no contention).
+//! its own keys (no contention). The SQLite floor runs the same statement a
+//! `log` append runs, one `BEGIN IMMEDIATE … COMMIT` per command, on a file
+//! in the cluster's directory with the pragmas a Cell's write connection
+//! uses (WAL, `synchronous = NORMAL`, `wal_autocheckpoint = 0`, 4 KiB
+//! pages), one writer (a Cell has one), so a command's ratio to it is the
+//! Cell's whole overhead over SQLite.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +35,7 @@ pub const ECHO: &str = "echo";
 pub const STORE_PUBLICATION: &str = "store_publication";
 pub const STORE_CREATE: &str = "store_create_4k";
 pub const STORE_CAS: &str = "store_cas_1k";
+pub const SQLITE: &str = "sqlite_txn";
 
 /// Size of the create-only object (an LTX file of one small transaction).
 const CREATE_BYTES: usize = 4 * 1024;
@@ -138,23 +144,29 @@ impl EchoServer {
 /// The echo floor: the same signed query a workload sends, answered at once.
 pub async fn echo(client: &BenchClient, concurrency: usize, window: Window) -> Sample {
     let client = client.clone();
-    load::drive(concurrency, window, 0, move |worker, _| {
-        let client = client.clone();
-        async move {
-            let request = client.query_request(
-                "log",
-                &format!("echo-{worker}"),
-                "count",
-                &serde_json::json!({}),
-            );
-            let sent = Instant::now();
-            client
-                .query(0, request)
-                .await
-                .map_err(|status| crate::bench::client::describe(&status))?;
-            Ok(Timing::total(sent.elapsed()))
-        }
-    })
+    load::drive_labelled(
+        format!("echo floor c={concurrency}"),
+        concurrency,
+        window,
+        0,
+        move |worker, _| {
+            let client = client.clone();
+            async move {
+                let request = client.query_request(
+                    "log",
+                    &format!("echo-{worker}"),
+                    "count",
+                    &serde_json::json!({}),
+                );
+                let sent = Instant::now();
+                client
+                    .query(0, request)
+                    .await
+                    .map_err(|status| crate::bench::client::describe(&status))?;
+                Ok(Timing::total(sent.elapsed()))
+            }
+        },
+    )
     .await
 }
 
@@ -186,8 +198,12 @@ pub async fn store(
     }
     let roots = Arc::new(roots);
     let prefix = Arc::new(prefix);
-    Ok(
-        load::drive(concurrency, window, 2, move |worker, sequence| {
+    Ok(load::drive_labelled(
+        format!("store floor c={concurrency}"),
+        concurrency,
+        window,
+        2,
+        move |worker, sequence| {
             let store = store.clone();
             let roots = roots.clone();
             let prefix = prefix.clone();
@@ -227,7 +243,59 @@ pub async fn store(
                     parts: vec![created, replaced.elapsed()],
                 })
             }
-        })
-        .await,
+        },
     )
+    .await)
+}
+
+/// The SQLite floor: back-to-back single-row transactions for `window`
+/// on one connection (blocking; run it off the async workers).
+pub fn sqlite(dir: &std::path::Path, window: Window) -> anyhow::Result<Sample> {
+    let path = dir.join("sqlite-floor.db");
+    let _ = std::fs::remove_file(&path);
+    let conn =
+        rusqlite::Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    conn.execute_batch(
+        "PRAGMA page_size = 4096; PRAGMA journal_mode = WAL; \
+         PRAGMA wal_autocheckpoint = 0; PRAGMA synchronous = NORMAL; \
+         CREATE TABLE entries (tag TEXT NOT NULL);",
+    )
+    .context("setting up the SQLite floor database")?;
+    let mut histogram = load::histogram();
+    let start = Instant::now() + window.warmup;
+    let end = start + window.duration;
+    let mut sequence = 0u64;
+    let mut last_done = start;
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            break;
+        }
+        sequence += 1;
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        conn.prepare_cached("INSERT INTO entries (tag) VALUES (:tag)")?
+            .execute(rusqlite::named_params! {":tag": format!("floor-{sequence}")})?;
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        if sent >= start {
+            let done = Instant::now();
+            histogram
+                .saturating_record(u64::try_from((done - sent).as_micros()).unwrap_or(u64::MAX));
+            last_done = done;
+        }
+    }
+    drop(conn);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    Ok(Sample {
+        total: load::Measured {
+            histogram,
+            errors: 0,
+            wall: last_done
+                .saturating_duration_since(start)
+                .max(window.duration),
+            error_samples: Vec::new(),
+        },
+        parts: Vec::new(),
+    })
 }

@@ -1,12 +1,23 @@
-//! The closed-loop load driver: C workers each keep one request in flight, first for an unmeasured warm-up, then for the measured window; latencies go to HDR histograms (microseconds, 3 significant digits).
+//! The load drivers: closed-loop (C workers each keep one request in flight) and open-loop (requests sent at an offered rate, for the capacity sweep), first for an unmeasured warm-up, then for the measured window; latencies go to HDR histograms (microseconds, 3 significant digits); a progress line on stderr.
 //!
-//! A request is measured if it *started* inside the window; throughput is
-//! the measured count over the time from the window's start to the last
-//! measured completion. An operation times itself (so client-side work such
-//! as signing an envelope stays out of the figure) and may report parts
-//! (the store floor's create and CAS) next to its total.
+//! Closed loop: a request is measured if it *started* inside the window;
+//! throughput is the measured count over the time from the window's start
+//! to the last measured completion. An operation times itself (so
+//! client-side work such as signing an envelope stays out of the figure)
+//! and may report parts (the store floor's create and CAS) next to its
+//! total.
+//!
+//! Open loop ([`drive_rate`]): request `i` is due at `start + i / rate`
+//! whatever happened to the others, and its latency runs from when it was
+//! *due*, not when it was sent, so a stalled system cannot hide its queue
+//! (no coordinated omission). At most [`OPEN_LOOP_IN_FLIGHT_MAX`] requests
+//! are in flight; a request due while that many are outstanding is not
+//! sent and counts as dropped.
 
 use std::future::Future;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -17,6 +28,84 @@ const HISTOGRAM_MAX_MICROS: u64 = 120_000_000;
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Error messages kept per measurement (the count is kept in full).
 const ERROR_SAMPLES_MAX: usize = 3;
+/// How often the progress line is redrawn.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// Requests in flight at once in the open-loop driver.
+pub const OPEN_LOOP_IN_FLIGHT_MAX: usize = 4_096;
+
+/// Counters behind the progress line of one measurement.
+#[derive(Debug, Default)]
+pub struct Progress {
+    done: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Progress {
+    fn record(&self, ok: bool) {
+        if ok {
+            self.done.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Redraws `label: elapsed/total s, N done, E errors, R/s` on stderr every
+/// [`PROGRESS_EVERY`] while the returned task runs (only when stderr is a
+/// terminal; a log gets the final line alone).
+fn progress_line(label: String, window: Window, progress: Arc<Progress>) -> ProgressTask {
+    let started = Instant::now();
+    let live = std::io::stderr().is_terminal();
+    let task = live.then(|| {
+        let progress = progress.clone();
+        let label = label.clone();
+        tokio::spawn(async move {
+            let total = (window.warmup + window.duration).as_secs_f64();
+            loop {
+                tokio::time::sleep(PROGRESS_EVERY).await;
+                let elapsed = started.elapsed().as_secs_f64();
+                let done = progress.done.load(Ordering::Relaxed);
+                let _ = write!(
+                    std::io::stderr(),
+                    "\r\x1b[Kbench: {label}: {elapsed:.1}/{total:.1} s, {done} done, {} errors, {:.0}/s",
+                    progress.errors.load(Ordering::Relaxed),
+                    done as f64 / elapsed.max(1e-3)
+                );
+            }
+        })
+    });
+    ProgressTask {
+        label,
+        started,
+        progress,
+        task,
+    }
+}
+
+struct ProgressTask {
+    label: String,
+    started: Instant,
+    progress: Arc<Progress>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ProgressTask {
+    fn finish(self) {
+        let erase = if let Some(task) = self.task {
+            task.abort();
+            "\r\x1b[K"
+        } else {
+            ""
+        };
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let done = self.progress.done.load(Ordering::Relaxed);
+        eprintln!(
+            "{erase}bench: {}: {done} done, {} errors in {elapsed:.1} s (warm-up included)",
+            self.label,
+            self.progress.errors.load(Ordering::Relaxed),
+        );
+    }
+}
 
 /// Warm-up and measured durations of one measurement.
 #[derive(Clone, Copy, Debug)]
@@ -74,17 +163,37 @@ struct WorkerResult {
 }
 
 /// Runs `op(worker, sequence)` on `concurrency` workers for `window`;
-/// `parts` is how many parts each successful [`Timing`] carries.
+/// `parts` is how many parts each successful [`Timing`] carries. (The
+/// stream benchmark's entry point; this suite names its lines.)
+#[allow(dead_code)]
 pub async fn drive<F, Fut>(concurrency: usize, window: Window, parts: usize, op: F) -> Sample
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Timing, String>> + Send + 'static,
 {
+    drive_labelled(format!("c={concurrency}"), concurrency, window, parts, op).await
+}
+
+/// [`drive`] with `label` naming the progress line.
+pub async fn drive_labelled<F, Fut>(
+    label: String,
+    concurrency: usize,
+    window: Window,
+    parts: usize,
+    op: F,
+) -> Sample
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Timing, String>> + Send + 'static,
+{
+    let progress = Arc::new(Progress::default());
+    let line = progress_line(label, window, progress.clone());
     let start = Instant::now() + window.warmup;
     let end = start + window.duration;
     let tasks: Vec<_> = (0..concurrency)
         .map(|worker| {
             let op = op.clone();
+            let progress = progress.clone();
             tokio::spawn(async move {
                 let mut result = WorkerResult {
                     total: histogram(),
@@ -101,6 +210,7 @@ where
                     }
                     sequence += 1;
                     let outcome = op(worker, sequence).await;
+                    progress.record(outcome.is_ok());
                     let measured = sent >= start;
                     match outcome {
                         Ok(timing) if measured => {
@@ -156,6 +266,7 @@ where
             last_done = last_done.max(done);
         }
     }
+    line.finish();
     let wall = last_done
         .saturating_duration_since(start)
         .max(window.duration);
@@ -168,5 +279,117 @@ where
     Sample {
         parts: part_histograms.into_iter().map(series).collect(),
         total: series(total),
+    }
+}
+
+/// What the open-loop driver measured at one offered rate.
+#[derive(Debug)]
+pub struct RateSample {
+    /// Latencies from each request's due time, successful requests only.
+    pub total: Measured,
+    /// Requests due in the measured window.
+    pub offered: u64,
+    /// Of those, not sent because [`OPEN_LOOP_IN_FLIGHT_MAX`] were in flight.
+    pub dropped: u64,
+}
+
+#[derive(Debug)]
+struct RateAccumulator {
+    histogram: Histogram<u64>,
+    errors: u64,
+    error_samples: Vec<String>,
+    last_done: Option<Instant>,
+}
+
+/// Sends `op(sequence)` at `rate` per second for `window` (open loop, see
+/// the module doc) and waits for every request sent.
+pub async fn drive_rate<F, Fut>(label: String, rate: f64, window: Window, op: F) -> RateSample
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Timing, String>> + Send + 'static,
+{
+    let progress = Arc::new(Progress::default());
+    let line = progress_line(label, window, progress.clone());
+    let begin = Instant::now();
+    let start = begin + window.warmup;
+    let end = start + window.duration;
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let accumulator = Arc::new(Mutex::new(RateAccumulator {
+        histogram: histogram(),
+        errors: 0,
+        error_samples: Vec::new(),
+        last_done: None,
+    }));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(OPEN_LOOP_IN_FLIGHT_MAX));
+    let mut tasks = tokio::task::JoinSet::new();
+    let (mut offered, mut dropped) = (0u64, 0u64);
+    let mut sequence = 0u64;
+    loop {
+        let due = begin + interval.mul_f64(sequence as f64);
+        if due >= end {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        sequence += 1;
+        let measured = due >= start;
+        offered += u64::from(measured);
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            dropped += u64::from(measured);
+            continue;
+        };
+        let (op, accumulator, progress) = (op.clone(), accumulator.clone(), progress.clone());
+        tasks.spawn(async move {
+            let _permit = permit;
+            let outcome = op(sequence).await;
+            progress.record(outcome.is_ok());
+            if !measured {
+                return;
+            }
+            let done = Instant::now();
+            let mut accumulator = accumulator.lock().expect("rate accumulator lock");
+            match outcome {
+                Ok(_) => {
+                    accumulator
+                        .histogram
+                        .saturating_record(micros(done.saturating_duration_since(due)));
+                    accumulator.last_done = Some(done);
+                }
+                Err(error) => {
+                    accumulator.errors += 1;
+                    if accumulator.error_samples.len() < ERROR_SAMPLES_MAX {
+                        accumulator.error_samples.push(error);
+                    }
+                }
+            }
+        });
+        // Reap finished requests so the set stays as small as what is in flight.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    line.finish();
+    let accumulator = std::mem::replace(
+        &mut *accumulator.lock().expect("rate accumulator lock"),
+        RateAccumulator {
+            histogram: histogram(),
+            errors: 0,
+            error_samples: Vec::new(),
+            last_done: None,
+        },
+    );
+    let wall = accumulator
+        .last_done
+        .map_or(window.duration, |done| {
+            done.saturating_duration_since(start)
+        })
+        .max(window.duration);
+    RateSample {
+        total: Measured {
+            histogram: accumulator.histogram,
+            errors: accumulator.errors,
+            wall,
+            error_samples: accumulator.error_samples,
+        },
+        offered,
+        dropped,
     }
 }

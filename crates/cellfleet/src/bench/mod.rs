@@ -6,26 +6,42 @@
 //! `CELLFLEET_S3_ENDPOINT` is unset; or the local-directory store). Then:
 //!
 //! 1. cells are created and their owners learnt from `served_by` ([`workloads`]);
-//! 2. the floors, *before*: a bare tonic echo over the same mTLS and the
+//! 2. the floors, *before*: a bare tonic echo over the same mTLS, the
 //!    store's publication floor (create-only 4 KiB PUT + If-Match 1 KiB CAS)
-//!    ([`floors`]);
-//! 3. the workloads, grouped by concurrency so that the pairs the goals
-//!    compare run back to back ([`workloads`], driven by [`load`]);
+//!    and a bare SQLite transaction ([`floors`]);
+//! 3. the per-level workloads, grouped by concurrency so that the pairs the
+//!    goals compare run back to back, then the fixed-concurrency ones
+//!    (`serial_query`, `hot_cell`), then those with their own driver
+//!    (`capacity`, then `fleet`, which creates up to 100k Cells)
+//!    ([`workloads`], driven by [`load`]; [`capacity`], [`fleet`]); around
+//!    each command measurement the nodes' metrics are read for the
+//!    per-phase breakdown ([`node_stats`]);
 //! 4. the floors again, *after* (a noisy machine shows up as a gap);
 //! 5. the exactness check: every acknowledged command is in its Cell exactly
 //!    once ([`exactness`]);
-//! 6. SIGTERM to every node, which drains ([`cluster`]).
+//! 6. SIGTERM to every node, which drains ([`cluster`]), and the run's
+//!    objects are deleted from the bucket (`--keep-objects` keeps them).
 //!
-//! The table and the goals are in [`report`]. Code map: [`cluster`] (the
-//! processes and the store), [`client`] (the signing gRPC client),
-//! [`load`] (the closed-loop driver and HDR histograms), [`workloads`],
-//! [`floors`], [`exactness`], [`report`].
+//! The table and the goals are in [`report`]; `--json` and `--plots` keep
+//! them ([`plots`]: SVG). Code map: [`cluster`] (the processes and the
+//! store), [`client`] (the signing gRPC client), [`load`] (the closed- and
+//! open-loop drivers, HDR histograms, the progress line), [`workloads`],
+//! [`capacity`], [`fleet`], [`floors`], [`node_stats`], [`exactness`],
+//! [`report`], [`plots`].
+//!
+//! A new workload is a [`Workload`] variant with its [`workloads::Shape`]:
+//! closed-loop ones need nothing more; one with its own driver gets an arm
+//! in `measure`'s `Shape::Own` dispatch.
 
+mod capacity;
 mod client;
 mod cluster;
 mod exactness;
+mod fleet;
 mod floors;
 mod load;
+mod node_stats;
+mod plots;
 mod report;
 mod workloads;
 
@@ -40,8 +56,8 @@ use clap::{Args, ValueEnum};
 use crate::bench::client::BenchClient;
 use crate::bench::cluster::BenchCluster;
 use crate::bench::load::Window;
-use crate::bench::report::{FloorRow, Phase, Report, WorkloadRow};
-use crate::bench::workloads::Workload;
+use crate::bench::report::{Cleanup, FloorRow, Phase, Report, WorkloadRow};
+use crate::bench::workloads::{Shape, Workload};
 
 /// Which store the nodes share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -84,7 +100,35 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the plots (SVG: latency CDFs, fleet, capacity) into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// `fleet`: Cell counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    fleet_cells: Vec<usize>,
+    /// `fleet`: clients writing at once.
+    #[arg(long, default_value_t = 64)]
+    fleet_concurrency: usize,
+    /// `fleet`: seconds the Cell creation of all sizes may take; sizes not
+    /// reached are measured over the Cells created.
+    #[arg(long, default_value_t = 900.0)]
+    fleet_setup_s: f64,
+    /// `capacity`: offered rates (commands/s), comma-separated; default:
+    /// doubling from 250/s until one is not served, then two bisections.
+    #[arg(long, value_delimiter = ',')]
+    capacity_rates: Vec<f64>,
+    /// `capacity`: the p99 a served rate stays within, in ms.
+    #[arg(long, default_value_t = 100.0)]
+    capacity_p99_ms: f64,
+    /// Keep the run's objects in the bucket (default: deleted at the end).
+    #[arg(long)]
+    keep_objects: bool,
 }
+
+/// Bound on `--fleet-cells` (a node owns at most 100k Cells).
+const FLEET_CELLS_MAX: usize = 1_000_000;
+/// Bound on a `--capacity-rates` entry.
+const CAPACITY_RATE_MAX: f64 = 1_000_000.0;
 
 /// Bound on `--concurrency` (each level gets that many Cells per workload).
 const CONCURRENCY_MAX: usize = 256;
@@ -126,6 +170,31 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         warmup: seconds(args.warmup, "warmup")?,
         duration,
     };
+    if args.fleet_cells.is_empty()
+        || args
+            .fleet_cells
+            .iter()
+            .any(|n| *n == 0 || *n > FLEET_CELLS_MAX)
+    {
+        bail!("--fleet-cells: give counts 1..={FLEET_CELLS_MAX}, like 1000,10000");
+    }
+    if args.fleet_concurrency == 0 || args.fleet_concurrency > CONCURRENCY_MAX {
+        bail!("--fleet-concurrency must be 1..={CONCURRENCY_MAX}");
+    }
+    if !args.fleet_setup_s.is_finite() || !(0.0..=86_400.0).contains(&args.fleet_setup_s) {
+        bail!("--fleet-setup-s: give seconds between 0 and 86400");
+    }
+    let fleet_setup = Duration::from_secs_f64(args.fleet_setup_s);
+    if args
+        .capacity_rates
+        .iter()
+        .any(|r| !r.is_finite() || *r <= 0.0 || *r > CAPACITY_RATE_MAX)
+    {
+        bail!("--capacity-rates: give rates in (0, {CAPACITY_RATE_MAX}]");
+    }
+    if !args.capacity_p99_ms.is_finite() || args.capacity_p99_ms <= 0.0 {
+        bail!("--capacity-p99-ms must be positive");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -136,11 +205,41 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     let store = cluster::StoreSetup::resolve(args.store, &runtime)?;
     let mut cluster = BenchCluster::start(args.nodes, store)?;
-    let measured = runtime.block_on(measure(&cluster, &workloads, &args.concurrency, window));
+    let plan = Plan {
+        workloads: workloads.clone(),
+        levels: args.concurrency.clone(),
+        window,
+        fleet_cells: args.fleet_cells.clone(),
+        fleet_concurrency: args.fleet_concurrency,
+        fleet_setup,
+        capacity_rates: args.capacity_rates.clone(),
+        capacity_p99_ms: args.capacity_p99_ms,
+    };
+    let started = std::time::Instant::now();
+    let measured = runtime.block_on(measure(&cluster, &plan));
     eprintln!("bench: stopping the nodes (SIGTERM, drain)");
     let drained = cluster.stop();
+    let cleanup = if args.keep_objects {
+        Cleanup {
+            deleted_objects: 0,
+            note: Some(format!("kept: {}", cluster.store_description())),
+        }
+    } else {
+        eprintln!("bench: deleting the run's objects");
+        match runtime.block_on(cluster.delete_objects()) {
+            Ok(deleted_objects) => Cleanup {
+                deleted_objects,
+                note: None,
+            },
+            Err(error) => Cleanup {
+                deleted_objects: 0,
+                note: Some(format!("failed: {error:#}")),
+            },
+        }
+    };
     let mut report = measured?;
     report.drained = drained;
+    report.cleanup = cleanup;
     report.config = serde_json::json!({
         "nodes": args.nodes,
         "store": args.store.name(),
@@ -149,12 +248,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "warmup_s": window.warmup.as_secs_f64(),
         "concurrency": args.concurrency,
         "workloads": workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+        "fleet_cells": args.fleet_cells,
+        "fleet_concurrency": args.fleet_concurrency,
+        "fleet_setup_s": args.fleet_setup_s,
+        "capacity_p99_ms": args.capacity_p99_ms,
+        "run_s": started.elapsed().as_secs_f64(),
+        "machine": machine(),
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
     print!("{}", report.table());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report.json())?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
+    }
+    if let Some(dir) = &args.plots {
+        for path in plots::write(&report, dir)? {
+            eprintln!("bench: wrote {}", path.display());
+        }
     }
     if !report.exactness.passed {
         eprintln!("bench: the exactness check FAILED");
@@ -167,95 +278,217 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Everything between "nodes ready" and "stop the nodes".
-async fn measure(
+/// The machine the run measured: CPU model and count, memory, kernel.
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("model name"))
+        .and_then(|line| line.split_once(':'))
+        .map(|(_, model)| model.trim().to_owned());
+    let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|meminfo| {
+            meminfo
+                .lines()
+                .find(|line| line.starts_with("MemTotal:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|k| k.trim().to_owned());
+    serde_json::json!({
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu_model": model,
+        "memory_bytes": memory_bytes,
+        "kernel": kernel,
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+    })
+}
+
+/// What to measure.
+#[derive(Debug)]
+struct Plan {
+    workloads: Vec<Workload>,
+    levels: Vec<usize>,
+    window: Window,
+    fleet_cells: Vec<usize>,
+    fleet_concurrency: usize,
+    fleet_setup: Duration,
+    capacity_rates: Vec<f64>,
+    capacity_p99_ms: f64,
+}
+
+/// The floors at each concurrency in `levels`, and the SQLite floor (c=1).
+async fn measure_floors(
     cluster: &BenchCluster,
-    workloads: &[Workload],
+    echo_client: &BenchClient,
+    store: &Arc<dyn cellfleet_store::ObjectStore>,
+    phase: Phase,
     levels: &[usize],
     window: Window,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<Vec<FloorRow>> {
+    let floor_prefix = cluster.floor_prefix();
+    let mut rows = Vec::new();
+    for &concurrency in levels {
+        let sample = floors::echo(echo_client, concurrency, window).await;
+        rows.push(FloorRow::new(
+            floors::ECHO,
+            phase,
+            concurrency,
+            &sample.total,
+        ));
+        let sample = floors::store(
+            store.clone(),
+            &format!("{floor_prefix}/{}", phase.name()),
+            concurrency,
+            window,
+        )
+        .await?;
+        rows.push(FloorRow::new(
+            floors::STORE_PUBLICATION,
+            phase,
+            concurrency,
+            &sample.total,
+        ));
+        rows.push(FloorRow::new(
+            floors::STORE_CREATE,
+            phase,
+            concurrency,
+            &sample.parts[0],
+        ));
+        rows.push(FloorRow::new(
+            floors::STORE_CAS,
+            phase,
+            concurrency,
+            &sample.parts[1],
+        ));
+    }
+    eprintln!("bench: sqlite floor ({})", phase.name());
+    let dir = cluster.dir().to_owned();
+    let sample = tokio::task::spawn_blocking(move || floors::sqlite(&dir, window)).await??;
+    rows.push(FloorRow::new(floors::SQLITE, phase, 1, &sample.total));
+    Ok(rows)
+}
+
+/// Everything between "nodes ready" and "stop the nodes".
+async fn measure(cluster: &BenchCluster, plan: &Plan) -> anyhow::Result<Report> {
+    let window = plan.window;
     let client = BenchClient::new(
         cluster.client_tls()?,
         &cluster.client_addrs(),
         cluster.signing_key()?,
     )?;
     let node_ids = cluster.node_ids();
+    let http_addrs = cluster.http_addrs();
     let acks = Arc::new(exactness::AckLog::default());
-    let cells_per_pool = levels.iter().copied().max().unwrap_or(1);
     eprintln!("bench: creating cells and learning their owners");
-    let pools = workloads::setup(&client, &acks, workloads, cells_per_pool, &node_ids).await?;
+    let pools = workloads::setup(&client, &acks, &plan.workloads, &plan.levels, &node_ids).await?;
     let echo = floors::EchoServer::start(&cluster.node_identity("n1")?)?;
     let echo_client =
         BenchClient::new(cluster.client_tls()?, &[echo.addr], cluster.signing_key()?)?;
     let store = cluster.floor_store().await?;
-    let floor_prefix = cluster.floor_prefix();
+    // Floors at every level, and at c=1 (one Cell's publications follow
+    // one another: the floor `hot_cell` is compared with).
+    let mut floor_levels = plan.levels.clone();
+    floor_levels.push(1);
+    floor_levels.sort_unstable();
+    floor_levels.dedup();
     let mut report = Report::default();
-    let floors_at = |phase: Phase| {
-        let echo_client = echo_client.clone();
-        let store = store.clone();
-        let floor_prefix = floor_prefix.clone();
-        async move {
-            let mut rows = Vec::new();
-            for &concurrency in levels {
-                eprintln!("bench: floors {} c={concurrency}", phase.name());
-                let sample = floors::echo(&echo_client, concurrency, window).await;
-                rows.push(FloorRow::new(
-                    floors::ECHO,
-                    phase,
-                    concurrency,
-                    &sample.total,
-                ));
-                let sample = floors::store(
-                    store.clone(),
-                    &format!("{floor_prefix}/{}", phase.name()),
-                    concurrency,
-                    window,
-                )
-                .await?;
-                rows.push(FloorRow::new(
-                    floors::STORE_PUBLICATION,
-                    phase,
-                    concurrency,
-                    &sample.total,
-                ));
-                rows.push(FloorRow::new(
-                    floors::STORE_CREATE,
-                    phase,
-                    concurrency,
-                    &sample.parts[0],
-                ));
-                rows.push(FloorRow::new(
-                    floors::STORE_CAS,
-                    phase,
-                    concurrency,
-                    &sample.parts[1],
-                ));
+    report.floors.extend(
+        measure_floors(
+            cluster,
+            &echo_client,
+            &store,
+            Phase::Before,
+            &floor_levels,
+            window,
+        )
+        .await?,
+    );
+    let mut closed_loop: Vec<(Workload, usize)> = Vec::new();
+    for &concurrency in &plan.levels {
+        for &workload in &plan.workloads {
+            if workload.shape() == Shape::PerLevel {
+                closed_loop.push((workload, concurrency));
             }
-            anyhow::Ok(rows)
-        }
-    };
-    report.floors.extend(floors_at(Phase::Before).await?);
-    for &concurrency in levels {
-        for &workload in workloads {
-            eprintln!("bench: {} c={concurrency}", workload.name());
-            let result = workloads::run(
-                &client,
-                &acks,
-                &pools,
-                workload,
-                concurrency,
-                window,
-                &node_ids,
-            )
-            .await;
-            report
-                .workloads
-                .push(WorkloadRow::new(workload, concurrency, &result));
         }
     }
-    report.floors.extend(floors_at(Phase::After).await?);
+    for &workload in &plan.workloads {
+        if let Shape::Fixed(concurrency) = workload.shape() {
+            closed_loop.push((workload, concurrency));
+        }
+    }
+    for (workload, concurrency) in closed_loop {
+        let before = node_stats::scrape(&http_addrs).await;
+        let result = workloads::run(
+            &client,
+            &acks,
+            &pools,
+            workload,
+            concurrency,
+            window,
+            &node_ids,
+        )
+        .await;
+        let phases = if workload.command() {
+            let after = node_stats::scrape(&http_addrs).await;
+            Some(node_stats::Phases::between(&before, &after))
+        } else {
+            None
+        };
+        report
+            .workloads
+            .push(WorkloadRow::new(workload, concurrency, &result, phases));
+    }
+    for &workload in &plan.workloads {
+        if workload.shape() != Shape::Own {
+            continue;
+        }
+        match workload {
+            Workload::Capacity => {
+                report.capacity = Some(
+                    capacity::run(
+                        &client,
+                        &acks,
+                        pools.cells(Workload::Capacity),
+                        &plan.capacity_rates,
+                        plan.capacity_p99_ms,
+                        window,
+                    )
+                    .await,
+                );
+            }
+            Workload::Fleet => {
+                let setup = fleet::FleetSetup {
+                    sizes: plan.fleet_cells.clone(),
+                    concurrency: plan.fleet_concurrency,
+                    setup_budget: plan.fleet_setup,
+                    node_ids: node_ids.clone(),
+                    http_addrs: http_addrs.clone(),
+                    pids: cluster.pids(),
+                };
+                report.fleet = fleet::run(&client, &acks, &setup, window).await?;
+            }
+            other => bail!("{} has no driver of its own", other.name()),
+        }
+    }
+    report.floors.extend(
+        measure_floors(
+            cluster,
+            &echo_client,
+            &store,
+            Phase::After,
+            &floor_levels,
+            window,
+        )
+        .await?,
+    );
     echo.stop();
     eprintln!("bench: exactness check");
-    report.exactness = exactness::check(&client, &acks, 0).await;
+    report.exactness = exactness::check(&client, &acks, node_ids.len()).await;
     Ok(report)
 }

@@ -1,19 +1,23 @@
-//! The report: floors (before and after the workloads), workloads with their ratio to the relevant floor, where the time goes, the goals met or missed, the exactness check and the drain; as a table and as JSON.
+//! The report: floors (before and after the workloads), workloads with their ratio to the relevant floor, where the time goes (per phase, from the nodes' metrics), fleet sizes, the capacity sweep, the goals met or missed, the exactness check, the drain and the clean-up; as a table and as JSON.
 //!
 //! Commands are compared with the store's publication floor (create-only
-//! 4 KiB PUT + If-Match 1 KiB CAS), queries with the echo floor (one gRPC
-//! round trip over the same mTLS); each at the same concurrency, with the
-//! before and after histograms merged. Latencies are client-side, envelope
-//! signing excluded.
+//! 4 KiB PUT + If-Match 1 KiB CAS) and with the bare SQLite transaction,
+//! queries with the echo floor (one gRPC round trip over the same mTLS);
+//! each at the row's floor concurrency (its own, except `hot_cell`, whose
+//! one Cell publishes one group at a time: c=1), with the before and after
+//! histograms merged. Latencies are client-side, envelope signing excluded.
 
 use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::bench::capacity::CapacityResult;
 use crate::bench::exactness::Exactness;
+use crate::bench::fleet::FleetRow;
 use crate::bench::floors;
 use crate::bench::load::{self, Measured};
+use crate::bench::node_stats::Phases;
 use crate::bench::workloads::{Workload, WorkloadResult};
 
 /// Goal 1: forwarded query p50 ≤ echo floor p50 + this.
@@ -21,6 +25,16 @@ const QUERY_GOAL_SLACK_MS: f64 = 0.2;
 /// Goal 2: forwarded command p99 ≤ this × local command p99, at [`COMMAND_GOAL_CONCURRENCY`].
 const COMMAND_GOAL_FACTOR: f64 = 1.5;
 const COMMAND_GOAL_CONCURRENCY: usize = 16;
+/// Goal 3: `hot_cell` durable commands per second at least.
+const HOT_CELL_GOAL_PER_S: f64 = 5_000.0;
+/// Goal 4: `fleet` at [`FLEET_GOAL_CELLS`] Cells, durable commands/s per node at least.
+const FLEET_GOAL_PER_NODE_PER_S: f64 = 10_000.0;
+const FLEET_GOAL_CELLS: usize = 1_000;
+/// Goal 5: `fleet` at [`FLEET_LARGE_CELLS`] Cells keeps this share of the small figure.
+const FLEET_LARGE_CELLS: usize = 100_000;
+const FLEET_LARGE_SHARE: f64 = 0.8;
+/// Goal 6: `local_query` at c=16, queries per second at least.
+const LOCAL_QUERY_GOAL_PER_S: f64 = 50_000.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -58,7 +72,7 @@ fn ms(micros: u64) -> f64 {
 }
 
 impl Summary {
-    fn of(histogram: &Histogram<u64>, errors: u64, wall_s: f64, samples: &[String]) -> Self {
+    pub fn of(histogram: &Histogram<u64>, errors: u64, wall_s: f64, samples: &[String]) -> Self {
         let count = histogram.len();
         let at = |q: f64| {
             if count == 0 {
@@ -88,7 +102,7 @@ impl Summary {
         }
     }
 
-    fn of_measured(measured: &Measured) -> Self {
+    pub fn of_measured(measured: &Measured) -> Self {
         Summary::of(
             &measured.histogram,
             measured.errors,
@@ -106,7 +120,7 @@ pub struct FloorRow {
     #[serde(flatten)]
     pub summary: Summary,
     #[serde(skip)]
-    histogram: Histogram<u64>,
+    pub histogram: Histogram<u64>,
 }
 
 impl FloorRow {
@@ -128,29 +142,62 @@ pub struct WorkloadRow {
     #[serde(flatten)]
     pub summary: Summary,
     pub owner_mismatches: u64,
-    /// The floor compared with (before and after merged) and the ratios.
+    /// The floor compared with (before and after merged), at which
+    /// concurrency, and the ratios.
     pub floor: &'static str,
+    pub floor_concurrency: usize,
     pub floor_p50_ms: f64,
     pub floor_p99_ms: f64,
     pub p50_vs_floor: f64,
     pub p99_vs_floor: f64,
+    /// Commands: the bare SQLite transaction (c=1) and the ratios to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sqlite: Option<SqliteRatio>,
+    /// Commands: where the time went, from the nodes' metrics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
     #[serde(skip)]
-    workload: Workload,
+    pub workload: Workload,
+    #[serde(skip)]
+    pub histogram: Histogram<u64>,
+}
+
+/// A command row against the bare SQLite transaction.
+#[derive(Clone, Debug, Serialize)]
+pub struct SqliteRatio {
+    pub sqlite_p50_ms: f64,
+    pub sqlite_per_s: f64,
+    pub p50_vs_sqlite: f64,
+    /// The row's throughput over SQLite's (one writer, back to back).
+    pub throughput_vs_sqlite: f64,
 }
 
 impl WorkloadRow {
-    pub fn new(workload: Workload, concurrency: usize, result: &WorkloadResult) -> Self {
+    pub fn new(
+        workload: Workload,
+        concurrency: usize,
+        result: &WorkloadResult,
+        phases: Option<Phases>,
+    ) -> Self {
         WorkloadRow {
             name: workload.name(),
             concurrency,
             summary: Summary::of_measured(&result.sample.total),
             owner_mismatches: result.owner_mismatches,
             floor: floor_of(workload),
+            floor_concurrency: if workload == Workload::HotCell {
+                1
+            } else {
+                concurrency
+            },
             floor_p50_ms: 0.0,
             floor_p99_ms: 0.0,
             p50_vs_floor: 0.0,
             p99_vs_floor: 0.0,
+            sqlite: None,
+            phases,
             workload,
+            histogram: result.sample.total.histogram.clone(),
         }
     }
 }
@@ -170,10 +217,60 @@ pub struct Goal {
     pub concurrency: usize,
     /// `None`: not measured in this run.
     pub met: Option<bool>,
-    pub measured_ms: f64,
-    pub limit_ms: f64,
-    /// limit − measured (negative: missed by that much).
-    pub margin_ms: f64,
+    pub measured: f64,
+    pub limit: f64,
+    /// "ms" (at most the limit) or "/s" (at least the limit).
+    pub unit: &'static str,
+    /// How far inside the limit (negative: missed by that much), in `unit`.
+    pub margin: f64,
+}
+
+impl Goal {
+    /// A latency goal: `measured` ≤ `limit` ms.
+    fn at_most(goal: String, concurrency: usize, measured: f64, limit: f64) -> Self {
+        Goal {
+            goal,
+            concurrency,
+            met: Some(measured <= limit),
+            measured,
+            limit,
+            unit: "ms",
+            margin: limit - measured,
+        }
+    }
+
+    /// A throughput goal: `measured` ≥ `limit` per second.
+    fn at_least(goal: String, concurrency: usize, measured: f64, limit: f64) -> Self {
+        Goal {
+            goal,
+            concurrency,
+            met: Some(measured >= limit),
+            measured,
+            limit,
+            unit: "/s",
+            margin: measured - limit,
+        }
+    }
+
+    fn unmeasured(goal: String, concurrency: usize, unit: &'static str) -> Self {
+        Goal {
+            goal,
+            concurrency,
+            met: None,
+            measured: 0.0,
+            limit: 0.0,
+            unit,
+            margin: 0.0,
+        }
+    }
+}
+
+/// What the bench deleted from the store after the run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Cleanup {
+    pub deleted_objects: u64,
+    /// Why the clean-up failed or was skipped, if it did not run to the end.
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -181,8 +278,11 @@ pub struct Report {
     pub config: serde_json::Value,
     pub floors: Vec<FloorRow>,
     pub workloads: Vec<WorkloadRow>,
+    pub fleet: Vec<FleetRow>,
+    pub capacity: Option<CapacityResult>,
     pub exactness: Exactness,
     pub drained: Vec<(String, bool)>,
+    pub cleanup: Cleanup,
 }
 
 impl Report {
@@ -215,19 +315,44 @@ impl Report {
             .find(|r| r.workload == workload && r.concurrency == concurrency)
     }
 
-    /// Fills each workload row's floor columns.
+    /// Fills each workload row's floor columns and splits its phases.
     fn compare(&mut self) {
-        let floors: Vec<Option<Summary>> = self
+        let floors: Vec<(Option<Summary>, Option<Summary>)> = self
             .workloads
             .iter()
-            .map(|row| self.floor(row.floor, row.concurrency))
+            .map(|row| {
+                (
+                    self.floor(row.floor, row.floor_concurrency),
+                    self.floor(floors::ECHO, row.floor_concurrency),
+                )
+            })
             .collect();
-        for (row, floor) in self.workloads.iter_mut().zip(floors) {
-            let Some(floor) = floor else { continue };
-            row.floor_p50_ms = floor.p50_ms;
-            row.floor_p99_ms = floor.p99_ms;
-            row.p50_vs_floor = ratio(row.summary.p50_ms, floor.p50_ms);
-            row.p99_vs_floor = ratio(row.summary.p99_ms, floor.p99_ms);
+        let sqlite = self.floor(floors::SQLITE, 1);
+        for (row, (floor, echo)) in self.workloads.iter_mut().zip(floors) {
+            if let Some(floor) = floor {
+                row.floor_p50_ms = floor.p50_ms;
+                row.floor_p99_ms = floor.p99_ms;
+                row.p50_vs_floor = ratio(row.summary.p50_ms, floor.p50_ms);
+                row.p99_vs_floor = ratio(row.summary.p99_ms, floor.p99_ms);
+            }
+            if let (true, Some(sqlite)) = (row.workload.command(), &sqlite) {
+                row.sqlite = Some(SqliteRatio {
+                    sqlite_p50_ms: sqlite.p50_ms,
+                    sqlite_per_s: sqlite.throughput_per_s,
+                    p50_vs_sqlite: ratio(row.summary.p50_ms, sqlite.p50_ms),
+                    throughput_vs_sqlite: ratio(
+                        row.summary.throughput_per_s,
+                        sqlite.throughput_per_s,
+                    ),
+                });
+            }
+            if let Some(phases) = &mut row.phases {
+                phases.attribute(row.summary.mean_ms, echo.map_or(0.0, |e| e.p50_ms));
+            }
+        }
+        let echo = self.floor(floors::ECHO, 1).map_or(0.0, |e| e.p50_ms);
+        for row in &mut self.fleet {
+            row.phases.attribute(row.summary.mean_ms, echo);
         }
     }
 
@@ -247,15 +372,12 @@ impl Report {
             ) else {
                 continue;
             };
-            let limit = echo.p50_ms + QUERY_GOAL_SLACK_MS;
-            goals.push(Goal {
-                goal: format!("forwarded_query p50 <= echo p50 + {QUERY_GOAL_SLACK_MS} ms"),
+            goals.push(Goal::at_most(
+                format!("forwarded_query p50 <= echo p50 + {QUERY_GOAL_SLACK_MS} ms"),
                 concurrency,
-                met: Some(forwarded.summary.p50_ms <= limit),
-                measured_ms: forwarded.summary.p50_ms,
-                limit_ms: limit,
-                margin_ms: limit - forwarded.summary.p50_ms,
-            });
+                forwarded.summary.p50_ms,
+                echo.p50_ms + QUERY_GOAL_SLACK_MS,
+            ));
         }
         let concurrency = COMMAND_GOAL_CONCURRENCY;
         let goal = format!("forwarded_command p99 <= {COMMAND_GOAL_FACTOR} x local_command p99");
@@ -264,27 +386,68 @@ impl Report {
                 self.workload(Workload::ForwardedCommand, concurrency),
                 self.workload(Workload::LocalCommand, concurrency),
             ) {
-                (Some(forwarded), Some(local)) => {
-                    let limit = COMMAND_GOAL_FACTOR * local.summary.p99_ms;
-                    Goal {
-                        goal,
-                        concurrency,
-                        met: Some(forwarded.summary.p99_ms <= limit),
-                        measured_ms: forwarded.summary.p99_ms,
-                        limit_ms: limit,
-                        margin_ms: limit - forwarded.summary.p99_ms,
-                    }
-                }
-                _ => Goal {
+                (Some(forwarded), Some(local)) => Goal::at_most(
                     goal,
                     concurrency,
-                    met: None,
-                    measured_ms: 0.0,
-                    limit_ms: 0.0,
-                    margin_ms: 0.0,
-                },
+                    forwarded.summary.p99_ms,
+                    COMMAND_GOAL_FACTOR * local.summary.p99_ms,
+                ),
+                _ => Goal::unmeasured(goal, concurrency, "ms"),
             },
         );
+        let goal = format!("hot_cell >= {HOT_CELL_GOAL_PER_S} durable commands/s");
+        let concurrency = crate::bench::workloads::HOT_CELL_CONCURRENCY;
+        goals.push(match self.workload(Workload::HotCell, concurrency) {
+            Some(row) => Goal::at_least(
+                goal,
+                concurrency,
+                row.summary.throughput_per_s,
+                HOT_CELL_GOAL_PER_S,
+            ),
+            None => Goal::unmeasured(goal, concurrency, "/s"),
+        });
+        let small = self
+            .fleet
+            .iter()
+            .find(|r| r.cells_requested == FLEET_GOAL_CELLS);
+        let goal = format!(
+            "fleet at {FLEET_GOAL_CELLS} cells >= {FLEET_GOAL_PER_NODE_PER_S} durable commands/s per node"
+        );
+        goals.push(match small {
+            Some(row) => Goal::at_least(
+                goal,
+                row.concurrency,
+                row.per_node_per_s,
+                FLEET_GOAL_PER_NODE_PER_S,
+            ),
+            None => Goal::unmeasured(goal, 0, "/s"),
+        });
+        let large = self
+            .fleet
+            .iter()
+            .find(|r| r.cells_requested == FLEET_LARGE_CELLS);
+        let goal = format!(
+            "fleet at {FLEET_LARGE_CELLS} cells >= {FLEET_LARGE_SHARE} x the {FLEET_GOAL_CELLS}-cell figure per node"
+        );
+        goals.push(match (small, large) {
+            (Some(small), Some(large)) => Goal::at_least(
+                format!("{goal} ({} cells reached)", large.cells),
+                large.concurrency,
+                large.per_node_per_s,
+                FLEET_LARGE_SHARE * small.per_node_per_s,
+            ),
+            _ => Goal::unmeasured(goal, 0, "/s"),
+        });
+        let goal = format!("local_query >= {LOCAL_QUERY_GOAL_PER_S} queries/s");
+        goals.push(match self.workload(Workload::LocalQuery, 16) {
+            Some(row) => Goal::at_least(
+                goal,
+                16,
+                row.summary.throughput_per_s,
+                LOCAL_QUERY_GOAL_PER_S,
+            ),
+            None => Goal::unmeasured(goal, 16, "/s"),
+        });
         goals
     }
 
@@ -361,25 +524,149 @@ impl Report {
                 }
             );
         }
+        let commands: Vec<&WorkloadRow> = self
+            .workloads
+            .iter()
+            .filter(|row| row.sqlite.is_some())
+            .collect();
+        if !commands.is_empty() {
+            let _ = writeln!(
+                out,
+                "\ncommands against the bare SQLite transaction (c=1, same pragmas):"
+            );
+            for row in commands {
+                let sqlite = row.sqlite.as_ref().expect("filtered");
+                let _ = writeln!(
+                    out,
+                    "  {:<18} c={:<3} p50 {:.3} ms = {:.1}x sqlite {:.3} ms; {:.0}/s = {:.3}x sqlite {:.0}/s",
+                    row.name,
+                    row.concurrency,
+                    row.summary.p50_ms,
+                    sqlite.p50_vs_sqlite,
+                    sqlite.sqlite_p50_ms,
+                    row.summary.throughput_per_s,
+                    sqlite.throughput_vs_sqlite,
+                    sqlite.sqlite_per_s
+                );
+            }
+        }
         let _ = writeln!(out, "\nwhere the time goes (p50):");
         for concurrency in self.levels() {
             for line in self.breakdown(concurrency) {
                 let _ = writeln!(out, "  c={concurrency:<3} {line}");
             }
         }
+        let _ = writeln!(
+            out,
+            "\nwhere a command's time goes (means, from the nodes' metrics):"
+        );
+        for row in &self.workloads {
+            if let Some(phases) = &row.phases {
+                let _ = writeln!(
+                    out,
+                    "  {:<18} c={:<3} {}",
+                    row.name,
+                    row.concurrency,
+                    phases.line()
+                );
+            }
+        }
+        for row in &self.fleet {
+            let _ = writeln!(
+                out,
+                "  fleet {:<12} c={:<3} {}",
+                row.cells,
+                row.concurrency,
+                row.phases.line()
+            );
+        }
+        if !self.fleet.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{:<8} {:>8} {:>9} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9}",
+                "FLEET",
+                "CELLS",
+                "OPS/S",
+                "PER NODE",
+                "P50",
+                "P99",
+                "RSS MB",
+                "OPEN FDS",
+                "CREATE/S"
+            );
+            for row in &self.fleet {
+                let rss = row.nodes.iter().map(|n| n.rss_bytes_max).max().unwrap_or(0);
+                let fds = row
+                    .nodes
+                    .iter()
+                    .map(|n| n.open_files_max)
+                    .max()
+                    .unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "{:<8} {:>8} {:>9.0} {:>10.0} {:>8.3} {:>8.3} {:>9.1} {:>10} {:>9.0}{}",
+                    row.cells_requested,
+                    row.cells,
+                    row.summary.throughput_per_s,
+                    row.per_node_per_s,
+                    row.summary.p50_ms,
+                    row.summary.p99_ms,
+                    rss as f64 / (1 << 20) as f64,
+                    fds,
+                    row.created_per_s,
+                    errors_note(row.summary.errors)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "  (RSS and open files: the largest node's maximum during the measurement)"
+            );
+        }
+        if let Some(capacity) = &self.capacity {
+            let _ = writeln!(
+                out,
+                "\ncapacity ({} cells, open loop, p99 bound {} ms):",
+                capacity.cells, capacity.p99_bound_ms
+            );
+            for step in &capacity.steps {
+                let _ = writeln!(
+                    out,
+                    "  offered {:>8.0}/s  achieved {:>8.0}/s  p50 {:>8.3}  p99 {:>9.3}  dropped {:>6}  {}{}",
+                    step.offered_per_s,
+                    step.achieved_per_s,
+                    step.summary.p50_ms,
+                    step.summary.p99_ms,
+                    step.dropped,
+                    if step.served { "served" } else { "NOT served" },
+                    errors_note(step.summary.errors)
+                );
+            }
+            let _ = match capacity.capacity_per_s {
+                Some(rate) => writeln!(out, "  capacity: {rate:.0} commands/s"),
+                None => writeln!(out, "  capacity: below the lowest rate offered"),
+            };
+        }
         let _ = writeln!(out, "\ngoals:");
         for goal in self.goals() {
+            let unit = goal.unit;
+            let (fmt_measured, fmt_limit, fmt_margin) = if unit == "ms" {
+                (
+                    format!("{:.3} ms", goal.measured),
+                    format!("{:.3} ms", goal.limit),
+                    format!("{:.3} ms", goal.margin.abs()),
+                )
+            } else {
+                (
+                    format!("{:.0}/s", goal.measured),
+                    format!("{:.0}/s", goal.limit),
+                    format!("{:.0}/s", goal.margin.abs()),
+                )
+            };
             let verdict = match goal.met {
-                Some(true) => format!(
-                    "MET: {:.3} ms <= {:.3} ms (margin {:.3} ms)",
-                    goal.measured_ms, goal.limit_ms, goal.margin_ms
-                ),
+                Some(true) => format!("MET: {fmt_measured} vs {fmt_limit} (margin {fmt_margin})"),
                 Some(false) => format!(
-                    "MISSED: {:.3} ms > {:.3} ms, by {:.3} ms ({:.2}x the limit)",
-                    goal.measured_ms,
-                    goal.limit_ms,
-                    -goal.margin_ms,
-                    ratio(goal.measured_ms, goal.limit_ms)
+                    "MISSED: {fmt_measured} vs {fmt_limit}, by {fmt_margin} ({:.2}x the limit)",
+                    ratio(goal.measured, goal.limit)
                 ),
                 None => "not measured in this run".into(),
             };
@@ -407,6 +694,15 @@ impl Report {
             out,
             "drain: {clean} of {} nodes exited cleanly after SIGTERM",
             self.drained.len()
+        );
+        let _ = writeln!(
+            out,
+            "clean-up: {} objects deleted{}",
+            self.cleanup.deleted_objects,
+            self.cleanup
+                .note
+                .as_ref()
+                .map_or(String::new(), |note| format!(" ({note})"))
         );
         out
     }
@@ -456,9 +752,12 @@ impl Report {
             "config": self.config,
             "floors": self.floors,
             "workloads": self.workloads,
+            "fleet": self.fleet,
+            "capacity": self.capacity,
             "goals": self.goals(),
             "exactness": self.exactness,
             "drained": self.drained.iter().map(|(node, clean)| serde_json::json!({"node": node, "clean": clean})).collect::<Vec<_>>(),
+            "cleanup": self.cleanup,
         })
     }
 }

@@ -1,8 +1,10 @@
-//! The workloads of DESIGN.md §8 on a real cluster: `local_command` (ingress = the Cell's owner), `forwarded_command` (ingress = a non-owner), `local_query` and `forwarded_query`, on the `log` kind of `dev`'s manifest.
+//! The workloads of DESIGN.md §8 on a real cluster: `local_command` (ingress = the Cell's owner), `forwarded_command` (ingress = a non-owner), `local_query`, `forwarded_query`, `serial_query` (one client, back to back), `hot_cell` (one Cell, c64), and the pools of `capacity` and `fleet` (driven by their own modules), on the `log` kind of `dev`'s manifest.
 //!
-//! Each workload has its own pool of Cells, one per worker at the highest
-//! concurrency (worker `w` uses Cell `w`), so a worker's commands wait for
-//! their own publications, not for another worker's group. Owners are learnt
+//! Each workload has its own pool of Cells ([`Workload::pool_cells`]): one
+//! per worker at the highest concurrency for the four per-level workloads
+//! (worker `w` uses Cell `w`), so a worker's commands wait for their own
+//! publications, not for another worker's group; a single Cell for
+//! `serial_query` and `hot_cell` (whose 64 workers all share its groups). Owners are learnt
 //! at set-up from `served_by` (a first command per Cell, which also creates
 //! it); a forwarded request enters at the node after the owner. Every
 //! response's `served_by` is checked against the owner learnt, and a
@@ -29,6 +31,11 @@ pub const COUNT: &str = "count";
 /// How long set-up retries one Cell's first command.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Concurrency of `hot_cell` (clients on its one Cell).
+pub const HOT_CELL_CONCURRENCY: usize = 64;
+/// Cells of the `capacity` pool (spread over the nodes, ingress = owner).
+pub const CAPACITY_CELLS: usize = 64;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum Workload {
@@ -36,14 +43,34 @@ pub enum Workload {
     ForwardedCommand,
     LocalQuery,
     ForwardedQuery,
+    SerialQuery,
+    HotCell,
+    Capacity,
+    Fleet,
+}
+
+/// How a workload is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Closed loop at each `--concurrency` level.
+    PerLevel,
+    /// Closed loop at one fixed concurrency.
+    Fixed(usize),
+    /// Its own driver (`capacity`, `fleet`).
+    Own,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    /// The default run, in order.
+    pub const ALL: [Workload; 8] = [
         Workload::LocalCommand,
         Workload::ForwardedCommand,
         Workload::LocalQuery,
         Workload::ForwardedQuery,
+        Workload::SerialQuery,
+        Workload::HotCell,
+        Workload::Capacity,
+        Workload::Fleet,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,16 +79,47 @@ impl Workload {
             Workload::ForwardedCommand => "forwarded_command",
             Workload::LocalQuery => "local_query",
             Workload::ForwardedQuery => "forwarded_query",
+            Workload::SerialQuery => "serial_query",
+            Workload::HotCell => "hot_cell",
+            Workload::Capacity => "capacity",
+            Workload::Fleet => "fleet",
         }
     }
 
     /// Prefix of the workload's Cell keys and command tags.
-    fn short(self) -> &'static str {
+    pub fn short(self) -> &'static str {
         match self {
             Workload::LocalCommand => "lc",
             Workload::ForwardedCommand => "fc",
             Workload::LocalQuery => "lq",
             Workload::ForwardedQuery => "fq",
+            Workload::SerialQuery => "sq",
+            Workload::HotCell => "hc",
+            Workload::Capacity => "cap",
+            Workload::Fleet => "fl",
+        }
+    }
+
+    pub fn shape(self) -> Shape {
+        match self {
+            Workload::LocalCommand
+            | Workload::ForwardedCommand
+            | Workload::LocalQuery
+            | Workload::ForwardedQuery => Shape::PerLevel,
+            Workload::SerialQuery => Shape::Fixed(1),
+            Workload::HotCell => Shape::Fixed(HOT_CELL_CONCURRENCY),
+            Workload::Capacity | Workload::Fleet => Shape::Own,
+        }
+    }
+
+    /// Cells set up for the workload before any measurement (`fleet`
+    /// creates its own, size by size).
+    pub fn pool_cells(self, levels: &[usize]) -> usize {
+        match self {
+            Workload::SerialQuery | Workload::HotCell => 1,
+            Workload::Capacity => CAPACITY_CELLS,
+            Workload::Fleet => 0,
+            _ => levels.iter().copied().max().unwrap_or(1),
         }
     }
 
@@ -70,7 +128,10 @@ impl Workload {
     }
 
     pub fn command(self) -> bool {
-        matches!(self, Workload::LocalCommand | Workload::ForwardedCommand)
+        !matches!(
+            self,
+            Workload::LocalQuery | Workload::ForwardedQuery | Workload::SerialQuery
+        )
     }
 }
 
@@ -96,7 +157,7 @@ fn applied(response: &v1::ExecuteResponse) -> bool {
 
 /// Creates one Cell (its first command, retried with the same envelope on
 /// retry-safe failures) and returns its owner's index.
-async fn create_cell(
+pub async fn create_cell(
     client: BenchClient,
     acks: Arc<AckLog>,
     key: String,
@@ -127,18 +188,19 @@ async fn create_cell(
     }
 }
 
-/// Creates `cells_per_pool` Cells for each workload, through every node in turn.
+/// Creates each workload's pool of Cells ([`Workload::pool_cells`]),
+/// through every node in turn.
 pub async fn setup(
     client: &BenchClient,
     acks: &Arc<AckLog>,
     workloads: &[Workload],
-    cells_per_pool: usize,
+    levels: &[usize],
     node_ids: &[String],
 ) -> anyhow::Result<Pools> {
     let node_ids = Arc::new(node_ids.to_vec());
     let mut tasks = Vec::new();
     for &workload in workloads {
-        for i in 0..cells_per_pool {
+        for i in 0..workload.pool_cells(levels) {
             let key = format!("bench-{}-{i}", workload.short());
             let task = tokio::spawn(create_cell(
                 client.clone(),
@@ -246,6 +308,46 @@ impl Context {
     }
 }
 
+impl Pools {
+    /// The Cells set up for `workload` (empty if none were).
+    pub fn cells(&self, workload: Workload) -> Arc<Vec<BenchCell>> {
+        self.cells.get(&workload).cloned().unwrap_or_default()
+    }
+}
+
+/// One local command on `cell` (ingress = its owner) with a unique `tag`,
+/// recorded in `acks`; the outcome as the load drivers want it.
+pub async fn local_command(
+    client: &BenchClient,
+    acks: &AckLog,
+    cell: &BenchCell,
+    tag: String,
+) -> Result<Timing, String> {
+    let request = client.command(
+        LOG_KIND,
+        &cell.key,
+        APPEND,
+        &serde_json::json!({"tag": tag}),
+    );
+    let sent = Instant::now();
+    let result = client.execute(cell.owner, request).await;
+    let elapsed = sent.elapsed();
+    match result {
+        Ok(response) if applied(&response) => {
+            acks.acked(&cell.key, tag);
+            Ok(Timing::total(elapsed))
+        }
+        Ok(response) => {
+            // Refused before it ran (the outcome is not a result): never applied.
+            Err(format!("not applied: {:?}", response.outcome))
+        }
+        Err(status) => {
+            acks.unacknowledged(&cell.key, tag);
+            Err(describe(&status))
+        }
+    }
+}
+
 /// Runs `workload` at `concurrency` for `window`.
 pub async fn run(
     client: &BenchClient,
@@ -256,11 +358,11 @@ pub async fn run(
     window: Window,
     node_ids: &[String],
 ) -> WorkloadResult {
-    let cells = pools
-        .cells
-        .get(&workload)
-        .cloned()
-        .expect("set-up created a pool for every workload run");
+    let cells = pools.cells(workload);
+    assert!(
+        !cells.is_empty(),
+        "set-up created a pool for every closed-loop workload run"
+    );
     let context = Arc::new(Context {
         client: client.clone(),
         acks: acks.clone(),
@@ -271,7 +373,8 @@ pub async fn run(
         mismatches: AtomicU64::new(0),
     });
     let driver = context.clone();
-    let sample = load::drive(concurrency, window, 0, move |worker, sequence| {
+    let label = format!("{} c={concurrency}", workload.name());
+    let sample = load::drive_labelled(label, concurrency, window, 0, move |worker, sequence| {
         let context = driver.clone();
         async move {
             if context.workload.command() {

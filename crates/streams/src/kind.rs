@@ -35,6 +35,17 @@ pub struct StreamConfig {
     pub expires_at_ms: Option<i64>,
 }
 
+/// Where a fork came from: its source stream's path, the source offset it
+/// was cut at, and the sub-offset within what was appended there (bytes for
+/// binary streams, messages for JSON). Stored in the fork's Cell and
+/// compared when the fork is created again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    pub source: String,
+    pub offset: u64,
+    pub sub_offset: u64,
+}
+
 /// An idempotent producer's identity and position.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Producer {
@@ -54,6 +65,13 @@ pub enum StreamCommand {
         /// Initial messages, base64.
         messages: Vec<String>,
         now_ms: i64,
+        /// Set for a fork; compared with a stored lineage on re-create.
+        #[serde(default)]
+        lineage: Option<Lineage>,
+        /// Whether the request named the fork offset (when it did not, an
+        /// existing fork's offset is not compared).
+        #[serde(default)]
+        fork_offset_given: bool,
     },
     /// POST: append messages and/or close.
     Append {
@@ -65,10 +83,17 @@ pub enum StreamCommand {
         close: bool,
         now_ms: i64,
     },
-    /// DELETE.
+    /// DELETE: removes the stream, or only marks it deleted (soft delete)
+    /// while forks are registered with it.
     Delete { now_ms: i64 },
     /// A read happened: renew a TTL.
     Touch { now_ms: i64 },
+    /// On a source, before its fork is created: the fork at path `fork`
+    /// holds a reference (idempotent; refused once the source is deleted).
+    RegisterFork { fork: String, now_ms: i64 },
+    /// On a source, after its fork at `fork` was removed: drop the
+    /// reference; a soft-deleted source left without forks is removed.
+    ReleaseFork { fork: String, now_ms: i64 },
 }
 
 /// `stream` queries.
@@ -85,6 +110,9 @@ pub struct StreamState {
     pub config: StreamConfig,
     pub tail: u64,
     pub closed: bool,
+    /// Set for a fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 /// What a `stream` command or query returns.
@@ -122,7 +150,23 @@ pub enum StreamOutput {
         expected: u64,
         received: u64,
     },
-    Deleted,
+    /// Removed or soft-deleted. `release` names the source this stream
+    /// was forked from when the stream is gone for good (its reference
+    /// there is to be released).
+    Deleted {
+        #[serde(default)]
+        release: Option<String>,
+    },
+    /// Soft-deleted (it still has forks): HTTP 410.
+    Gone,
+    /// The fork reference is held.
+    Registered,
+    /// The fork reference was dropped; `collected` when this (soft-deleted)
+    /// stream went with it, `release` then naming its own source.
+    Released {
+        collected: bool,
+        release: Option<String>,
+    },
     Read {
         state: StreamState,
         /// First offset of each returned message and its bytes (base64).
@@ -152,14 +196,23 @@ fn decode(messages: &[String]) -> Result<Vec<Vec<u8>>, KindError> {
 /// `meta`'s columns: content type, TTL, expires-at, expiry ms, tail, closed.
 type MetaRow = (String, Option<i64>, Option<String>, Option<i64>, i64, i64);
 
-fn load(conn: &Connection, now_ms: i64) -> Result<Option<StreamState>, KindError> {
-    // A Cell never written to has not run its migrations yet: no stream.
-    let tables: i64 = conn
+/// `meta`'s fork columns: source, fork offset, sub-offset, soft-deleted.
+type ForkRow = (Option<String>, Option<i64>, Option<i64>, i64);
+
+/// Which migrations a Cell's published state has: 0 (never written), 1
+/// (no fork columns yet: read as no lineage, not deleted) or 2.
+fn schema(conn: &Connection) -> Result<i64, KindError> {
+    Ok(conn
         .prepare_cached(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('meta', 'forks')",
         )?
-        .query_row([], |r| r.get(0))?;
-    if tables == 0 {
+        .query_row([], |r| r.get(0))?)
+}
+
+/// The stored stream, expired or not, and whether it is soft-deleted.
+fn load_any(conn: &Connection) -> Result<Option<(StreamState, bool)>, KindError> {
+    let schema = schema(conn)?;
+    if schema == 0 {
         return Ok(None);
     }
     let row: Option<MetaRow> = conn
@@ -173,10 +226,20 @@ fn load(conn: &Connection, now_ms: i64) -> Result<Option<StreamState>, KindError
     let Some((content_type, ttl, expires_at, expires_at_ms, tail, closed)) = row else {
         return Ok(None);
     };
-    if expires_at_ms.is_some_and(|at| now_ms >= at) {
-        return Ok(None);
-    }
-    Ok(Some(StreamState {
+    let (source, offset, sub_offset, deleted): ForkRow = if schema < 2 {
+        (None, None, None, 0)
+    } else {
+        conn.prepare_cached(
+            "SELECT forked_from, fork_offset, fork_sub_offset, deleted FROM meta WHERE id = 1",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+    };
+    let lineage = source.map(|source| Lineage {
+        source,
+        offset: offset.unwrap_or(0) as u64,
+        sub_offset: sub_offset.unwrap_or(0) as u64,
+    });
+    let state = StreamState {
         config: StreamConfig {
             content_type,
             ttl_seconds: ttl.map(|t| t as u64),
@@ -185,12 +248,56 @@ fn load(conn: &Connection, now_ms: i64) -> Result<Option<StreamState>, KindError
         },
         tail: tail as u64,
         closed: closed != 0,
-    }))
+        lineage,
+    };
+    Ok(Some((state, deleted != 0)))
+}
+
+fn expired(state: &StreamState, now_ms: i64) -> bool {
+    state.config.expires_at_ms.is_some_and(|at| now_ms >= at)
+}
+
+/// The stream unless absent or expired; `Err(Gone)` when soft-deleted.
+fn load_live(
+    conn: &Connection,
+    now_ms: i64,
+) -> Result<Result<StreamState, StreamOutput>, KindError> {
+    Ok(match load_any(conn)? {
+        Some((state, _)) if expired(&state, now_ms) => Err(StreamOutput::NotFound),
+        Some((_, true)) => Err(StreamOutput::Gone),
+        Some((state, false)) => Ok(state),
+        None => Err(StreamOutput::NotFound),
+    })
+}
+
+fn forks(conn: &Connection) -> Result<i64, KindError> {
+    if schema(conn)? < 2 {
+        return Ok(0);
+    }
+    Ok(conn
+        .prepare_cached("SELECT count(*) FROM forks")?
+        .query_row([], |r| r.get(0))?)
 }
 
 fn wipe(conn: &Connection) -> Result<(), KindError> {
-    conn.execute_batch("DELETE FROM meta; DELETE FROM messages; DELETE FROM producers;")?;
+    conn.execute_batch(
+        "DELETE FROM meta; DELETE FROM messages; DELETE FROM producers; DELETE FROM forks;",
+    )?;
     Ok(())
+}
+
+/// Whether an existing fork's lineage answers a create request's: same
+/// source and sub-offset, and the same fork offset when the request gave one.
+fn same_lineage(stored: Option<&Lineage>, requested: Option<&Lineage>, offset_given: bool) -> bool {
+    match (stored, requested) {
+        (None, None) => true,
+        (Some(s), Some(r)) => {
+            s.source == r.source
+                && s.sub_offset == r.sub_offset
+                && (!offset_given || s.offset == r.offset)
+        }
+        _ => false,
+    }
 }
 
 fn insert(conn: &Connection, tail: u64, messages: &[Vec<u8>]) -> Result<u64, KindError> {
@@ -259,8 +366,9 @@ fn append(
     close: bool,
     now_ms: i64,
 ) -> Result<StreamOutput, KindError> {
-    let Some(mut state) = load(conn, now_ms)? else {
-        return Ok(StreamOutput::NotFound);
+    let mut state = match load_live(conn, now_ms)? {
+        Ok(state) => state,
+        Err(refusal) => return Ok(refusal),
     };
     if let Some(p) = &producer {
         match check_producer(producer_state(conn, &p.id)?, p) {
@@ -333,8 +441,9 @@ fn renew(conn: &Connection, state: &mut StreamState, now_ms: i64) -> Result<(), 
 }
 
 fn read(conn: &Connection, offset: Option<u64>, now_ms: i64) -> Result<StreamOutput, KindError> {
-    let Some(state) = load(conn, now_ms)? else {
-        return Ok(StreamOutput::NotFound);
+    let state = match load_live(conn, now_ms)? {
+        Ok(state) => state,
+        Err(refusal) => return Ok(refusal),
     };
     let offset = offset.unwrap_or(state.tail);
     if offset > state.tail {
@@ -377,12 +486,21 @@ impl RustKind for StreamKind {
     }
 
     fn migrations(&self) -> Vec<String> {
-        vec!["CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), content_type TEXT NOT NULL, \
+        vec![
+            "CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), content_type TEXT NOT NULL, \
               ttl_seconds INTEGER, expires_at TEXT, expires_at_ms INTEGER, tail INTEGER NOT NULL, \
               closed INTEGER NOT NULL, last_seq TEXT); \
               CREATE TABLE messages (start INTEGER PRIMARY KEY, data BLOB NOT NULL); \
               CREATE TABLE producers (id TEXT PRIMARY KEY, epoch INTEGER NOT NULL, seq INTEGER NOT NULL)"
-            .into()]
+            .into(),
+            // Fork lineage, soft delete and the forks holding a reference.
+            "ALTER TABLE meta ADD COLUMN forked_from TEXT; \
+             ALTER TABLE meta ADD COLUMN fork_offset INTEGER; \
+             ALTER TABLE meta ADD COLUMN fork_sub_offset INTEGER; \
+             ALTER TABLE meta ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0; \
+             CREATE TABLE forks (path TEXT PRIMARY KEY)"
+                .into(),
+        ]
     }
 
     fn limits(&self) -> Limits {
@@ -405,28 +523,42 @@ impl RustKind for StreamKind {
                 closed,
                 messages,
                 now_ms,
+                lineage,
+                fork_offset_given,
             } => {
-                if let Some(state) = load(conn, now_ms)? {
-                    let same = media_type(&state.config.content_type)
-                        == media_type(&config.content_type)
-                        && state.config.ttl_seconds == config.ttl_seconds
-                        && state.config.expires_at == config.expires_at
-                        && state.closed == closed;
-                    return Ok(if same {
-                        StreamOutput::Created {
-                            state,
-                            created: false,
-                        }
-                    } else {
-                        StreamOutput::ConfigMismatch
-                    });
+                match load_live(conn, now_ms)? {
+                    Ok(state) => {
+                        let same = media_type(&state.config.content_type)
+                            == media_type(&config.content_type)
+                            && state.config.ttl_seconds == config.ttl_seconds
+                            && state.config.expires_at == config.expires_at
+                            && state.closed == closed
+                            && same_lineage(
+                                state.lineage.as_ref(),
+                                lineage.as_ref(),
+                                fork_offset_given,
+                            );
+                        return Ok(if same {
+                            StreamOutput::Created {
+                                state,
+                                created: false,
+                            }
+                        } else {
+                            StreamOutput::ConfigMismatch
+                        });
+                    }
+                    // A soft-deleted stream keeps its path until its last
+                    // fork is gone.
+                    Err(StreamOutput::Gone) => return Ok(StreamOutput::Gone),
+                    Err(_) => {}
                 }
                 wipe(conn)?;
                 let decoded = decode(&messages)?;
                 let tail = insert(conn, 0, &decoded)?;
                 conn.execute(
-                    "INSERT INTO meta (id, content_type, ttl_seconds, expires_at, expires_at_ms, tail, closed) \
-                     VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)",
+                    "INSERT INTO meta (id, content_type, ttl_seconds, expires_at, expires_at_ms, tail, closed, \
+                     forked_from, fork_offset, fork_sub_offset) \
+                     VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     (
                         &config.content_type,
                         config.ttl_seconds.map(|t| t as i64),
@@ -434,6 +566,9 @@ impl RustKind for StreamKind {
                         config.expires_at_ms,
                         tail as i64,
                         closed as i64,
+                        lineage.as_ref().map(|l| &l.source),
+                        lineage.as_ref().map(|l| l.offset as i64),
+                        lineage.as_ref().map(|l| l.sub_offset as i64),
                     ),
                 )?;
                 Ok(StreamOutput::Created {
@@ -441,6 +576,7 @@ impl RustKind for StreamKind {
                         config,
                         tail,
                         closed,
+                        lineage,
                     },
                     created: true,
                 })
@@ -453,20 +589,53 @@ impl RustKind for StreamKind {
                 close,
                 now_ms,
             } => append(conn, content_type, messages, seq, producer, close, now_ms),
-            StreamCommand::Touch { now_ms } => match load(conn, now_ms)? {
-                Some(mut state) => {
+            StreamCommand::Touch { now_ms } => match load_live(conn, now_ms)? {
+                Ok(mut state) => {
                     renew(conn, &mut state, now_ms)?;
-                    Ok(StreamOutput::Deleted)
+                    Ok(StreamOutput::Deleted { release: None })
                 }
-                None => Ok(StreamOutput::NotFound),
+                Err(refusal) => Ok(refusal),
             },
             StreamCommand::Delete { now_ms } => {
-                let existed = load(conn, now_ms)?.is_some();
+                let state = match load_live(conn, now_ms)? {
+                    Ok(state) => state,
+                    Err(refusal) => return Ok(refusal),
+                };
+                if forks(conn)? > 0 {
+                    // Forks still reference it: answer 410 from now on,
+                    // remove it with its last fork.
+                    conn.execute("UPDATE meta SET deleted = 1 WHERE id = 1", [])?;
+                    return Ok(StreamOutput::Deleted { release: None });
+                }
                 wipe(conn)?;
-                Ok(if existed {
-                    StreamOutput::Deleted
-                } else {
-                    StreamOutput::NotFound
+                Ok(StreamOutput::Deleted {
+                    release: state.lineage.map(|l| l.source),
+                })
+            }
+            StreamCommand::RegisterFork { fork, now_ms } => match load_live(conn, now_ms)? {
+                Ok(_) => {
+                    conn.execute("INSERT OR IGNORE INTO forks (path) VALUES (?1)", [&fork])?;
+                    Ok(StreamOutput::Registered)
+                }
+                Err(refusal) => Ok(refusal),
+            },
+            StreamCommand::ReleaseFork { fork, now_ms } => {
+                let Some((state, deleted)) = load_any(conn)? else {
+                    return Ok(StreamOutput::NotFound);
+                };
+                conn.execute("DELETE FROM forks WHERE path = ?1", [&fork])?;
+                // Soft-deleted (or expired) and no fork left: nothing can
+                // reach it any more.
+                if forks(conn)? == 0 && (deleted || expired(&state, now_ms)) {
+                    wipe(conn)?;
+                    return Ok(StreamOutput::Released {
+                        collected: true,
+                        release: state.lineage.map(|l| l.source),
+                    });
+                }
+                Ok(StreamOutput::Released {
+                    collected: false,
+                    release: None,
                 })
             }
         }

@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
 use cellfleet_cell::{Command, Outcome};
-use cellfleet_runtime::NodeHandle;
+use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -24,9 +24,9 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::backend::{BackendError, LocalBackend, StreamBackend};
 use crate::kind::{
-    Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState, STREAM_KIND,
+    Lineage, Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
+    STREAM_KIND,
 };
 use crate::notify::{self, Notifier};
 use crate::offset;
@@ -45,6 +45,12 @@ pub struct StreamsConfig {
     pub body_bytes_max: usize,
     /// Connections served at once (long-polls and SSE included).
     pub connections_max: usize,
+    /// Long-polls waiting at once on this node; past it a long-poll is
+    /// answered 503 with Retry-After.
+    pub long_polls_max: usize,
+    /// SSE connections open at once on this node; past it 503 with
+    /// Retry-After.
+    pub sse_max: usize,
 }
 
 impl Default for StreamsConfig {
@@ -54,6 +60,8 @@ impl Default for StreamsConfig {
             sse_lifetime: Duration::from_secs(60),
             body_bytes_max: 8 << 20,
             connections_max: 1024,
+            long_polls_max: 10_000,
+            sse_max: 10_000,
         }
     }
 }
@@ -61,9 +69,37 @@ impl Default for StreamsConfig {
 /// The streams service of one node.
 #[derive(Clone, Debug)]
 pub struct Streams {
-    backend: Arc<dyn StreamBackend>,
+    node: NodeHandle,
     config: Arc<StreamsConfig>,
     notifier: Arc<Notifier>,
+    live: Arc<LiveLimits>,
+}
+
+/// Permits for the live modes (per node, in memory: they bound this
+/// node's open waits, not anything durable).
+#[derive(Debug)]
+struct LiveLimits {
+    long_polls: Arc<Semaphore>,
+    sse: Arc<Semaphore>,
+}
+
+impl LiveLimits {
+    fn new(config: &StreamsConfig) -> Self {
+        LiveLimits {
+            long_polls: Arc::new(Semaphore::new(config.long_polls_max)),
+            sse: Arc::new(Semaphore::new(config.sse_max)),
+        }
+    }
+}
+
+/// A live read past its bound: 503, try again in a second.
+fn too_many(what: &str) -> Response<Body> {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("too many open {what} on this node"),
+    );
+    set(response.headers_mut(), "retry-after", "1");
+    response
 }
 
 const EXPOSED: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
@@ -238,16 +274,11 @@ enum Mode {
 }
 
 impl Streams {
-    /// A service over `node` alone (streams owned elsewhere answer 421).
+    /// A service over `node`.
     pub fn new(node: NodeHandle, config: StreamsConfig) -> Self {
-        Self::with_backend(Arc::new(LocalBackend::new(node)), config)
-    }
-
-    /// A service whose commands and queries run through `backend` (in a
-    /// cluster: routed to each stream's owner).
-    pub fn with_backend(backend: Arc<dyn StreamBackend>, config: StreamsConfig) -> Self {
         Streams {
-            backend,
+            node,
+            live: Arc::new(LiveLimits::new(&config)),
             config: Arc::new(config),
             notifier: Arc::new(Notifier::default()),
         }
@@ -320,12 +351,12 @@ impl Streams {
         let (name, args) = wire(&command)?;
         let expires_at_ms = now_ms() + 60_000;
         let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
-        let outcome = self
-            .backend
+        let executed = self
+            .node
             .execute(STREAM_KIND, path.as_bytes(), command)
             .await
-            .map_err(backend_error)?;
-        match outcome {
+            .map_err(runtime_error)?;
+        match executed.outcome {
             Outcome::Applied { result } => serde_json::from_value(result)
                 .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
             Outcome::Rejected { rejection } => Err(error(
@@ -346,12 +377,12 @@ impl Streams {
 
     async fn query(&self, path: &str, query: StreamQuery) -> Result<StreamOutput, Response<Body>> {
         let (name, args) = wire(&query)?;
-        let value = self
-            .backend
-            .query(STREAM_KIND, path.as_bytes(), &name, args)
+        let queried = self
+            .node
+            .query(STREAM_KIND, path.as_bytes(), &name, args, None)
             .await
-            .map_err(backend_error)?;
-        serde_json::from_value(value)
+            .map_err(runtime_error)?;
+        serde_json::from_value(queried.value)
             .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output"))
     }
 
@@ -435,23 +466,92 @@ impl Streams {
         let mut ttl_seconds = ttl_seconds;
         let mut expires_at_ms = expires_at_ms;
         let mut inherited = Vec::new();
+        let mut lineage = None;
+        // The source this request registered a fork reference with.
+        let mut registered = None;
         if let Some(source) = &forked_from {
-            let fork = self
-                .fork_prefix(
-                    source,
-                    fork_offset.as_deref(),
-                    sub_offset,
-                    explicit_type.as_deref(),
+            let existing = match self
+                .query(
+                    &path,
+                    StreamQuery::Read {
+                        offset: None,
+                        now_ms: now,
+                    },
                 )
-                .await?;
-            content_type = fork.state.config.content_type.clone();
-            if ttl_seconds.is_none() && expires.is_none() {
-                ttl_seconds = fork.state.config.ttl_seconds;
-                expires_at_ms = ttl_seconds
-                    .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
-                    .or(fork.state.config.expires_at_ms);
+                .await?
+            {
+                StreamOutput::Read { state, .. } => Some(state),
+                StreamOutput::Gone => return Err(deleted_path()),
+                _ => None,
+            };
+            if let Some(existing) = existing {
+                // Created again: compared with the stored fork (lineage
+                // included) by the create command; the source is not read,
+                // it may be deleted by now.
+                if explicit_type.is_none() {
+                    content_type = existing.config.content_type.clone();
+                }
+                if ttl_seconds.is_none() && expires.is_none() {
+                    ttl_seconds = existing.config.ttl_seconds;
+                }
+                let offset = match fork_offset.as_deref() {
+                    Some(text) => {
+                        offset::parse(text).ok_or_else(|| bad("malformed Stream-Fork-Offset"))?
+                    }
+                    None => 0,
+                };
+                lineage = Some(Lineage {
+                    source: source.clone(),
+                    offset,
+                    sub_offset,
+                });
+            } else {
+                let fork = self
+                    .fork_prefix(
+                        source,
+                        fork_offset.as_deref(),
+                        sub_offset,
+                        explicit_type.as_deref(),
+                    )
+                    .await?;
+                content_type = fork.state.config.content_type.clone();
+                if ttl_seconds.is_none() && expires.is_none() {
+                    ttl_seconds = fork.state.config.ttl_seconds;
+                    expires_at_ms = ttl_seconds
+                        .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
+                        .or(fork.state.config.expires_at_ms);
+                }
+                inherited = fork.messages;
+                // The reference is taken before the fork exists: a crash
+                // between the two leaves the source with a reference to no
+                // fork, so a later soft delete keeps it (410) instead of a
+                // fork ever outliving its source's data.
+                let registering = StreamCommand::RegisterFork {
+                    fork: path.clone(),
+                    now_ms: now,
+                };
+                match self.execute(source, registering).await? {
+                    StreamOutput::Registered => {}
+                    StreamOutput::Gone => {
+                        return Err(error(StatusCode::CONFLICT, "the source was deleted"))
+                    }
+                    StreamOutput::NotFound => {
+                        return Err(error(StatusCode::NOT_FOUND, "no such source stream"))
+                    }
+                    _ => {
+                        return Err(error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "unexpected output",
+                        ))
+                    }
+                }
+                registered = Some(source.clone());
+                lineage = Some(Lineage {
+                    source: source.clone(),
+                    offset: fork.offset,
+                    sub_offset,
+                });
             }
-            inherited = fork.messages;
         } else if fork_offset.is_some() {
             return Err(bad("Stream-Fork-Offset needs Stream-Forked-From"));
         }
@@ -478,9 +578,16 @@ impl Streams {
                     closed,
                     messages: encode(&messages),
                     now_ms: now,
+                    lineage,
+                    fork_offset_given: fork_offset.is_some(),
                 },
             )
             .await?;
+        if let Some(source) = registered {
+            if !matches!(output, StreamOutput::Created { .. }) {
+                self.unregister(source, &path).await;
+            }
+        }
         match output {
             StreamOutput::Created { state, created } => {
                 let status = if created {
@@ -502,10 +609,30 @@ impl Streams {
                 StatusCode::CONFLICT,
                 "stream exists with another configuration",
             )),
+            StreamOutput::Gone => Err(deleted_path()),
             _ => Err(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "unexpected output",
             )),
+        }
+    }
+
+    /// A fork create lost to another stream created at `path` meanwhile:
+    /// gives back the reference taken on `source`, unless that stream is
+    /// itself a fork of `source` (the reference is then its own). When in
+    /// doubt the reference stays (the source is retained, not removed).
+    async fn unregister(&self, source: String, path: &str) {
+        let read = StreamQuery::Read {
+            offset: None,
+            now_ms: now_ms(),
+        };
+        let other = match self.query(path, read).await {
+            Ok(StreamOutput::Read { state, .. }) => state.lineage.map(|l| l.source),
+            Ok(StreamOutput::NotFound) => None,
+            _ => return,
+        };
+        if other.as_deref() != Some(source.as_str()) {
+            self.release(source, path.to_owned()).await;
         }
     }
 
@@ -519,7 +646,13 @@ impl Streams {
         explicit_type: Option<&str>,
     ) -> Result<Fork, Response<Body>> {
         let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
-        let (state, _, _, _) = self.read_at(source, None).await?;
+        let (state, _, _, _) = self.read_at(source, None).await.map_err(|r| {
+            if r.status() == StatusCode::GONE {
+                error(StatusCode::CONFLICT, "the source was deleted")
+            } else {
+                r
+            }
+        })?;
         if let Some(ct) = explicit_type {
             if media_type(ct) != media_type(&state.config.content_type) {
                 return Err(error(
@@ -579,7 +712,11 @@ impl Streams {
                 messages.push(first[..sub_offset as usize].to_vec());
             }
         }
-        Ok(Fork { state, messages })
+        Ok(Fork {
+            state,
+            messages,
+            offset: end,
+        })
     }
 
     async fn append(&self, request: Request<Incoming>) -> Response<Body> {
@@ -661,6 +798,7 @@ impl Streams {
                 response
             }
             StreamOutput::NotFound => error(StatusCode::NOT_FOUND, "no such stream"),
+            StreamOutput::Gone => gone(),
             StreamOutput::ContentTypeMismatch => error(
                 StatusCode::CONFLICT,
                 "content type does not match the stream's",
@@ -708,19 +846,68 @@ impl Streams {
         Ok(response)
     }
 
+    /// DELETE. A stream with forks is only marked deleted (410 from then
+    /// on) and goes with its last fork. A fork removed for good releases
+    /// its reference on its source afterwards: a crash between the two
+    /// steps leaves the source holding a reference to a fork that is gone,
+    /// so a soft-deleted source is kept (410) rather than removed under a
+    /// live fork.
     async fn delete(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
         let response = match self
             .execute(&path, StreamCommand::Delete { now_ms: now_ms() })
             .await
         {
-            Ok(StreamOutput::Deleted) => respond(StatusCode::NO_CONTENT, ""),
+            Ok(StreamOutput::Deleted { release }) => {
+                if let Some(source) = release {
+                    self.release(source, path.clone()).await;
+                }
+                respond(StatusCode::NO_CONTENT, "")
+            }
             Ok(StreamOutput::NotFound) => error(StatusCode::NOT_FOUND, "no such stream"),
+            Ok(StreamOutput::Gone) => gone(),
             Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
             Err(r) => r,
         };
         self.notifier.changed(&path);
         response
+    }
+
+    /// Drops fork `fork`'s reference on `source`, then, each time that
+    /// removes a soft-deleted source, that source's reference on its own
+    /// source (a chain of deleted forks goes bottom-up). A failed step
+    /// stops the walk and leaves the rest retained (410), never removed.
+    async fn release(&self, source: String, fork: String) {
+        let (mut source, mut fork) = (source, fork);
+        // Bounded: a chain is acyclic, but paths are reused.
+        for _ in 0..1_000 {
+            let released = self
+                .execute(
+                    &source,
+                    StreamCommand::ReleaseFork {
+                        fork,
+                        now_ms: now_ms(),
+                    },
+                )
+                .await;
+            match released {
+                Ok(StreamOutput::Released {
+                    collected: true,
+                    release,
+                }) => {
+                    self.notifier.changed(&source);
+                    match release {
+                        Some(next) => (source, fork) = (next, source),
+                        None => return,
+                    }
+                }
+                Ok(_) => return,
+                Err(_) => {
+                    tracing::warn!(%source, "releasing a fork reference failed; the source is kept");
+                    return;
+                }
+            }
+        }
     }
 
     async fn head(&self, request: Request<Incoming>) -> Response<Body> {
@@ -742,6 +929,7 @@ impl Streams {
                 set(headers, "stream-next-offset", offset::format(state.tail));
                 response
             }
+            Ok(StreamOutput::Gone) => gone(),
             Ok(_) => error(StatusCode::NOT_FOUND, "no such stream"),
             Err(r) => r,
         }
@@ -814,6 +1002,7 @@ impl Streams {
                 StatusCode::BAD_REQUEST,
                 "offset is not in this stream",
             )),
+            StreamOutput::Gone => Err(gone()),
             _ => Err(error(StatusCode::NOT_FOUND, "no such stream")),
         }
     }
@@ -859,6 +1048,10 @@ impl Streams {
         start: Option<u64>,
         client_cursor: Option<&str>,
     ) -> Result<Response<Body>, Response<Body>> {
+        // Held until the answer is ready; never waited for.
+        let Ok(_permit) = self.live.long_polls.clone().try_acquire_owned() else {
+            return Err(too_many("long-polls"));
+        };
         let deadline = tokio::time::Instant::now() + self.config.long_poll_timeout;
         // Subscribe before the emptiness check, so an append between the
         // check and the wait still wakes this reader.
@@ -909,6 +1102,10 @@ impl Streams {
         start: Option<u64>,
         client_cursor: Option<String>,
     ) -> Result<Response<Body>, Response<Body>> {
+        // Held by the writer task until the connection ends.
+        let Ok(permit) = self.live.sse.clone().try_acquire_owned() else {
+            return Err(too_many("SSE connections"));
+        };
         let mut changes = self.notifier.subscribe(path);
         let (state, messages, from, next) = self.read_at(path, start).await?;
         self.touch(path, &state).await;
@@ -919,6 +1116,7 @@ impl Streams {
         let deadline = tokio::time::Instant::now() + self.config.sse_lifetime;
         let first = (state, messages, next);
         tokio::spawn(async move {
+            let _permit = permit;
             let session = SseSession {
                 service,
                 path,
@@ -945,6 +1143,8 @@ impl Streams {
 struct Fork {
     state: StreamState,
     messages: Vec<Vec<u8>>,
+    /// The source offset it is cut at.
+    offset: u64,
 }
 
 fn media_type(content_type: &str) -> String {
@@ -1026,7 +1226,12 @@ impl SseSession {
         let mut idle = next == state.tail;
         while tokio::time::Instant::now() < self.deadline {
             if idle {
-                notify::wait(changes, self.deadline).await;
+                // A client that went away frees its SSE permit now, not at
+                // the next event.
+                tokio::select! {
+                    _ = notify::wait(changes, self.deadline) => {}
+                    _ = self.tx.closed() => return,
+                }
             }
             let Ok((state, messages, _, after)) =
                 self.service.read_at(&self.path, Some(next)).await
@@ -1059,27 +1264,17 @@ fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {
     Ok((name, args))
 }
 
-fn backend_error(e: BackendError) -> Response<Body> {
-    let (status, message) = match &e {
-        BackendError::NotOwner(_) => (StatusCode::MISDIRECTED_REQUEST, e.to_string()),
-        BackendError::BadRequest(_) => (StatusCode::BAD_REQUEST, e.to_string()),
-        BackendError::UnknownOutcome(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "outcome unknown: the request may or may not have been applied \
-                 (the stream's owner stopped answering after it was sent: {reason}); \
-                 read the stream (or use an idempotent producer) before retrying"
-            ),
-        ),
-        BackendError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        BackendError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+fn runtime_error(e: RuntimeError) -> Response<Body> {
+    let status = match &e {
+        RuntimeError::NotOwner { .. } => StatusCode::MISDIRECTED_REQUEST,
+        RuntimeError::ResourceExhausted { .. } | RuntimeError::Draining => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        RuntimeError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    let mut response = error(status, &message);
-    if let BackendError::Unavailable {
-        retry_after_ms: Some(retry_after_ms),
-        ..
-    } = e
-    {
+    let mut response = error(status, &e.to_string());
+    if let RuntimeError::ResourceExhausted { retry_after_ms, .. } = e {
         set(
             response.headers_mut(),
             "retry-after",
@@ -1087,6 +1282,20 @@ fn backend_error(e: BackendError) -> Response<Body> {
         );
     }
     response
+}
+
+/// A soft-deleted stream (deleted while forks of it exist).
+fn gone() -> Response<Body> {
+    error(StatusCode::GONE, "stream was deleted")
+}
+
+/// Creating at the path of a soft-deleted stream: taken until its forks
+/// are gone.
+fn deleted_path() -> Response<Body> {
+    error(
+        StatusCode::CONFLICT,
+        "a deleted stream keeps this path until its forks are deleted",
+    )
 }
 
 fn state_headers(headers: &mut HeaderMap, state: &StreamState) {

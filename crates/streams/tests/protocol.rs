@@ -32,6 +32,14 @@ struct Server {
 }
 
 async fn server() -> Server {
+    server_with(StreamsConfig {
+        long_poll_timeout: Duration::from_millis(300),
+        ..StreamsConfig::default()
+    })
+    .await
+}
+
+async fn server_with(streams_config: StreamsConfig) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
     let config = NodeConfig::new(
@@ -47,13 +55,7 @@ async fn server() -> Server {
         .await
         .expect("bind");
     let address = listener.local_addr().expect("address");
-    let streams = Streams::new(
-        node,
-        StreamsConfig {
-            long_poll_timeout: Duration::from_millis(300),
-            ..StreamsConfig::default()
-        },
-    );
+    let streams = Streams::new(node, streams_config);
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     tokio::spawn(streams.serve(listener, shutdown));
     Server {
@@ -323,4 +325,241 @@ async fn json_mode_flattens_arrays() {
     );
     let read = request(&s, "GET", "/v1/stream/j", &[], b"").await;
     assert_eq!(read.body, br#"[{"a":1},2]"#);
+}
+
+async fn status(s: &Server, method: &str, path: &str, headers: &[(&str, &str)]) -> u16 {
+    request(s, method, path, headers, b"").await.status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_forked_source_is_soft_until_its_last_fork_goes() {
+    let s = server().await;
+    assert_eq!(
+        request(&s, "PUT", "/v1/stream/s", &[TEXT], b"base")
+            .await
+            .status,
+        201
+    );
+    let from_s = [TEXT, ("stream-forked-from", "/v1/stream/s")];
+    assert_eq!(status(&s, "PUT", "/v1/stream/f", &from_s).await, 201);
+    let from_f = [TEXT, ("stream-forked-from", "/v1/stream/f")];
+    assert_eq!(status(&s, "PUT", "/v1/stream/g", &from_f).await, 201);
+    assert_eq!(
+        request(&s, "POST", "/v1/stream/g", &[TEXT], b"+g")
+            .await
+            .status,
+        204
+    );
+
+    // The source has a fork: deleting it only marks it deleted.
+    assert_eq!(status(&s, "DELETE", "/v1/stream/s", &[]).await, 204);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/s", &[]).await, 410);
+    assert_eq!(status(&s, "GET", "/v1/stream/s?offset=-1", &[]).await, 410);
+    let post = request(&s, "POST", "/v1/stream/s", &[TEXT], b"late").await;
+    assert_eq!(post.status, 410);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/s", &[]).await, 410);
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/s", &[TEXT]).await,
+        409,
+        "the path stays taken while forks exist"
+    );
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f2", &from_s).await,
+        409,
+        "no new fork of a deleted source"
+    );
+    let fork = request(&s, "GET", "/v1/stream/f?offset=-1", &[], b"").await;
+    assert_eq!(fork.status, 200);
+    assert_eq!(fork.body, b"base");
+
+    // The middle of the chain, deleted, stays for its own fork.
+    assert_eq!(status(&s, "DELETE", "/v1/stream/f", &[]).await, 204);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/f", &[]).await, 410);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/s", &[]).await, 410);
+    let leaf = request(&s, "GET", "/v1/stream/g?offset=-1", &[], b"").await;
+    assert_eq!(leaf.body, b"base+g");
+
+    // The last fork goes: the deleted chain above it goes with it.
+    assert_eq!(status(&s, "DELETE", "/v1/stream/g", &[]).await, 204);
+    for path in ["/v1/stream/g", "/v1/stream/f", "/v1/stream/s"] {
+        assert_eq!(status(&s, "HEAD", path, &[]).await, 404, "{path}");
+    }
+    assert_eq!(
+        request(&s, "PUT", "/v1/stream/s", &[TEXT], b"new")
+            .await
+            .status,
+        201,
+        "the path is free again"
+    );
+    assert_eq!(
+        request(&s, "GET", "/v1/stream/s", &[], b"").await.body,
+        b"new"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_whose_forks_are_gone_is_deleted_at_once() {
+    let s = server().await;
+    request(&s, "PUT", "/v1/stream/s", &[TEXT], b"x").await;
+    let from_s = [TEXT, ("stream-forked-from", "/v1/stream/s")];
+    assert_eq!(status(&s, "PUT", "/v1/stream/f1", &from_s).await, 201);
+    assert_eq!(status(&s, "PUT", "/v1/stream/f2", &from_s).await, 201);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/f1", &[]).await, 204);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/f2", &[]).await, 204);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/s", &[]).await, 200);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/s", &[]).await, 204);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/s", &[]).await, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreating_a_fork_compares_its_lineage() {
+    let s = server().await;
+    request(&s, "PUT", "/v1/stream/s", &[TEXT], b"hello").await;
+    request(&s, "PUT", "/v1/stream/t", &[TEXT], b"hello").await;
+    let zero = "0000000000000000_0000000000000000";
+    let fork = |source: &'static str, sub: &'static str| {
+        [
+            TEXT,
+            ("stream-forked-from", source),
+            ("stream-fork-offset", zero),
+            ("stream-fork-sub-offset", sub),
+        ]
+    };
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &fork("/v1/stream/s", "2")).await,
+        201
+    );
+    assert_eq!(
+        request(&s, "GET", "/v1/stream/f", &[], b"").await.body,
+        b"he"
+    );
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &fork("/v1/stream/s", "2")).await,
+        200,
+        "the same fork again"
+    );
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &fork("/v1/stream/s", "3")).await,
+        409,
+        "another sub-offset"
+    );
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &fork("/v1/stream/t", "2")).await,
+        409,
+        "another source"
+    );
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &[TEXT]).await,
+        409,
+        "not a fork"
+    );
+
+    // The same fork again once its source is deleted: still the same fork.
+    assert_eq!(status(&s, "DELETE", "/v1/stream/s", &[]).await, 204);
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/f", &fork("/v1/stream/s", "2")).await,
+        200
+    );
+
+    // A fork refused at an occupied path leaves no reference behind.
+    request(&s, "PUT", "/v1/stream/u", &[TEXT], b"u").await;
+    request(
+        &s,
+        "PUT",
+        "/v1/stream/busy",
+        &[("content-type", "application/json")],
+        b"",
+    )
+    .await;
+    let from_u = [("stream-forked-from", "/v1/stream/u")];
+    assert_eq!(status(&s, "PUT", "/v1/stream/busy", &from_u).await, 409);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/u", &[]).await, 204);
+    assert_eq!(status(&s, "HEAD", "/v1/stream/u", &[]).await, 404);
+}
+
+/// Sends `GET path` and returns the open connection once the response
+/// head and first bytes of the body arrived.
+async fn open(s: &Server, path: &str) -> (tokio::net::TcpStream, String) {
+    let mut stream = tokio::net::TcpStream::connect(s.address)
+        .await
+        .expect("connect");
+    let head = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("event: control") {
+        let n = stream.read(&mut buffer).await.expect("read");
+        assert!(n > 0, "connection closed early");
+        seen.extend_from_slice(&buffer[..n]);
+    }
+    (stream, String::from_utf8_lossy(&seen).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_reads_past_the_node_bound_get_503_with_retry_after() {
+    let s = Arc::new(
+        server_with(StreamsConfig {
+            long_poll_timeout: Duration::from_secs(60),
+            long_polls_max: 1,
+            sse_max: 1,
+            ..StreamsConfig::default()
+        })
+        .await,
+    );
+    let created = request(&s, "PUT", "/v1/stream/w", &[TEXT], b"").await;
+    let tail = created
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_owned();
+    // A long-poll at the end of a closed stream answers at once: a probe
+    // that needs a permit but never waits.
+    let closed = request(
+        &s,
+        "PUT",
+        "/v1/stream/c",
+        &[TEXT, ("stream-closed", "true")],
+        b"",
+    )
+    .await;
+    let probe = format!(
+        "/v1/stream/c?offset={}&live=long-poll",
+        closed.header("stream-next-offset").expect("offset")
+    );
+    assert_eq!(status(&s, "GET", &probe, &[]).await, 204);
+
+    let waiter = {
+        let s = s.clone();
+        let path = format!("/v1/stream/w?offset={tail}&live=long-poll");
+        tokio::spawn(async move { request(&s, "GET", &path, &[], b"").await })
+    };
+    // Once the waiter holds the only permit, the probe is refused.
+    let mut refused = None;
+    for _ in 0..1_000 {
+        let reply = request(&s, "GET", &probe, &[], b"").await;
+        if reply.status == 503 {
+            refused = Some(reply);
+            break;
+        }
+        assert_eq!(reply.status, 204);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = refused.expect("a second long-poll is refused");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    request(&s, "POST", "/v1/stream/w", &[TEXT], b"go").await;
+    let woken = waiter.await.expect("waiter");
+    assert_eq!(woken.status, 200);
+    assert_eq!(woken.body, b"go");
+    assert_eq!(
+        status(&s, "GET", &probe, &[]).await,
+        204,
+        "the permit came back"
+    );
+
+    let sse = "/v1/stream/w?offset=-1&live=sse";
+    let (first, events) = open(&s, sse).await;
+    assert!(events.contains("go"), "{events}");
+    let second = request(&s, "GET", sse, &[], b"").await;
+    assert_eq!(second.status, 503);
+    assert_eq!(second.header("retry-after"), Some("1"));
+    drop(first);
 }

@@ -7,7 +7,7 @@ use cellfleet_authority::{NodeId, SystemClock};
 use cellfleet_cell::Typed;
 use cellfleet_runtime::{Kinds, Node, NodeConfig};
 use cellfleet_store::LocalStore;
-use cellfleet_streams::{StreamKind, Streams, StreamsConfig};
+use cellfleet_streams::{RegistryKind, StreamKind, Streams, StreamsConfig, SubscriptionKind};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,7 +17,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let store = Arc::new(LocalStore::open(dir.path().join("bucket"))?);
     let config = NodeConfig::new(NodeId::new("n1")?, dir.path().join("n1"), "streams");
-    let kinds = Arc::new(Kinds::builtin().with(Arc::new(Typed(StreamKind))));
+    let kinds = Arc::new(
+        Kinds::builtin()
+            .with(Arc::new(Typed(StreamKind)))
+            .with(Arc::new(Typed(SubscriptionKind)))
+            .with(Arc::new(Typed(RegistryKind))),
+    );
     let node = Node::start(config, store, Arc::new(SystemClock), kinds).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!(
@@ -28,6 +33,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         node,
         StreamsConfig {
             long_poll_timeout: Duration::from_millis(long_poll_ms),
+            // The suite's webhook receivers listen on loopback.
+            allow_loopback_webhooks: true,
             ..StreamsConfig::default()
         },
     );

@@ -18,7 +18,11 @@ pub mod kind;
 pub mod notify;
 pub mod offset;
 pub mod server;
+pub mod subscription_kind;
+pub mod subscriptions;
+pub mod webhook;
 
 pub use backend::{BackendError, BackendFuture, LocalBackend, StreamBackend, ROUTED_KINDS};
 pub use kind::{StreamKind, STREAM_KIND};
 pub use server::{Streams, StreamsConfig};
+pub use subscription_kind::{RegistryKind, SubscriptionKind, REGISTRY_KIND, SUBSCRIPTION_KIND};

@@ -19,6 +19,7 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -30,6 +31,7 @@ use crate::kind::{
 };
 use crate::notify::{self, Notifier};
 use crate::offset;
+use crate::subscriptions::{self, Subscriptions};
 
 /// The response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -51,6 +53,8 @@ pub struct StreamsConfig {
     /// SSE connections open at once on this node; past it 503 with
     /// Retry-After.
     pub sse_max: usize,
+    /// Whether subscription webhooks may target loopback addresses (dev and tests only).
+    pub allow_loopback_webhooks: bool,
 }
 
 impl Default for StreamsConfig {
@@ -62,6 +66,7 @@ impl Default for StreamsConfig {
             connections_max: 1024,
             long_polls_max: 10_000,
             sse_max: 10_000,
+            allow_loopback_webhooks: false,
         }
     }
 }
@@ -73,6 +78,7 @@ pub struct Streams {
     config: Arc<StreamsConfig>,
     notifier: Arc<Notifier>,
     live: Arc<LiveLimits>,
+    subscriptions: Arc<Subscriptions>,
 }
 
 /// Permits for the live modes (per node, in memory: they bound this
@@ -281,12 +287,14 @@ impl Streams {
             live: Arc::new(LiveLimits::new(&config)),
             config: Arc::new(config),
             notifier: Arc::new(Notifier::default()),
+            subscriptions: Arc::new(Subscriptions::default()),
         }
     }
 
     /// Serves `listener` until `shutdown` turns true.
     pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
         let permits = Arc::new(Semaphore::new(self.config.connections_max.max(1)));
+        subscriptions::start(&self, shutdown.clone());
         loop {
             let accepted = tokio::select! {
                 _ = shutdown.wait_for(|stop| *stop) => return,
@@ -318,6 +326,9 @@ impl Streams {
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let method = request.method().clone();
         let mut response = match method {
+            _ if subscriptions::is_control_path(request.uri().path()) => {
+                subscriptions::handle(self, request).await
+            }
             Method::OPTIONS => respond(StatusCode::NO_CONTENT, ""),
             Method::PUT => self.create(request).await,
             Method::POST => self.append(request).await,
@@ -348,12 +359,22 @@ impl Streams {
         path: &str,
         command: StreamCommand,
     ) -> Result<StreamOutput, Response<Body>> {
-        let (name, args) = wire(&command)?;
+        self.execute_in(STREAM_KIND, path, &command).await
+    }
+
+    /// Runs `command` in Cell (`kind`, `key`): streams and the subscription Cells alike.
+    pub(crate) async fn execute_in<C: Serialize, O: DeserializeOwned>(
+        &self,
+        kind: &str,
+        key: &str,
+        command: &C,
+    ) -> Result<O, Response<Body>> {
+        let (name, args) = wire(command)?;
         let expires_at_ms = now_ms() + 60_000;
         let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
         let executed = self
             .node
-            .execute(STREAM_KIND, path.as_bytes(), command)
+            .execute(kind, key.as_bytes(), command)
             .await
             .map_err(runtime_error)?;
         match executed.outcome {
@@ -366,6 +387,20 @@ impl Streams {
         }
     }
 
+    /// `path`'s published tail is now `tail`: wakes its readers and its subscriptions.
+    pub(crate) fn published(&self, path: &str, tail: u64) {
+        self.notifier.changed(path);
+        subscriptions::stream_changed(self, path, tail);
+    }
+
+    pub(crate) fn config(&self) -> &StreamsConfig {
+        &self.config
+    }
+
+    pub(crate) fn subscriptions(&self) -> &Arc<Subscriptions> {
+        &self.subscriptions
+    }
+
     /// Renews a TTL stream's expiry after a read (a TTL slides on access).
     async fn touch(&self, path: &str, state: &StreamState) {
         if state.config.ttl_seconds.is_some() {
@@ -376,10 +411,20 @@ impl Streams {
     }
 
     async fn query(&self, path: &str, query: StreamQuery) -> Result<StreamOutput, Response<Body>> {
-        let (name, args) = wire(&query)?;
+        self.query_in(STREAM_KIND, path, &query).await
+    }
+
+    /// Runs `query` on Cell (`kind`, `key`).
+    pub(crate) async fn query_in<Q: Serialize, O: DeserializeOwned>(
+        &self,
+        kind: &str,
+        key: &str,
+        query: &Q,
+    ) -> Result<O, Response<Body>> {
+        let (name, args) = wire(query)?;
         let queried = self
             .node
-            .query(STREAM_KIND, path.as_bytes(), &name, args, None)
+            .query(kind, key.as_bytes(), &name, args, None)
             .await
             .map_err(runtime_error)?;
         serde_json::from_value(queried.value)
@@ -602,7 +647,7 @@ impl Streams {
                 if let Some(host) = host {
                     set(headers, "location", format!("http://{host}{path}"));
                 }
-                self.notifier.changed(&path);
+                self.published(&path, state.tail);
                 Ok(response)
             }
             StreamOutput::ConfigMismatch => Err(error(
@@ -767,7 +812,7 @@ impl Streams {
             .await?;
         let response = match output {
             StreamOutput::Appended { state, producer } => {
-                self.notifier.changed(&path);
+                self.published(&path, state.tail);
                 // Close-only requests answer 204 even for producers.
                 let status = if producer.is_some() && !messages.is_empty() {
                     StatusCode::OK

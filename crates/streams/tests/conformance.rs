@@ -14,7 +14,7 @@ use cellfleet_authority::{NodeId, SystemClock};
 use cellfleet_cell::Typed;
 use cellfleet_runtime::{Kinds, Node, NodeConfig};
 use cellfleet_store::LocalStore;
-use cellfleet_streams::{StreamKind, Streams, StreamsConfig};
+use cellfleet_streams::{RegistryKind, StreamKind, Streams, StreamsConfig, SubscriptionKind};
 
 /// The suite's test count at the pinned version (subscriptions included).
 const SUITE_TESTS: u32 = 338;
@@ -74,7 +74,12 @@ async fn public_suite_passes_on_one_node() {
         dir.path().join("n1"),
         "conformance",
     );
-    let kinds = Arc::new(Kinds::builtin().with(Arc::new(Typed(StreamKind))));
+    let kinds = Arc::new(
+        Kinds::builtin()
+            .with(Arc::new(Typed(StreamKind)))
+            .with(Arc::new(Typed(SubscriptionKind)))
+            .with(Arc::new(Typed(RegistryKind))),
+    );
     let node = Node::start(config, store, Arc::new(SystemClock), kinds)
         .await
         .expect("node starts");
@@ -86,6 +91,8 @@ async fn public_suite_passes_on_one_node() {
         node,
         StreamsConfig {
             long_poll_timeout: Duration::from_millis(500),
+            // The suite's webhook receivers listen on loopback.
+            allow_loopback_webhooks: true,
             ..StreamsConfig::default()
         },
     );

@@ -1,6 +1,6 @@
-//! Runs the shell snippets of `website/guide/quickstart.md` for real, in
-//! order, against the `cellfleet dev` cluster the guide itself starts, and
-//! checks the state the guide promises at the end. Blocks tagged `sh
+//! Runs the shell snippets of the guides under `website/guide/` for real,
+//! in order, against the `cellfleet dev` cluster each guide itself starts,
+//! and checks the state the guide promises at the end. Blocks tagged `sh
 //! no-run` are only syntax-checked; `sh background` blocks are started in
 //! the background (like a second terminal) and stopped with Ctrl-C (SIGINT)
 //! at the end. The guide's Rust snippets are doc-tests of `cellfleet-cell`.
@@ -101,12 +101,30 @@ fn wait_for(file: &Path, text: &str, limit: Duration) {
     }
 }
 
-#[test]
-fn quickstart_runs_as_written() {
-    let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../website/guide/quickstart.md");
+/// A guide's shell blocks, run in a fresh directory; returns that
+/// directory, the `PATH` the blocks ran with and the background processes
+/// (stopped when dropped).
+struct Ran {
+    dir: tempfile::TempDir,
+    path: String,
+    port_base: u32,
+    _background: Background,
+}
+
+impl Ran {
+    fn shell(&self, script: &str) -> std::process::Output {
+        shell(self.dir.path(), &self.path, script)
+    }
+}
+
+/// `slot` separates the port ranges of guides run at the same time.
+fn run_guide(name: &str, slot: u32, runs_min: usize) -> Ran {
+    let guide = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../website/guide")
+        .join(name);
     let markdown = std::fs::read_to_string(&guide).unwrap();
     let blocks = blocks(&markdown);
-    assert!(blocks.iter().filter(|(m, _)| *m == Mode::Run).count() >= 6);
+    assert!(blocks.iter().filter(|(m, _)| *m == Mode::Run).count() >= runs_min);
     assert_eq!(
         blocks
             .iter()
@@ -124,13 +142,23 @@ fn quickstart_runs_as_written() {
     );
     // Ports below the kernel's ephemeral range (which the other tests'
     // port-0 listeners draw from), so the guide's dev cluster collides
-    // with nothing running in parallel.
-    let port_base = 20_000 + (std::process::id() % 120) * 100;
+    // with nothing running in parallel. The guides name dev's default
+    // ports (base 7000: client 7001.., streams 7301..); they move with it.
+    // Each cluster spans base+1 ..= base+303; slots are 500 apart and
+    // everything stays below 32768.
+    let port_base = 20_000 + (std::process::id() % 12) * 1000 + slot * 500;
     let localize = |script: &str| {
-        script.replace(
+        let mut script = script.replace(
             "cellfleet dev",
             &format!("cellfleet dev --port-base {port_base}"),
-        )
+        );
+        for port in 7001..7400 {
+            script = script.replace(
+                &format!("127.0.0.1:{port}"),
+                &format!("127.0.0.1:{}", port_base + port - 7000),
+            );
+        }
+        script
     };
 
     let mut background = Background(Vec::new());
@@ -164,7 +192,7 @@ fn quickstart_runs_as_written() {
                 let out = shell(dir.path(), &path, &localize(body));
                 assert!(
                     out.status.success(),
-                    "block {i} failed ({}):\n{body}\nstdout:\n{}\nstderr:\n{}",
+                    "{name} block {i} failed ({}):\n{body}\nstdout:\n{}\nstderr:\n{}",
                     out.status,
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
@@ -172,15 +200,22 @@ fn quickstart_runs_as_written() {
             }
         }
     }
+    Ran {
+        dir,
+        path,
+        port_base,
+        _background: background,
+    }
+}
+
+#[test]
+fn quickstart_runs_as_written() {
+    let ran = run_guide("quickstart.md", 0, 6);
 
     // What the guide promises at the end: the list survived the kill, the
     // duplicate did not add a second "eggs", and the Cell moved to another
     // node at the next epoch.
-    let out = shell(
-        dir.path(),
-        &path,
-        "cellfleet query todo groceries open --json",
-    );
+    let out = ran.shell("cellfleet query todo groceries open --json");
     assert!(
         out.status.success(),
         "{}",
@@ -195,12 +230,46 @@ fn quickstart_runs_as_written() {
     // The answer names the state it read: after the takeover, epoch 2.
     assert_eq!(answer["receipt"]["epoch"], 2, "{answer}");
     assert!(answer["receipt"]["txid"].as_u64() > Some(0), "{answer}");
-    let out = shell(
-        dir.path(),
-        &path,
-        "cellfleet cell show todo groceries --json",
-    );
+    let out = ran.shell("cellfleet cell show todo groceries --json");
     let root: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(root["summary"]["epoch"], 2, "{root}");
-    drop(background);
+}
+
+#[test]
+fn streams_guide_runs_as_written() {
+    let ran = run_guide("streams.md", 1, 5);
+    // The long-poll answered with exactly the message appended while it
+    // waited, through a node that need not own the stream.
+    let waited = std::fs::read_to_string(ran.dir.path().join("waited.json")).unwrap();
+    let waited: serde_json::Value = serde_json::from_str(&waited).unwrap();
+    assert_eq!(
+        waited,
+        serde_json::json!([{"from": "cy", "text": "late, sorry"}]),
+        "{waited}"
+    );
+    // All four messages, in append order, whichever node answers.
+    for node in 1..=3 {
+        let url = format!(
+            "http://127.0.0.1:{}/v1/stream/rooms/lobby?offset=-1",
+            ran.port_base + 300 + node
+        );
+        let out = ran.shell(&format!("curl -sS --fail '{url}'"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let messages: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let texts: Vec<&str> = messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            texts,
+            ["hello", "hi ann", "hi bob", "late, sorry"],
+            "node {node}"
+        );
+    }
 }

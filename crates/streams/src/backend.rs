@@ -13,10 +13,15 @@ use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
 use serde_json::Value;
 
 /// The kinds whose commands and queries the streams server issues without
-/// a signature (the Durable Streams protocol has none). A cluster node lets
-/// peers run unsigned node requests for exactly these kinds; add a kind
-/// here only if any node may run any of its commands.
-pub const ROUTED_KINDS: &[&str] = &[crate::kind::STREAM_KIND];
+/// a signature (the Durable Streams protocol has none): streams, and the
+/// subscription and registry Cells behind the `__ds` control paths. A
+/// cluster node lets peers run unsigned node requests for exactly these
+/// kinds; add a kind here only if any node may run any of its commands.
+pub const ROUTED_KINDS: &[&str] = &[
+    crate::kind::STREAM_KIND,
+    crate::subscription_kind::SUBSCRIPTION_KIND,
+    crate::subscription_kind::REGISTRY_KIND,
+];
 
 /// The future a backend call returns.
 pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;

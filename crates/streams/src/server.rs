@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
 use cellfleet_cell::{Command, Outcome};
-use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
+use cellfleet_runtime::NodeHandle;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -25,6 +25,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::backend::{BackendError, LocalBackend, StreamBackend};
 use crate::kind::{
     Lineage, Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
     STREAM_KIND,
@@ -74,7 +75,7 @@ impl Default for StreamsConfig {
 /// The streams service of one node.
 #[derive(Clone, Debug)]
 pub struct Streams {
-    node: NodeHandle,
+    backend: Arc<dyn StreamBackend>,
     config: Arc<StreamsConfig>,
     notifier: Arc<Notifier>,
     live: Arc<LiveLimits>,
@@ -280,10 +281,16 @@ enum Mode {
 }
 
 impl Streams {
-    /// A service over `node`.
+    /// A service over `node` alone (streams owned elsewhere answer 421).
     pub fn new(node: NodeHandle, config: StreamsConfig) -> Self {
+        Self::with_backend(Arc::new(LocalBackend::new(node)), config)
+    }
+
+    /// A service whose commands and queries run through `backend` (in a
+    /// cluster: routed to each Cell's owner).
+    pub fn with_backend(backend: Arc<dyn StreamBackend>, config: StreamsConfig) -> Self {
         Streams {
-            node,
+            backend,
             live: Arc::new(LiveLimits::new(&config)),
             config: Arc::new(config),
             notifier: Arc::new(Notifier::default()),
@@ -372,12 +379,12 @@ impl Streams {
         let (name, args) = wire(command)?;
         let expires_at_ms = now_ms() + 60_000;
         let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
-        let executed = self
-            .node
+        let outcome = self
+            .backend
             .execute(kind, key.as_bytes(), command)
             .await
-            .map_err(runtime_error)?;
-        match executed.outcome {
+            .map_err(backend_error)?;
+        match outcome {
             Outcome::Applied { result } => serde_json::from_value(result)
                 .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
             Outcome::Rejected { rejection } => Err(error(
@@ -422,12 +429,12 @@ impl Streams {
         query: &Q,
     ) -> Result<O, Response<Body>> {
         let (name, args) = wire(query)?;
-        let queried = self
-            .node
-            .query(kind, key.as_bytes(), &name, args, None)
+        let value = self
+            .backend
+            .query(kind, key.as_bytes(), &name, args)
             .await
-            .map_err(runtime_error)?;
-        serde_json::from_value(queried.value)
+            .map_err(backend_error)?;
+        serde_json::from_value(value)
             .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output"))
     }
 
@@ -1309,17 +1316,27 @@ fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {
     Ok((name, args))
 }
 
-fn runtime_error(e: RuntimeError) -> Response<Body> {
-    let status = match &e {
-        RuntimeError::NotOwner { .. } => StatusCode::MISDIRECTED_REQUEST,
-        RuntimeError::ResourceExhausted { .. } | RuntimeError::Draining => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        RuntimeError::BadRequest(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+fn backend_error(e: BackendError) -> Response<Body> {
+    let (status, message) = match &e {
+        BackendError::NotOwner(_) => (StatusCode::MISDIRECTED_REQUEST, e.to_string()),
+        BackendError::BadRequest(_) => (StatusCode::BAD_REQUEST, e.to_string()),
+        BackendError::UnknownOutcome(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "outcome unknown: the request may or may not have been applied \
+                 (the stream's owner stopped answering after it was sent: {reason}); \
+                 read the stream (or use an idempotent producer) before retrying"
+            ),
+        ),
+        BackendError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        BackendError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
-    let mut response = error(status, &e.to_string());
-    if let RuntimeError::ResourceExhausted { retry_after_ms, .. } = e {
+    let mut response = error(status, &message);
+    if let BackendError::Unavailable {
+        retry_after_ms: Some(retry_after_ms),
+        ..
+    } = e
+    {
         set(
             response.headers_mut(),
             "retry-after",

@@ -137,6 +137,11 @@ pub struct LeaseRecord {
     pub predecessor_live_until_ms: u64,
     /// Live or retired.
     pub state: LeaseState,
+    /// An ingress-only node: it serves and forwards requests but is never
+    /// a placement target, so it activates no Cells. Absent (false) from
+    /// the records of ordinary nodes, whose bytes are unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ingress_only: bool,
 }
 
 impl LeaseRecord {
@@ -219,6 +224,7 @@ pub fn acquire_record(
         expires_at_ms: now_wall_ms.saturating_add(config.lease_ms),
         predecessor_live_until_ms,
         state: LeaseState::Live,
+        ingress_only: false,
     }
 }
 
@@ -495,5 +501,28 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn the_ingress_only_flag_round_trips_and_is_absent_from_ordinary_leases() {
+        let ordinary = acquire_record(
+            None,
+            node(),
+            SessionId::from_u128(1),
+            Endpoints::default(),
+            1_000,
+            &config(),
+        );
+        let bytes = ordinary.encode().unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("ingress_only"));
+        assert!(!LeaseRecord::decode(&bytes).unwrap().ingress_only);
+        let ingress = LeaseRecord {
+            ingress_only: true,
+            ..ordinary
+        };
+        let decoded = LeaseRecord::decode(&ingress.encode().unwrap()).unwrap();
+        assert!(decoded.ingress_only);
+        // Renewals keep it.
+        assert!(renewal(&decoded, 2_000, &config()).ingress_only);
     }
 }

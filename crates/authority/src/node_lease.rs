@@ -113,11 +113,22 @@ impl NodeLeases {
     /// `predecessor_live_until_ms`; the runtime must not serve Cells that
     /// earlier session owned before then).
     pub async fn acquire(&self, node: NodeId, endpoints: Endpoints) -> Result<HeldLease> {
+        self.acquire_as(node, endpoints, false).await
+    }
+
+    /// [`Self::acquire`], recording whether the node is ingress-only
+    /// (serves and forwards, never a placement target).
+    pub async fn acquire_as(
+        &self,
+        node: NodeId,
+        endpoints: Endpoints,
+        ingress_only: bool,
+    ) -> Result<HeldLease> {
         let session = SessionId::random();
         let mut last_error = None;
         for _ in 0..CAS_ATTEMPTS_MAX {
             let current = self.read(&node).await?;
-            let proposal = acquire_record(
+            let mut proposal = acquire_record(
                 current.as_ref().map(|c| &c.record),
                 node.clone(),
                 session,
@@ -125,6 +136,7 @@ impl NodeLeases {
                 self.clock.now_wall_ms(),
                 &self.config,
             );
+            proposal.ingress_only = ingress_only;
             let condition = match &current {
                 None => PutCondition::IfNoneMatch,
                 Some(current) => PutCondition::IfMatch(current.etag.clone()),

@@ -186,6 +186,7 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 drift_margin_ms: 500.min(args.lease_ms / 4),
             },
             envelope: EnvelopeFile::default(),
+            ingress_only: false,
         };
         endpoints.push(file.listen.client.clone());
         let path = dir.join(format!("n{i}.toml"));

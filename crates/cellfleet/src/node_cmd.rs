@@ -39,6 +39,10 @@
 //! max_window_ms = 600000
 //! ```
 //!
+//! A top-level `ingress_only = true` (or `CELLFLEET_INGRESS_ONLY=1`) makes
+//! an ingress-only node: it holds a lease, serves clients and Durable
+//! Streams and forwards everything, but routers never place a Cell on it.
+//!
 //! Environment overrides: `CELLFLEET_NODE_ID`, `CELLFLEET_DATA_DIR`,
 //! `CELLFLEET_PREFIX`, `CELLFLEET_LISTEN_CLIENT`, `CELLFLEET_LISTEN_PEER`,
 //! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_LISTEN_STREAMS` (empty: off),
@@ -212,6 +216,10 @@ pub struct NodeFile {
     pub lease: LeaseFile,
     #[serde(default)]
     pub envelope: EnvelopeFile,
+    /// Serve and forward requests but take no Cells: the lease says so and
+    /// every router leaves this node out of placement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ingress_only: bool,
 }
 
 fn default_prefix() -> String {
@@ -289,6 +297,13 @@ impl NodeFile {
                 secret_key: from_env.secret_key,
                 path_style: Some(from_env.path_style),
                 dir: None,
+            };
+        }
+        if let Some(v) = env("CELLFLEET_INGRESS_ONLY") {
+            self.ingress_only = match v.as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => bail!("CELLFLEET_INGRESS_ONLY={v:?} is not true/false/1/0"),
             };
         }
         if let Some(v) = env_u64("CELLFLEET_LEASE_MS")? {
@@ -552,6 +567,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let mut config = NodeConfig::new(node_id.clone(), &file.data_dir, &file.prefix);
     config.lease = file.lease_config();
     config.endpoints = endpoints;
+    config.ingress_only = file.ingress_only;
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     let node = Node::start(config, store.clone(), clock.clone(), Arc::new(kinds))
@@ -607,6 +623,12 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));
         let streams = cellfleet_streams::Streams::with_backend(backend, config);
         tokio::spawn(streams.serve(listener, streams_stopped));
+    }
+    if file.ingress_only {
+        println!(
+            "cellfleet node {}: ingress-only (serves and forwards; no Cells are placed here)",
+            file.node_id
+        );
     }
     println!(
         "cellfleet node {} ready client={} peer={} http={} store={}",

@@ -525,3 +525,38 @@ async fn kill_9_of_a_stream_owner_under_appends_loses_no_acknowledged_append() {
     assert_ne!(*owner, owner_name, "the dead node still owns the stream");
     assert!(*epoch >= 2, "the stream was not taken over: epoch {epoch}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_only_node_serves_streams_it_never_owns() {
+    let mut cluster = Cluster::start(3, Store::Local, 5_000);
+    // Restart n1 as an ingress-only node (a clean drain first, so its
+    // old lease is retired).
+    assert!(cluster.terminate(0), "n1 did not drain");
+    let child = cluster
+        .node_command(&cluster.path("n1.toml"), &[])
+        .env("CELLFLEET_INGRESS_ONLY", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn n1");
+    cluster.nodes[0] = cluster.wait_ready("n1", child);
+    let ingress = streams_addr(&cluster, 0);
+    let text = [("content-type", "text/plain")];
+    let paths: Vec<String> = (0..12).map(|i| format!("/ingress-{i}")).collect();
+    tokio::task::block_in_place(|| {
+        for path in &paths {
+            let created = http(ingress, "PUT", path, &text, b"").expect("create");
+            assert_eq!(created.status, 201, "{path}: {created:?}");
+            let appended = http(ingress, "POST", path, &text, b"x;").expect("append");
+            assert!(appended.status / 100 == 2, "{path}: {appended:?}");
+            assert_eq!(read_all(ingress, path), b"x;");
+        }
+    });
+    let owners = stream_owners(&cluster, cluster.nodes[1].client);
+    assert_eq!(owners.len(), paths.len(), "{owners:?}");
+    for (path, (owner, _)) in &owners {
+        assert!(
+            owner == "n2" || owner == "n3",
+            "{path} is owned by {owner:?}, not by a placement node"
+        );
+    }
+}

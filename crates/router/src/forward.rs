@@ -4,8 +4,9 @@
 //! * hint hit → execute locally or forward to the hinted node;
 //! * miss → one root read: a live owner is the target; an unowned Cell (or
 //!   one whose owner's lease expired) is placed by rendezvous hashing over
-//!   the live lease set, and the target's runtime activates it (create or
-//!   take over by CAS: two ingresses with different views cannot both win);
+//!   the live lease set (ingress-only nodes left out), and the target's
+//!   runtime activates it (create or take over by CAS: two ingresses with
+//!   different views cannot both win);
 //! * a NOT_OWNER, DRAINING, LEASE_LOST, FENCED or unreachable target makes
 //!   the ingress refresh (root read, live set) and retry **once**;
 //! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
@@ -251,10 +252,12 @@ impl Router {
                 }
             }
         }
+        // Ingress-only nodes hold a live lease but take no Cells.
         let live: Vec<NodeId> = self
             .live_nodes(refresh)
             .await?
             .into_iter()
+            .filter(|record| !record.ingress_only)
             .map(|record| record.node_id)
             .filter(|node| !excluded.contains(node))
             .collect();

@@ -97,6 +97,9 @@ pub struct NodeConfig {
     pub lease: LeaseConfig,
     /// How peers and clients reach this node (written into the lease).
     pub endpoints: Endpoints,
+    /// Ingress-only: the lease says so and routers never place a Cell
+    /// here; the node serves and forwards requests only.
+    pub ingress_only: bool,
     /// Bounds.
     pub limits: NodeLimits,
     /// Settings of each Cell engine (group size is taken from `limits`).
@@ -112,6 +115,7 @@ impl NodeConfig {
             prefix: prefix.into(),
             lease: LeaseConfig::default(),
             endpoints: Endpoints::default(),
+            ingress_only: false,
             limits: NodeLimits::default(),
             cell: cellfleet_cell::CellConfig::default(),
         }

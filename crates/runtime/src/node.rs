@@ -119,7 +119,11 @@ impl Node {
         let layout = Layout::new(&config.prefix)?;
         let leases = NodeLeases::new(store.clone(), layout.clone(), clock.clone(), config.lease)?;
         let held = leases
-            .acquire(config.node_id.clone(), config.endpoints.clone())
+            .acquire_as(
+                config.node_id.clone(),
+                config.endpoints.clone(),
+                config.ingress_only,
+            )
             .await?;
         let me = Holder {
             node: config.node_id.clone(),

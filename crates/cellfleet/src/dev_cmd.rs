@@ -167,6 +167,8 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 // Durable Streams on by default in dev: BASE+301...
                 streams: Some(format!("127.0.0.1:{}", port(300))),
                 streams_long_poll_ms: None,
+                // Webhook receivers of a dev machine listen on loopback.
+                streams_allow_loopback_webhooks: Some(true),
             },
             store: store.clone(),
             tls: TlsFile {

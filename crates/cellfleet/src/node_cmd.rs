@@ -12,6 +12,7 @@
 //! peer = "127.0.0.1:7101"    # peer service, mTLS (node certs only)
 //! http = "127.0.0.1:7201"    # /metrics /healthz /readyz
 //! streams = "127.0.0.1:7301" # optional: Durable Streams HTTP (streams_long_poll_ms = 500)
+//! streams_allow_loopback_webhooks = false  # subscription webhooks to loopback (dev only)
 //! advertise_host = "127.0.0.1"  # optional: the host others dial (default: the listen host)
 //!
 //! [store]                    # type = "local" (dir) or "s3" (bucket, endpoint, region,
@@ -118,6 +119,9 @@ pub struct ListenFile {
     /// Long-poll timeout of the streams listener (default 20 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams_long_poll_ms: Option<u64>,
+    /// Whether subscription webhooks may go to loopback addresses (dev only; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_allow_loopback_webhooks: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -528,6 +532,12 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     }
     .with(Arc::new(cellfleet_cell::Typed(
         cellfleet_streams::StreamKind,
+    )))
+    .with(Arc::new(cellfleet_cell::Typed(
+        cellfleet_streams::SubscriptionKind,
+    )))
+    .with(Arc::new(cellfleet_cell::Typed(
+        cellfleet_streams::RegistryKind,
     )));
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
@@ -614,6 +624,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         if let Some(ms) = file.listen.streams_long_poll_ms {
             config.long_poll_timeout = std::time::Duration::from_millis(ms);
         }
+        config.allow_loopback_webhooks =
+            file.listen.streams_allow_loopback_webhooks.unwrap_or(false);
         println!(
             "cellfleet node {} streams=http://{}",
             file.node_id,

@@ -1322,4 +1322,39 @@ mod tests {
         assert_eq!(prefix_of(&key), "/v1/stream");
         assert_eq!(parse_offset("-1"), Some(0));
     }
+
+    proptest::proptest! {
+        // Paths, patterns and bodies come from clients: no input panics.
+        #[test]
+        fn untrusted_text_never_panics(text in "\\PC{0,64}", other in "[a-z*/%2A]{0,24}") {
+            let _ = route(&text);
+            let _ = is_control_path(&text);
+            let _ = percent_decode(&text);
+            let _ = glob_match(&other, &text);
+            let _ = glob_match(&text, &other);
+            let _ = valid_relative(&text);
+            let _ = valid_pattern(&text);
+            let _ = parse_offset(&text);
+            let _ = webhook::parse_url(&text, false);
+            let _ = parse_acks(&json!({"acks": [{"stream": text.clone(), "offset": other.clone()}]}));
+        }
+
+        #[test]
+        fn percent_decoding_inverts_encoding(text in "\\PC{0,32}") {
+            let encoded: String = text
+                .bytes()
+                .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+                .collect();
+            proptest::prop_assert_eq!(percent_decode(&encoded), text);
+        }
+
+        #[test]
+        fn arbitrary_bytes_as_a_body_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+                let _ = parse_acks(&value);
+                let _ = wake_fields(&value);
+                let _ = serde_json::from_value::<CreateBody>(value);
+            }
+        }
+    }
 }

@@ -14,7 +14,9 @@
 //!
 //! *Invariant:* nothing in this crate decodes a request body before its
 //! signature verified over the exact received bytes, and nothing that
-//! fails a check reaches a Cell.
+//! fails a check reaches a Cell. The one unsigned path, a node's own
+//! NodeCommand/NodeQuery, is accepted from node certificates only and only
+//! for the router's node kinds ([`forward::Router::with_node_kinds`]).
 
 pub mod certs;
 pub mod endpoints;

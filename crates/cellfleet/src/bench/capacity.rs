@@ -5,8 +5,9 @@
 //! [`SERVED_FRACTION`] of the offered rate, and p99 (measured from each
 //! request's due time, so queueing counts) is within `--capacity-p99-ms`.
 //! Rates come from `--capacity-rates`, or: [`START_PER_S`] doubled until a
-//! step is not served, then [`REFINE_STEPS`] bisections between the last
-//! served and the first unserved rate. Requests go round-robin over the
+//! step is not served (halved down to [`LOWEST_PER_S`] until one is, when
+//! the first is not), then [`REFINE_STEPS`] bisections between the highest
+//! served and the lowest unserved rate. Requests go round-robin over the
 //! pool's Cells, each to its owner.
 
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub const SERVED_FRACTION: f64 = 0.95;
 const START_PER_S: f64 = 250.0;
 /// Doublings of the automatic sweep at most.
 const DOUBLINGS_MAX: usize = 12;
+/// The automatic sweep halves no lower than this.
+const LOWEST_PER_S: f64 = 10.0;
 /// Bisections after the first unserved step.
 const REFINE_STEPS: usize = 2;
 
@@ -109,10 +112,16 @@ pub async fn run(
             steps.push(result);
             if ok {
                 served = Some(rate);
+                if unserved.is_some() {
+                    break;
+                }
                 rate *= 2.0;
             } else {
                 unserved = Some(rate);
-                break;
+                if served.is_some() || rate / 2.0 < LOWEST_PER_S {
+                    break;
+                }
+                rate /= 2.0;
             }
         }
         if let (Some(mut low), Some(mut high)) = (served, unserved) {

@@ -193,3 +193,34 @@ pub async fn node_query(node: &NodeHandle, request: &v1::NodeQuery) -> Result<v1
         served_by: node.node_id().as_str().to_owned(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // args_json of a node request comes from a peer: any bytes decode
+        // to a JSON object or a MALFORMED error, never a panic.
+        #[test]
+        fn node_args_accept_only_json_objects(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            match node_args(&bytes) {
+                Ok(value) => prop_assert!(value.is_object()),
+                Err(error) => prop_assert!(matches!(error, Error::Malformed(_))),
+            }
+        }
+
+        #[test]
+        fn node_args_round_trip_objects(map in proptest::collection::btree_map("[a-z]{1,8}", any::<i64>(), 0..8)) {
+            let value = serde_json::to_value(&map).expect("a map is JSON");
+            prop_assert_eq!(node_args(value.to_string().as_bytes()).expect("an object"), value);
+        }
+    }
+
+    #[test]
+    fn node_args_refuse_non_objects() {
+        assert!(node_args(b"[1,2]").is_err());
+        assert!(node_args(b"\"x\"").is_err());
+        assert!(node_args(b"{\"a\":1}").is_ok());
+    }
+}

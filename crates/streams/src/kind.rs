@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 /// The kind's name.
 pub const STREAM_KIND: &str = "stream";
 
+/// Most fork paths one [`StreamQuery::Forks`] lists.
+pub const FORKS_LISTED_MAX: usize = 100;
+
 /// Largest number of data bytes one read returns (a chunk).
 pub const READ_CHUNK_BYTES_MAX: u64 = 1 << 20;
 
@@ -102,6 +105,10 @@ pub enum StreamCommand {
 pub enum StreamQuery {
     /// Messages from `offset` (`None`: the tail), at most a chunk.
     Read { offset: Option<u64>, now_ms: i64 },
+    /// The paths of the forks holding a reference on this stream.
+    Forks {},
+    /// This stream's lineage, whether it expired, whether it exists at all.
+    Lineage { now_ms: i64 },
 }
 
 /// A stream's state as readers see it.
@@ -123,6 +130,19 @@ pub enum StreamOutput {
         state: StreamState,
         /// False when an equal stream already existed.
         created: bool,
+        /// The source an expired fork replaced here was forked from (its
+        /// reference there is to be released).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        release: Option<String>,
+    },
+    /// The forks referencing a stream (at most [`FORKS_LISTED_MAX`]).
+    Forks {
+        forks: Vec<String>,
+    },
+    /// A stored stream's lineage; `expired` when its TTL or expiry passed.
+    Lineage {
+        lineage: Option<Lineage>,
+        expired: bool,
     },
     /// Exists with another configuration.
     ConfigMismatch,
@@ -542,6 +562,7 @@ impl RustKind for StreamKind {
                             StreamOutput::Created {
                                 state,
                                 created: false,
+                                release: None,
                             }
                         } else {
                             StreamOutput::ConfigMismatch
@@ -552,6 +573,13 @@ impl RustKind for StreamKind {
                     Err(StreamOutput::Gone) => return Ok(StreamOutput::Gone),
                     Err(_) => {}
                 }
+                // An expired fork stored here gives back its reference
+                // (unless the new stream is a fork of the same source: the
+                // reference is keyed by this path, so it is the new one's).
+                let release = load_any(conn)?
+                    .and_then(|(old, _)| old.lineage)
+                    .map(|old| old.source)
+                    .filter(|old| lineage.as_ref().map(|l| &l.source) != Some(old));
                 wipe(conn)?;
                 let decoded = decode(&messages)?;
                 let tail = insert(conn, 0, &decoded)?;
@@ -579,6 +607,7 @@ impl RustKind for StreamKind {
                         lineage,
                     },
                     created: true,
+                    release,
                 })
             }
             StreamCommand::Append {
@@ -644,6 +673,24 @@ impl RustKind for StreamKind {
     fn query(&self, conn: &Connection, query: StreamQuery) -> Result<StreamOutput, KindError> {
         match query {
             StreamQuery::Read { offset, now_ms } => read(conn, offset, now_ms),
+            StreamQuery::Forks {} => {
+                if schema(conn)? < 2 {
+                    return Ok(StreamOutput::Forks { forks: Vec::new() });
+                }
+                let mut statement =
+                    conn.prepare_cached("SELECT path FROM forks ORDER BY path LIMIT ?1")?;
+                let forks = statement
+                    .query_map([FORKS_LISTED_MAX as i64], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()?;
+                Ok(StreamOutput::Forks { forks })
+            }
+            StreamQuery::Lineage { now_ms } => Ok(match load_any(conn)? {
+                Some((state, _)) => StreamOutput::Lineage {
+                    expired: expired(&state, now_ms),
+                    lineage: state.lineage,
+                },
+                None => StreamOutput::NotFound,
+            }),
         }
     }
 }

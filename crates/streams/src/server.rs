@@ -641,7 +641,14 @@ impl Streams {
             }
         }
         match output {
-            StreamOutput::Created { state, created } => {
+            StreamOutput::Created {
+                state,
+                created,
+                release,
+            } => {
+                if let Some(old) = release {
+                    self.release(old, path.clone()).await;
+                }
                 let status = if created {
                     StatusCode::CREATED
                 } else {
@@ -917,12 +924,45 @@ impl Streams {
                 respond(StatusCode::NO_CONTENT, "")
             }
             Ok(StreamOutput::NotFound) => error(StatusCode::NOT_FOUND, "no such stream"),
-            Ok(StreamOutput::Gone) => gone(),
+            Ok(StreamOutput::Gone) => self.gone_at(&path),
             Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
             Err(r) => r,
         };
         self.notifier.changed(&path);
         response
+    }
+
+    /// 410 for soft-deleted `path`, after starting a sweep of its fork
+    /// references in the background: a fork that expired (or whose path
+    /// now holds another stream) gives its reference back, so a deleted
+    /// source does not outlive forks that ended by expiry. A fork path with
+    /// no stream at all keeps its reference: it may be a fork being
+    /// created, or one whose release was cut short by a crash (the source
+    /// is then kept, 410, rather than removed too early).
+    fn gone_at(&self, path: &str) -> Response<Body> {
+        let service = self.clone();
+        let path = path.to_owned();
+        tokio::spawn(async move { service.sweep(path).await });
+        gone()
+    }
+
+    async fn sweep(&self, path: String) {
+        let Ok(StreamOutput::Forks { forks }) = self.query(&path, StreamQuery::Forks {}).await
+        else {
+            return;
+        };
+        for fork in forks {
+            let lineage = StreamQuery::Lineage { now_ms: now_ms() };
+            let ended = match self.query(&fork, lineage).await {
+                Ok(StreamOutput::Lineage { lineage, expired }) => {
+                    expired || lineage.map(|l| l.source).as_deref() != Some(path.as_str())
+                }
+                _ => false,
+            };
+            if ended {
+                self.release(path.clone(), fork).await;
+            }
+        }
     }
 
     /// Drops fork `fork`'s reference on `source`, then, each time that
@@ -981,7 +1021,7 @@ impl Streams {
                 set(headers, "stream-next-offset", offset::format(state.tail));
                 response
             }
-            Ok(StreamOutput::Gone) => gone(),
+            Ok(StreamOutput::Gone) => self.gone_at(&path),
             Ok(_) => error(StatusCode::NOT_FOUND, "no such stream"),
             Err(r) => r,
         }
@@ -1054,7 +1094,7 @@ impl Streams {
                 StatusCode::BAD_REQUEST,
                 "offset is not in this stream",
             )),
-            StreamOutput::Gone => Err(gone()),
+            StreamOutput::Gone => Err(self.gone_at(path)),
             _ => Err(error(StatusCode::NOT_FOUND, "no such stream")),
         }
     }

@@ -527,14 +527,21 @@ async fn live_reads_past_the_node_bound_get_503_with_retry_after() {
     );
     assert_eq!(status(&s, "GET", &probe, &[]).await, 204);
 
-    let waiter = {
+    let wait = || {
         let s = s.clone();
         let path = format!("/v1/stream/w?offset={tail}&live=long-poll");
         tokio::spawn(async move { request(&s, "GET", &path, &[], b"").await })
     };
-    // Once the waiter holds the only permit, the probe is refused.
+    let mut waiter = wait();
+    // Once the waiter holds the only permit, the probe is refused (the
+    // waiter itself is refused when it comes while a probe holds it).
     let mut refused = None;
     for _ in 0..1_000 {
+        if waiter.is_finished() {
+            let early = waiter.await.expect("waiter");
+            assert_eq!(early.status, 503, "a waiter ends early only when refused");
+            waiter = wait();
+        }
         let reply = request(&s, "GET", &probe, &[], b"").await;
         if reply.status == 503 {
             refused = Some(reply);
@@ -562,4 +569,35 @@ async fn live_reads_past_the_node_bound_get_503_with_retry_after() {
     assert_eq!(second.status, 503);
     assert_eq!(second.header("retry-after"), Some("1"));
     drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_source_goes_once_its_last_fork_expired() {
+    let s = server().await;
+    request(&s, "PUT", "/v1/stream/s", &[TEXT], b"x").await;
+    let short_fork = [
+        TEXT,
+        ("stream-forked-from", "/v1/stream/s"),
+        ("stream-ttl", "1"),
+    ];
+    assert_eq!(status(&s, "PUT", "/v1/stream/f", &short_fork).await, 201);
+    assert_eq!(status(&s, "DELETE", "/v1/stream/s", &[]).await, 204);
+    // Each 410 starts a sweep of the source's fork references; once the
+    // fork has expired, a sweep gives its reference back and the source goes.
+    let mut last = 0;
+    for _ in 0..200 {
+        last = status(&s, "HEAD", "/v1/stream/s", &[]).await;
+        if last == 404 {
+            break;
+        }
+        assert_eq!(last, 410);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last, 404, "the source outlived its expired fork");
+    assert_eq!(status(&s, "HEAD", "/v1/stream/f", &[]).await, 404);
+    assert_eq!(
+        status(&s, "PUT", "/v1/stream/s", &[TEXT]).await,
+        201,
+        "the path is free again"
+    );
 }

@@ -483,12 +483,16 @@ impl SubscriptionKind {
             if config.streams.len() > LINKS_MAX {
                 return Ok(Out::TooManyLinks);
             }
-            conn.execute_batch("DELETE FROM config; DELETE FROM links; DELETE FROM wake;")?;
+            conn.execute_batch("DELETE FROM config; DELETE FROM links;")?;
             let json = serde_json::to_string(config).map_err(|e| reject(e.to_string()))?;
             conn.execute("INSERT INTO config (id, json) VALUES (1, ?1)", [json])?;
+            // A subscription created again under a deleted one's id keeps
+            // counting generations, so the old holders stay fenced.
             conn.execute(
                 "INSERT INTO wake (id, generation, wake_id, state, holder, deadline_ms, failures, token_hash) \
-                 VALUES (1, 0, '', 'idle', NULL, 0, 0, NULL)",
+                 VALUES (1, 0, '', 'idle', NULL, 0, 0, NULL) \
+                 ON CONFLICT (id) DO UPDATE SET wake_id = '', state = 'idle', holder = NULL, \
+                 deadline_ms = 0, failures = 0, token_hash = NULL",
                 [],
             )?;
             for path in &config.streams {
@@ -506,7 +510,10 @@ impl SubscriptionKind {
         match command {
             SubscriptionCommand::Create { .. } => Ok(Out::NotFound),
             SubscriptionCommand::Delete {} => {
-                conn.execute_batch("DELETE FROM config; DELETE FROM links; DELETE FROM wake;")?;
+                conn.execute_batch(
+                    "DELETE FROM config; DELETE FROM links; \
+                     UPDATE wake SET state = 'idle', holder = NULL, token_hash = NULL;",
+                )?;
                 Ok(Out::Deleted)
             }
             SubscriptionCommand::AddStreams { paths } => {

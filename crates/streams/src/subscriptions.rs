@@ -1029,13 +1029,20 @@ async fn snapshot(streams: &Streams) -> Option<Arc<Snapshot>> {
             return Some(snap.clone());
         }
     }
-    let output: RegistryOutput = streams
-        .query_in(REGISTRY_KIND, REGISTRY_KEY, &RegistryQuery::Snapshot {})
-        .await
-        .ok()?;
-    let RegistryOutput::Snapshot { subs, explicit } = output else {
-        return None;
-    };
+    // A registry that cannot be read now is retried (bounded): a missed
+    // match would delay a wake until the stream's next append.
+    let mut found = None;
+    for attempt in 0..3u32 {
+        if let Ok(RegistryOutput::Snapshot { subs, explicit }) = streams
+            .query_in(REGISTRY_KIND, REGISTRY_KEY, &RegistryQuery::Snapshot {})
+            .await
+        {
+            found = Some((subs, explicit));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+    }
+    let (subs, explicit) = found?;
     let snap = Arc::new(Snapshot { subs, explicit });
     *state.registry.lock().unwrap_or_else(|e| e.into_inner()) =
         Some((Instant::now(), snap.clone()));

@@ -118,19 +118,21 @@ pub struct Target {
     pub host: String,
     pub port: u16,
     pub uri: Uri,
+    /// `https`: TLS with the system's trust roots.
+    pub tls: bool,
 }
 
-/// Parses and checks a webhook URL (`http` only here; IP literals are checked now, names when resolved).
+/// Parses and checks a webhook URL (`http` or `https`; IP literals are checked now, names when resolved).
 pub fn parse_url(url: &str, allow_loopback: bool) -> Result<Target, String> {
     if url.len() > 2048 {
         return Err("url is too long".into());
     }
     let uri: Uri = url.parse().map_err(|_| "url does not parse".to_string())?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err("https webhooks are not supported yet".into()),
-        _ => return Err("url scheme must be http".into()),
-    }
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err("url scheme must be http or https".into()),
+    };
     let authority = uri.authority().ok_or("url has no host")?;
     if authority.as_str().contains('@') {
         return Err("url must not carry credentials".into());
@@ -153,8 +155,9 @@ pub fn parse_url(url: &str, allow_loopback: bool) -> Result<Target, String> {
     }
     Ok(Target {
         host: host.to_owned(),
-        port: uri.port_u16().unwrap_or(80),
+        port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
         uri,
+        tls,
     })
 }
 
@@ -219,7 +222,55 @@ async fn post_inner(
         }
     }
     let stream = stream.ok_or(last)?;
-    let io = hyper_util::rt::TokioIo::new(stream);
+    if target.tls {
+        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| format!("tls name {}: {e}", target.host))?;
+        let tls = tokio_rustls::TlsConnector::from(tls_config()?)
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        exchange(target, signer, body, unix_now, tls).await
+    } else {
+        exchange(target, signer, body, unix_now, stream).await
+    }
+}
+
+/// The TLS client settings: the system's trust roots, built once.
+fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err("no system trust roots for https webhooks".into());
+            }
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("tls: {e}"))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Ok(std::sync::Arc::new(config))
+        })
+        .clone()
+}
+
+/// One request and its answer over `io`.
+async fn exchange<IO>(
+    target: &Target,
+    signer: &Signer25519,
+    body: Bytes,
+    unix_now: u64,
+    io: IO,
+) -> Result<Answer, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(io);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
@@ -292,6 +343,7 @@ mod tests {
             "http://127.0.0.1:8080/",
             "http://localhost/",
             "http://user:pw@example.com/",
+            "https://10.1.2.3/",
             "ftp://example.com/",
         ] {
             assert!(parse_url(url, false).is_err(), "{url}");
@@ -302,5 +354,8 @@ mod tests {
         let target = parse_url("http://93.184.216.34:8080/hook?x=1", false).unwrap();
         assert_eq!(target.port, 8080);
         assert_eq!(target.host, "93.184.216.34");
+        let secure = parse_url("https://93.184.216.34/hook", false).unwrap();
+        assert!(secure.tls);
+        assert_eq!(secure.port, 443);
     }
 }

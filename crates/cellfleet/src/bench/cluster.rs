@@ -351,23 +351,40 @@ impl BenchCluster {
         for node in &self.nodes {
             dev_cmd::terminate(&node.child);
         }
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let started = Instant::now();
+        let deadline = started + DRAIN_TIMEOUT;
         let mut results = Vec::new();
+        let mut unclean = 0;
         for node in &mut self.nodes {
             let clean = loop {
                 match node.child.try_wait() {
-                    Ok(Some(status)) => break status.success(),
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            eprintln!("bench: node {} exited with {status} after SIGTERM", node.id);
+                        }
+                        break status.success();
+                    }
                     Ok(None) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     _ => {
+                        eprintln!(
+                            "bench: node {} still running {:.1} s after SIGTERM; killed",
+                            node.id,
+                            started.elapsed().as_secs_f64()
+                        );
                         let _ = node.child.kill();
                         let _ = node.child.wait();
                         break false;
                     }
                 }
             };
+            unclean += usize::from(!clean);
             results.push((node.id.clone(), clean));
+        }
+        if unclean > 0 {
+            // The directory goes with the cluster: show why now.
+            eprintln!("{}", self.log_tails(self.nodes.len()));
         }
         results
     }

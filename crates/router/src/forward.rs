@@ -484,10 +484,7 @@ fn classify_transport(status: tonic::Status, peer: &str) -> tonic::Status {
     if detail_from_status(&status).is_some() {
         return status;
     }
-    let message = status.message().to_lowercase();
-    let not_sent = status.code() == tonic::Code::Unavailable
-        && (message.contains("connect") || message.contains("refused"));
-    if not_sent {
+    if crate::transport::connect_failed(&status) {
         return to_status(&Error::PeerUnavailable {
             endpoint: peer.to_owned(),
             reason: status.message().to_owned(),

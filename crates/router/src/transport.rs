@@ -71,6 +71,18 @@ pub fn tls_incoming(
     ReceiverStream::new(receiver)
 }
 
+/// Starts the message of every error the channel's connector returns: a
+/// status carrying it failed before the request was written (TCP connect
+/// or TLS handshake), so the request never reached the peer.
+pub const CONNECT_FAILED: &str = "cellfleet: no connection to";
+
+/// Whether `status` says the request failed to connect, hence was never
+/// sent. A connection that breaks later ("connection reset", "broken
+/// pipe") is not this: the request may have been delivered.
+pub fn connect_failed(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable && status.message().contains(CONNECT_FAILED)
+}
+
 /// A lazily connecting channel to `address` over TLS with `config`,
 /// checking the server's certificate for `server_name` (a DNS name or IP
 /// address in its SAN).
@@ -93,11 +105,48 @@ pub fn channel(
             let connector = connector.clone();
             let server_name = server_name.clone();
             async move {
-                let tcp = TcpStream::connect(address).await?;
-                tcp.set_nodelay(true)?;
-                let tls = connector.connect(server_name, tcp).await?;
+                let failed = |e: std::io::Error| {
+                    std::io::Error::new(e.kind(), format!("{CONNECT_FAILED} {address}: {e}"))
+                };
+                let tcp = TcpStream::connect(address).await.map_err(failed)?;
+                tcp.set_nodelay(true).map_err(failed)?;
+                let tls = connector.connect(server_name, tcp).await.map_err(failed)?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
             }
         })),
     )
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use super::*;
+
+    /// The status of a request to a port nobody listens on names the
+    /// connect failure, so the router can tell it was never sent.
+    #[tokio::test]
+    async fn a_refused_connection_is_told_apart() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        drop(listener);
+        let config = ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let channel = channel(
+            address,
+            "127.0.0.1",
+            Arc::new(config),
+            Duration::from_secs(2),
+        )
+        .expect("channel");
+        let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
+            .forward(cellfleet_proto::v1::ForwardRequest::default())
+            .await
+            .expect_err("nothing listens there");
+        assert!(connect_failed(&status), "{status:?}");
+        let reset =
+            tonic::Status::unavailable("error reading a body from connection: connection reset");
+        assert!(!connect_failed(&reset));
+    }
 }

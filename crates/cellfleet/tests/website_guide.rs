@@ -105,11 +105,18 @@ fn wait_for(file: &Path, text: &str, limit: Duration) {
 /// directory, the `PATH` the blocks ran with and the background processes
 /// (stopped when dropped).
 struct Ran {
+    // Fields drop in order: the cluster stops first, then its directory
+    // goes, then the next guide may start.
+    _background: Background,
     dir: tempfile::TempDir,
     path: String,
     port_base: u32,
-    _background: Background,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One guide at a time: the quickstart kills a node with `pkill -f` on its
+/// config path, which every dev cluster's nodes share (`.cellfleet-dev/nN.toml`).
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Ran {
     fn shell(&self, script: &str) -> std::process::Output {
@@ -119,6 +126,7 @@ impl Ran {
 
 /// `slot` separates the port ranges of guides run at the same time.
 fn run_guide(name: &str, slot: u32, runs_min: usize) -> Ran {
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let guide = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../website/guide")
         .join(name);
@@ -205,6 +213,7 @@ fn run_guide(name: &str, slot: u32, runs_min: usize) -> Ran {
         path,
         port_base,
         _background: background,
+        _turn: turn,
     }
 }
 

@@ -10,18 +10,21 @@
 # Listeners take kernel-chosen ports; the long-poll timeout is 500 ms (what
 # the suite needs). The cluster is stopped on exit. Every request makes one
 # more hop than on a single node, and the fast-check property tests make
-# hundreds of sequential requests each, so on a slow or shared machine they
-# outlast vitest's 5 s per-test default: the script gives each test
-# DS_TEST_TIMEOUT_MS (default 30000; 5000 is the suite's own setting).
+# hundreds of sequential requests each (scripts/conformance.sh gives each
+# test DS_TEST_TIMEOUT_MS, 30 s by default).
 # After the suite, the script prints how many stream Cells exist and how
 # many n1 owns (0 expected) and fails if n1 owns any. CELLFLEET_DIR keeps the cluster's
-# files in that directory instead of a temporary one.
+# files in that directory instead of a temporary one; CELLFLEET_BIN names a
+# built cellfleet binary to use instead of building one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --quiet -p cellfleet --manifest-path "$root/Cargo.toml"
-target=$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" \
-  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-bin="$target/debug/cellfleet"
+bin=${CELLFLEET_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build --quiet -p cellfleet --manifest-path "$root/Cargo.toml"
+  target=$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" \
+    | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  bin="$target/debug/cellfleet"
+fi
 dir=${CELLFLEET_DIR:-$(mktemp -d)}
 pids=()
 cleanup() {
@@ -54,7 +57,7 @@ url=$(sed -n 's/.* streams=\(http:[^ ]*\).*/\1/p' "$dir/n1.log" | head -1)
 admin=$(sed -n 's/.* ready client=\([^ ]*\).*/\1/p' "$dir/n2.log" | head -1)
 echo "3-node cluster in $dir; suite against ingress-only n1 at $url"
 status=0
-bash "$root/scripts/conformance.sh" "$url" --testTimeout="${DS_TEST_TIMEOUT_MS:-30000}" "$@" ||
+bash "$root/scripts/conformance.sh" "$url" "$@" ||
   status=$?
 # Stream Cells in one page of the admin listing (at most 1,000; "+" when more).
 cells() {

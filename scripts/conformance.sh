@@ -8,8 +8,8 @@
 #                                          # 500 ms long-poll timeout
 #   scripts/conformance.sh http://HOST:PORT [vitest args]   # a running server
 #
-# The server must use a long-poll timeout well under 5 s (vitest's per-test
-# timeout); 500 ms is what the suite's own harness uses. DS_SUBSCRIPTIONS=1
+# The server must use a long-poll timeout well under the per-test timeout
+# (see below); 500 ms is what the suite's own harness uses. DS_SUBSCRIPTIONS=1
 # includes the opt-in subscription tests. Node comes from scripts/node.sh
 # (the system Node if recent enough, else a pinned one from PyPI). Output ends with vitest's
 # "Tests  N passed | M failed" summary; the exit code is vitest's.
@@ -40,18 +40,27 @@ server_pid=
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true; }
 trap cleanup EXIT
 if [ -z "$url" ]; then
-  port=${DS_PORT:-4437}
   cargo build --quiet -p cellfleet-streams --example streams_server --manifest-path "$root/Cargo.toml"
   target=$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-  "$target/debug/examples/streams_server" "127.0.0.1:$port" "${DS_LONG_POLL_MS:-500}" &
+  # Port 0 unless DS_PORT says otherwise: a fixed port could be another
+  # server's, which the suite would then test instead.
+  log=$(mktemp)
+  "$target/debug/examples/streams_server" "127.0.0.1:${DS_PORT:-0}" "${DS_LONG_POLL_MS:-500}" >"$log" 2>&1 &
   server_pid=$!
-  url="http://127.0.0.1:$port"
-  for _ in $(seq 100); do
-    curl -s -o /dev/null "$url/" && break
+  for _ in $(seq 300); do
+    url=$(sed -n 's/^serving durable streams on \(http:[^ ]*\)$/\1/p' "$log")
+    [ -n "$url" ] && break
+    kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
     sleep 0.1
   done
+  [ -n "$url" ] || { echo "the streams server did not start:" >&2; cat "$log" >&2; exit 1; }
 fi
 
 cd "$work"
-DS_URL="$url" npx --no-install vitest run conformance.test.mjs --reporter=default "$@"
+# The fast-check property tests make hundreds of sequential requests each;
+# on a slow or shared machine they outlast vitest's 5 s per-test default,
+# which says nothing about conformance, so each test gets
+# DS_TEST_TIMEOUT_MS (30 s unless set).
+DS_URL="$url" npx --no-install vitest run conformance.test.mjs --reporter=default \
+  --testTimeout="${DS_TEST_TIMEOUT_MS:-30000}" "$@"

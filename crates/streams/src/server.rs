@@ -46,7 +46,9 @@ pub struct StreamsConfig {
     pub sse_lifetime: Duration,
     /// Largest request body accepted.
     pub body_bytes_max: usize,
-    /// Connections served at once (long-polls and SSE included).
+    /// Connections served at once (long-polls and SSE included); past it a
+    /// new connection is answered 503 with Retry-After and closed. Keep it
+    /// above `long_polls_max + sse_max` so those bounds answer first.
     pub connections_max: usize,
     /// Long-polls waiting at once on this node; past it a long-poll is
     /// answered 503 with Retry-After.
@@ -64,7 +66,7 @@ impl Default for StreamsConfig {
             long_poll_timeout: Duration::from_secs(20),
             sse_lifetime: Duration::from_secs(60),
             body_bytes_max: 8 << 20,
-            connections_max: 1024,
+            connections_max: 24_000,
             long_polls_max: 10_000,
             sse_max: 10_000,
             allow_loopback_webhooks: false,
@@ -287,7 +289,7 @@ impl Streams {
     }
 
     /// A service whose commands and queries run through `backend` (in a
-    /// cluster: routed to each Cell's owner).
+    /// cluster: routed to each stream's owner).
     pub fn with_backend(backend: Arc<dyn StreamBackend>, config: StreamsConfig) -> Self {
         Streams {
             backend,
@@ -312,6 +314,7 @@ impl Streams {
                 continue;
             };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
+                tokio::spawn(refuse(stream));
                 continue;
             };
             let service = self.clone();
@@ -1340,6 +1343,20 @@ impl SseSession {
             next = after;
         }
     }
+}
+
+/// Answers a connection over `connections_max` with 503 and closes it,
+/// without reading its request (bounded: one write, one second).
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\
+        content-type: text/plain\r\ncontent-length: 32\r\nconnection: close\r\n\r\n\
+        too many connections; try again\n";
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(BUSY).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {

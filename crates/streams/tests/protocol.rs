@@ -601,3 +601,41 @@ async fn a_deleted_source_goes_once_its_last_fork_expired() {
         "the path is free again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_bound_is_answered_503_not_dropped() {
+    let s = server_with(StreamsConfig {
+        connections_max: 1,
+        ..StreamsConfig::default()
+    })
+    .await;
+    // Hold the only permit: a connection that has not sent its request.
+    let held = tokio::net::TcpStream::connect(s.address)
+        .await
+        .expect("connect");
+    // The accept loop takes connections in order; give it the first one.
+    let mut refused = None;
+    for _ in 0..50 {
+        let reply = request(&s, "HEAD", "/v1/stream/none", &[], b"").await;
+        if reply.status == 503 {
+            refused = Some(reply);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("a second connection is refused with 503");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    drop(held);
+    // Once the held connection is gone, requests are served again.
+    let mut last = 503;
+    for _ in 0..100 {
+        last = request(&s, "HEAD", "/v1/stream/none", &[], b"")
+            .await
+            .status;
+        if last != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(last, 404);
+}

@@ -804,55 +804,59 @@ impl NodeHandle {
             if slots.is_empty() {
                 break;
             }
-            for slot in slots {
+            let stops = slots.into_iter().map(|slot| async move {
                 let handle = match slot {
                     Slot::Active(handle) => handle,
-                    Slot::Activating(rx) => match wait_activation(rx).await {
-                        Ok(handle) => handle,
-                        Err(_) => continue,
-                    },
+                    Slot::Activating(rx) => wait_activation(rx).await.ok()?,
                 };
                 let (tx, rx) = oneshot::channel();
-                let sent = handle
+                handle
                     .tx
                     .send(Msg::Stop {
                         how: StopHow::Drain,
                         done: Some(tx),
                     })
-                    .await;
-                if sent.is_err() {
-                    continue;
-                }
-                match rx.await {
-                    Ok(Ok(())) => released += 1,
-                    Ok(Err(error)) => {
+                    .await
+                    .ok()?;
+                rx.await.ok()
+            });
+            for stopped in run_bounded(stops, DRAIN_CONCURRENCY)
+                .await
+                .into_iter()
+                .flatten()
+            {
+                match stopped {
+                    Ok(()) => released += 1,
+                    Err(error) => {
                         first_error.get_or_insert(error);
                     }
-                    Err(_) => {}
                 }
             }
             self.wait_for_exits().await;
         }
         let parked: Vec<Versioned<RootRecord>> =
             self.shared.parked().drain().map(|(_, root)| root).collect();
-        for root in parked {
-            let epoch = root.record.epoch;
-            let cell = root.record.cell_id.clone();
-            match self
-                .shared
-                .actor_context
-                .publisher
-                .release(root, epoch)
-                .await
-            {
-                Ok(_) => {
-                    self.shared.activator.discard(&cell);
-                    released += 1;
-                }
-                Err(failure) => {
-                    first_error.get_or_insert(Error::NotCommitted {
+        let releases = parked.into_iter().map(|root| {
+            let shared = self.shared.clone();
+            async move {
+                let epoch = root.record.epoch;
+                let cell = root.record.cell_id.clone();
+                match shared.actor_context.publisher.release(root, epoch).await {
+                    Ok(_) => {
+                        shared.activator.discard(&cell);
+                        Ok(())
+                    }
+                    Err(failure) => Err(Error::NotCommitted {
                         reason: format!("release of cell {cell} failed: {failure:?}"),
-                    });
+                    }),
+                }
+            }
+        });
+        for outcome in run_bounded(releases, DRAIN_CONCURRENCY).await {
+            match outcome {
+                Ok(()) => released += 1,
+                Err(error) => {
+                    first_error.get_or_insert(error);
                 }
             }
         }
@@ -894,6 +898,37 @@ impl NodeHandle {
         }
         self.wait_for_exits().await;
     }
+}
+
+/// Cells a drain stops or releases at once: each is a final publication
+/// and a root CAS, so one at a time a node owning thousands of Cells would
+/// drain at one store round trip per Cell.
+const DRAIN_CONCURRENCY: usize = 32;
+
+/// Runs `tasks` on the runtime, at most `limit` at once; returns the
+/// outputs of those that finished (in completion order; a task that
+/// panicked has none).
+async fn run_bounded<T, F>(tasks: impl IntoIterator<Item = F>, limit: usize) -> Vec<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut out = Vec::new();
+    for task in tasks {
+        if set.len() >= limit.max(1) {
+            if let Some(Ok(value)) = set.join_next().await {
+                out.push(value);
+            }
+        }
+        set.spawn(task);
+    }
+    while let Some(joined) = set.join_next().await {
+        if let Ok(value) = joined {
+            out.push(value);
+        }
+    }
+    out
 }
 
 /// Rounds of stopping actors during a drain (activations racing the drain

@@ -486,12 +486,20 @@ async fn a_full_mailbox_refuses_at_once_with_a_retry_hint() {
         )
         .times(u64::MAX),
     );
-    let tasks: Vec<_> = (1..=12)
-        .map(|n| {
-            let (a, clock) = (a.clone(), clock.clone());
-            tokio::spawn(async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) })
-        })
-        .collect();
+    let spawn = |n: u64| {
+        let (a, clock) = (a.clone(), clock.clone());
+        tokio::spawn(async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) })
+    };
+    // The first command occupies the actor (its upload is delayed) before
+    // the rest arrive, so exactly one more fits the mailbox of one; without
+    // waiting, a busy machine can run all twelve sends before the actor
+    // takes the first from its mailbox.
+    let uploads = store.counts().get(Op::PutIfNoneMatch);
+    let mut tasks = vec![spawn(1)];
+    while store.counts().get(Op::PutIfNoneMatch) == uploads {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tasks.extend((2..=12).map(spawn));
     let log = AckLog::default();
     let mut refused = 0;
     for task in tasks {

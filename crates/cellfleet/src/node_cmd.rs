@@ -526,19 +526,10 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         }
         None => None,
     };
-    let kinds = match &manifest {
+    let kinds = cellfleet_streams::with_kinds(match &manifest {
         Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
         None => Kinds::builtin(),
-    }
-    .with(Arc::new(cellfleet_cell::Typed(
-        cellfleet_streams::StreamKind,
-    )))
-    .with(Arc::new(cellfleet_cell::Typed(
-        cellfleet_streams::SubscriptionKind,
-    )))
-    .with(Arc::new(cellfleet_cell::Typed(
-        cellfleet_streams::RegistryKind,
-    )));
+    });
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
     check_cluster_record(

@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellfleet_authority::{NodeId, SystemClock};
-use cellfleet_cell::Typed;
 use cellfleet_runtime::{Kinds, Node, NodeConfig};
 use cellfleet_store::LocalStore;
-use cellfleet_streams::{RegistryKind, StreamKind, Streams, StreamsConfig, SubscriptionKind};
+use cellfleet_streams::{Streams, StreamsConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,12 +16,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let store = Arc::new(LocalStore::open(dir.path().join("bucket"))?);
     let config = NodeConfig::new(NodeId::new("n1")?, dir.path().join("n1"), "streams");
-    let kinds = Arc::new(
-        Kinds::builtin()
-            .with(Arc::new(Typed(StreamKind)))
-            .with(Arc::new(Typed(SubscriptionKind)))
-            .with(Arc::new(Typed(RegistryKind))),
-    );
+    let kinds = Arc::new(cellfleet_streams::with_kinds(Kinds::builtin()));
     let node = Node::start(config, store, Arc::new(SystemClock), kinds).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!(

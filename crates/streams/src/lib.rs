@@ -26,3 +26,14 @@ pub use backend::{BackendError, BackendFuture, LocalBackend, StreamBackend, ROUT
 pub use kind::{StreamKind, STREAM_KIND};
 pub use server::{Streams, StreamsConfig};
 pub use subscription_kind::{RegistryKind, SubscriptionKind, REGISTRY_KIND, SUBSCRIPTION_KIND};
+
+/// `kinds` plus the kinds the streams service runs on: `stream`,
+/// `ds_subscription` and `ds_registry` (every node serving streams
+/// registers all three; [`ROUTED_KINDS`] names the same set).
+pub fn with_kinds(kinds: cellfleet_runtime::Kinds) -> cellfleet_runtime::Kinds {
+    use std::sync::Arc;
+    kinds
+        .with(Arc::new(cellfleet_cell::Typed(StreamKind)))
+        .with(Arc::new(cellfleet_cell::Typed(SubscriptionKind)))
+        .with(Arc::new(cellfleet_cell::Typed(RegistryKind)))
+}

@@ -7,14 +7,11 @@
 //! and the suite into `~/.cache` on first use, then runs vitest against the
 //! URL given here. Every test of the suite must pass.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use cellfleet_authority::{NodeId, SystemClock};
-use cellfleet_cell::Typed;
-use cellfleet_runtime::{Kinds, Node, NodeConfig};
-use cellfleet_store::LocalStore;
-use cellfleet_streams::{RegistryKind, StreamKind, Streams, StreamsConfig, SubscriptionKind};
+use cellfleet_streams::StreamsConfig;
+
+mod common;
 
 /// The suite's test count at the pinned version (subscriptions included).
 const SUITE_TESTS: u32 = 338;
@@ -67,37 +64,17 @@ fn summary_parses_vitest_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn public_suite_passes_on_one_node() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
-    let config = NodeConfig::new(
-        NodeId::new("n1").expect("node id"),
-        dir.path().join("n1"),
+    let server = common::start(
         "conformance",
-    );
-    let kinds = Arc::new(
-        Kinds::builtin()
-            .with(Arc::new(Typed(StreamKind)))
-            .with(Arc::new(Typed(SubscriptionKind)))
-            .with(Arc::new(Typed(RegistryKind))),
-    );
-    let node = Node::start(config, store, Arc::new(SystemClock), kinds)
-        .await
-        .expect("node starts");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    let streams = Streams::new(
-        node,
         StreamsConfig {
             long_poll_timeout: Duration::from_millis(500),
             // The suite's webhook receivers listen on loopback.
             allow_loopback_webhooks: true,
             ..StreamsConfig::default()
         },
-    );
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(streams.serve(listener, shutdown));
+    )
+    .await;
+    let url = format!("http://{}", server.address);
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/conformance.sh");
     let output = tokio::process::Command::new("bash")

@@ -3,12 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellfleet_authority::{NodeId, SystemClock};
-use cellfleet_cell::Typed;
-use cellfleet_runtime::{Kinds, Node, NodeConfig};
-use cellfleet_store::LocalStore;
-use cellfleet_streams::{StreamKind, Streams, StreamsConfig};
+use cellfleet_streams::StreamsConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod common;
 
 struct Reply {
     status: u16,
@@ -25,11 +23,7 @@ impl Reply {
     }
 }
 
-struct Server {
-    address: std::net::SocketAddr,
-    _dir: tempfile::TempDir,
-    _stop: tokio::sync::watch::Sender<bool>,
-}
+type Server = common::TestServer;
 
 async fn server() -> Server {
     server_with(StreamsConfig {
@@ -40,29 +34,7 @@ async fn server() -> Server {
 }
 
 async fn server_with(streams_config: StreamsConfig) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
-    let config = NodeConfig::new(
-        NodeId::new("n1").expect("node id"),
-        dir.path().join("n1"),
-        "streams-test",
-    );
-    let kinds = Arc::new(Kinds::builtin().with(Arc::new(Typed(StreamKind))));
-    let node = Node::start(config, store, Arc::new(SystemClock), kinds)
-        .await
-        .expect("node starts");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let streams = Streams::new(node, streams_config);
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(streams.serve(listener, shutdown));
-    Server {
-        address,
-        _dir: dir,
-        _stop: stop,
-    }
+    common::start("streams-test", streams_config).await
 }
 
 async fn request(

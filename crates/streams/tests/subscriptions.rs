@@ -1,20 +1,17 @@
 //! Subscriptions end to end on one node (local-directory store): a real webhook receiver on loopback gets a wake whose Ed25519 signature verifies against the served JWKS; the callback acknowledges it, and the same callback again is fenced.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
 use base64::Engine;
 use bytes::Bytes;
-use cellfleet_authority::{NodeId, SystemClock};
-use cellfleet_cell::Typed;
-use cellfleet_runtime::{Kinds, Node, NodeConfig};
-use cellfleet_store::LocalStore;
-use cellfleet_streams::{RegistryKind, StreamKind, Streams, StreamsConfig, SubscriptionKind};
+use cellfleet_streams::StreamsConfig;
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+
+mod common;
 
 /// One HTTP/1.1 request; returns the status and the body.
 async fn call(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, Bytes) {
@@ -129,38 +126,15 @@ fn verifies(jwks: &Value, header: &str, body: &[u8]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signed_webhook_wake_is_acknowledged_once_then_fenced() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
-    let config = NodeConfig::new(
-        NodeId::new("n1").expect("id"),
-        dir.path().join("n1"),
+    let server = common::start(
         "subs",
-    );
-    let kinds = Arc::new(
-        Kinds::builtin()
-            .with(Arc::new(Typed(StreamKind)))
-            .with(Arc::new(Typed(SubscriptionKind)))
-            .with(Arc::new(Typed(RegistryKind))),
-    );
-    let node = Node::start(config, store, Arc::new(SystemClock), kinds)
-        .await
-        .expect("node starts");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!(
-        "http://{}/v1/stream",
-        listener.local_addr().expect("address")
-    );
-    let streams = Streams::new(
-        node,
         StreamsConfig {
             allow_loopback_webhooks: true,
             ..StreamsConfig::default()
         },
-    );
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(streams.serve(listener, shutdown));
+    )
+    .await;
+    let base = format!("http://{}/v1/stream", server.address);
     let (hook, mut wakes) = receiver().await;
     let json_type = [("content-type", "application/json")];
 

@@ -1,0 +1,43 @@
+//! One in-process node on the local-directory store serving Durable
+//! Streams (all three streams kinds) on a kernel-chosen loopback port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use cellfleet_authority::{NodeId, SystemClock};
+use cellfleet_runtime::{Kinds, Node, NodeConfig};
+use cellfleet_store::LocalStore;
+use cellfleet_streams::{Streams, StreamsConfig};
+
+/// A running server; dropping it stops the listener and removes its files.
+pub struct TestServer {
+    pub address: SocketAddr,
+    _dir: tempfile::TempDir,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Starts a node with bucket prefix `prefix` and serves `config` on it.
+pub async fn start(prefix: &str, config: StreamsConfig) -> TestServer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
+    let node_config = NodeConfig::new(
+        NodeId::new("n1").expect("node id"),
+        dir.path().join("n1"),
+        prefix,
+    );
+    let kinds = Arc::new(cellfleet_streams::with_kinds(Kinds::builtin()));
+    let node = Node::start(node_config, store, Arc::new(SystemClock), kinds)
+        .await
+        .expect("node starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    tokio::spawn(Streams::new(node, config).serve(listener, shutdown));
+    TestServer {
+        address,
+        _dir: dir,
+        _stop: stop,
+    }
+}

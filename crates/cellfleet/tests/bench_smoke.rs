@@ -116,6 +116,7 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         "store_publication",
         "store_create_4k",
         "store_cas_1k",
+        "store_get_1k",
         "sqlite_txn",
     ] {
         for phase in ["before", "after"] {

@@ -1,4 +1,4 @@
-//! The floors every workload is compared with, measured in the same run: a bare tonic echo over the nodes' own mTLS configuration, the store's publication floor (a create-only 4 KiB PUT then an If-Match CAS of a 1 KiB object), and a bare SQLite transaction (the `log` kind's append on a plain rusqlite database with a Cell's settings).
+//! The floors every workload is compared with, measured in the same run: a bare tonic echo over the nodes' own mTLS configuration, the store's publication floor (a create-only 4 KiB PUT then an If-Match CAS of a 1 KiB object), the store's read floor (a GET of a 1 KiB object), and a bare SQLite transaction (the `log` kind's append on a plain rusqlite database with a Cell's settings).
 //!
 //! The echo server serves the generated `cellfleet.v1.Client` service with
 //! a trivial implementation (a query answers with its own envelope body),
@@ -35,6 +35,7 @@ pub const ECHO: &str = "echo";
 pub const STORE_PUBLICATION: &str = "store_publication";
 pub const STORE_CREATE: &str = "store_create_4k";
 pub const STORE_CAS: &str = "store_cas_1k";
+pub const STORE_GET: &str = "store_get_1k";
 pub const SQLITE: &str = "sqlite_txn";
 
 /// Size of the create-only object (an LTX file of one small transaction).
@@ -241,6 +242,50 @@ pub async fn store(
                 Ok(Timing {
                     total: started.elapsed(),
                     parts: vec![created, replaced.elapsed()],
+                })
+            }
+        },
+    )
+    .await)
+}
+
+/// The read floor: per request one GET of a 1 KiB object (what reading an
+/// authority root costs), each worker on its own key.
+pub async fn store_get(
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    concurrency: usize,
+    window: Window,
+) -> anyhow::Result<Sample> {
+    let prefix = Arc::new(format!("{prefix}/get-c{concurrency}"));
+    for worker in 0..concurrency {
+        let key = format!("{prefix}/w{worker}");
+        store
+            .put(&key, body(CAS_BYTES, 0), PutCondition::Overwrite)
+            .await
+            .with_context(|| format!("seeding the floor object {key}"))?;
+    }
+    Ok(load::drive_labelled(
+        format!("store get floor c={concurrency}"),
+        concurrency,
+        window,
+        1,
+        move |worker, _sequence| {
+            let store = store.clone();
+            let prefix = prefix.clone();
+            async move {
+                let started = Instant::now();
+                let object = store
+                    .get(&format!("{prefix}/w{worker}"))
+                    .await
+                    .map_err(|e| format!("get: {e}"))?;
+                if object.body.len() != CAS_BYTES {
+                    return Err(format!("get returned {} bytes", object.body.len()));
+                }
+                let total = started.elapsed();
+                Ok(Timing {
+                    total,
+                    parts: vec![total],
                 })
             }
         },

@@ -366,6 +366,19 @@ async fn measure_floors(
             concurrency,
             &sample.parts[1],
         ));
+        let sample = floors::store_get(
+            store.clone(),
+            &format!("{floor_prefix}/{}", phase.name()),
+            concurrency,
+            window,
+        )
+        .await?;
+        rows.push(FloorRow::new(
+            floors::STORE_GET,
+            phase,
+            concurrency,
+            &sample.total,
+        ));
     }
     eprintln!("bench: sqlite floor ({})", phase.name());
     let dir = cluster.dir().to_owned();

@@ -58,6 +58,8 @@ enum Command {
     Drain(client_cmd::DrainArgs),
     /// Measure a real cluster: local and forwarded commands and queries, with the floors (mTLS echo, conditional PUT) in the same run.
     Bench(bench::BenchArgs),
+    /// Measure the Durable Streams listener: appends/s at 1k-100k streams, long-poll and SSE fan-out latency, beside a reference server.
+    BenchStreams(bench::streams::StreamsBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +79,7 @@ fn main() -> ExitCode {
         Command::Cell(command) => client_cmd::cell(command),
         Command::Drain(args) => client_cmd::drain(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchStreams(args) => bench::streams::run(args),
     };
     match result {
         Ok(code) => code,

@@ -43,6 +43,7 @@ mod load;
 mod node_stats;
 mod plots;
 mod report;
+pub mod streams;
 mod workloads;
 
 use std::path::PathBuf;

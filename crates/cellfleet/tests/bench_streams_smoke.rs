@@ -1,0 +1,95 @@
+//! Smoke test of `cellfleet bench-streams`: a tiny run against one real node on the local store delivers every long-poll and SSE append exactly once and in order, acknowledges every append, and reports the medians (correctness only, never timings).
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cellfleet");
+
+fn rows<'a>(report: &'a serde_json::Value, measure: &str) -> Vec<&'a serde_json::Value> {
+    report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|row| row["measure"] == measure)
+        .collect()
+}
+
+#[test]
+fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("out.json");
+    let output = Command::new(BIN)
+        .args([
+            "bench-streams",
+            "--store",
+            "local",
+            "--streams",
+            "20,40",
+            "--writers",
+            "4",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.1",
+            "--repeats",
+            "2",
+            "--long-polls",
+            "5",
+            "--subscribers",
+            "10",
+            "--sse-appends",
+            "3",
+            "--sse-interval-ms",
+            "20",
+            "--json",
+        ])
+        .arg(&json_path)
+        .output()
+        .expect("run cellfleet bench-streams");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "cellfleet bench-streams failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
+            .expect("the report is JSON");
+    assert_eq!(report["targets"][0]["name"], "cellfleet", "{report}");
+
+    let creates = rows(&report, "create");
+    assert_eq!(
+        creates.iter().map(|r| r["to"].as_u64()).collect::<Vec<_>>(),
+        [Some(20), Some(40)],
+        "{report}"
+    );
+    let appends = rows(&report, "appends");
+    assert_eq!(appends.len(), 4, "two stream counts, two repeats: {report}");
+    for row in appends {
+        assert!(row["count"].as_u64().unwrap_or(0) > 0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+    }
+    let long_polls = rows(&report, "long_poll");
+    assert_eq!(long_polls.len(), 2, "{report}");
+    for row in long_polls {
+        assert_eq!(row["samples"], 5, "{row}");
+        assert_eq!(row["wrong"], 0, "{row}");
+    }
+    let fanouts = rows(&report, "sse_fanout");
+    assert_eq!(fanouts.len(), 2, "{report}");
+    for row in fanouts {
+        assert_eq!(row["expected"], 30, "{row}");
+        assert_eq!(
+            row["samples"], 30,
+            "every subscriber got every append: {row}"
+        );
+        assert_eq!(row["wrong"], 0, "{row}");
+        assert_eq!(row["unconnected"], 0, "{row}");
+    }
+    let median = &report["summary"]["median"]["cellfleet"];
+    assert!(
+        median["appends_per_s_40"].as_f64().unwrap_or(0.0) > 0.0,
+        "{median}"
+    );
+    assert!(median["cardinality_ratio"].is_f64(), "{median}");
+}

@@ -414,12 +414,40 @@ impl NodeFile {
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
     let file = NodeFile::load(&args.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(serve(file, args.accept_kinds_change))
+}
+
+/// The default log filter: warnings from everything, and Cellfleet's own
+/// events (fenced publications, lease renewals that failed, takeovers,
+/// refused handshakes) from `info` up.
+const LOG_DEFAULT: &str = "warn,cellfleet=info";
+
+/// Sends the node's `tracing` events to stderr, filtered by `CELLFLEET_LOG`
+/// (an env-filter directive list such as `debug` or
+/// `warn,cellfleet_runtime=debug`; default [`LOG_DEFAULT`]). A directive
+/// that does not parse is reported and the default used.
+fn init_logging() {
+    use std::io::IsTerminal;
+    let filter = match std::env::var("CELLFLEET_LOG") {
+        Ok(directives) => tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|e| {
+            eprintln!(
+                "CELLFLEET_LOG={directives:?} does not parse ({e}); logging with {LOG_DEFAULT:?}"
+            );
+            tracing_subscriber::EnvFilter::new(LOG_DEFAULT)
+        }),
+        Err(_) => tracing_subscriber::EnvFilter::new(LOG_DEFAULT),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// Creates or checks `{prefix}/cluster.json`; an error (the node must not

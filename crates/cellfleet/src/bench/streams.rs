@@ -64,7 +64,7 @@ const SSE_CONNECTS_CONCURRENT: usize = 50;
 /// Concurrent stream creations.
 const CREATE_CONCURRENCY: usize = 64;
 /// Attempts per stream creation.
-const CREATE_ATTEMPTS: usize = 3;
+const CREATE_ATTEMPTS: usize = 8;
 /// Bounds of the options (the bench's own queues and connection counts).
 const WRITERS_MAX: usize = 1_024;
 const SUBSCRIBERS_MAX: usize = 10_000;
@@ -392,7 +392,13 @@ async fn create_streams(
                     let path = target.path(&run, &index.to_string());
                     let mut last = String::new();
                     let mut created = false;
-                    for _ in 0..CREATE_ATTEMPTS {
+                    for attempt in 0..CREATE_ATTEMPTS {
+                        if attempt > 0 {
+                            // A 503 is back-pressure (a bound, a passivation
+                            // in progress): back off instead of failing at once.
+                            let backoff = 50u64 << attempt.min(5);
+                            tokio::time::sleep(Duration::from_millis(backoff)).await;
+                        }
                         if sender.is_none() {
                             sender = Some(connect(&target).await?);
                         }
@@ -403,7 +409,13 @@ async fn create_streams(
                                 created = true;
                                 break;
                             }
-                            Ok(reply) => last = format!("PUT {path}: {}", reply.status),
+                            Ok(reply) => {
+                                last = format!(
+                                    "PUT {path}: {} {}",
+                                    reply.status,
+                                    String::from_utf8_lossy(&reply.body).trim()
+                                )
+                            }
                             Err(e) => {
                                 sender = None;
                                 last = format!("PUT {path}: {e}");

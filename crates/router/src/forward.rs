@@ -586,12 +586,23 @@ mod tests {
 
     #[test]
     fn transport_failures_are_classified() {
+        // The connector's own failure: never sent.
         let refused = classify_transport(
-            tonic::Status::unavailable("error trying to connect: connection refused"),
+            tonic::Status::unavailable(format!(
+                "transport error: {} 127.0.0.1:1: Connection refused (os error 111)",
+                crate::transport::CONNECT_FAILED
+            )),
             "p:1",
         );
         assert_eq!(code_of(&refused), Some(v1::ErrorCode::PeerUnavailable));
-        let reset = classify_transport(tonic::Status::unknown("h2 protocol error"), "p:1");
+        // A connection that broke after the request was written may have
+        // delivered it: not classified as never sent.
+        let reset = classify_transport(
+            tonic::Status::unavailable("error reading a body from connection: connection reset"),
+            "p:1",
+        );
         assert_eq!(code_of(&reset), None);
+        let protocol = classify_transport(tonic::Status::unknown("h2 protocol error"), "p:1");
+        assert_eq!(code_of(&protocol), None);
     }
 }

@@ -59,8 +59,13 @@ pub enum StoreSetup {
 impl StoreSetup {
     /// For S3: the server's settings (starting SeaweedFS through the
     /// repository's script when `CELLFLEET_S3_ENDPOINT` is unset, as the
-    /// tests do), the bench bucket (created if missing) and a fresh prefix.
-    pub fn resolve(kind: StoreKind, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Self> {
+    /// tests do), the bench bucket (created if missing) and a fresh prefix
+    /// under `label`.
+    pub fn resolve(
+        kind: StoreKind,
+        label: &str,
+        runtime: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Self> {
         match kind {
             StoreKind::Local => Ok(StoreSetup::Local),
             StoreKind::S3 => {
@@ -84,7 +89,7 @@ impl StoreSetup {
                     })?;
                     anyhow::Ok(())
                 })?;
-                let prefix = format!("bench/{:016x}", rand::random::<u64>());
+                let prefix = format!("{label}/{:016x}", rand::random::<u64>());
                 Ok(StoreSetup::S3 {
                     config: Box::new(config),
                     prefix,
@@ -402,7 +407,7 @@ impl Drop for BenchCluster {
 }
 
 /// The environment that points a node at the store and at kernel-chosen ports.
-fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
+pub(crate) fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = [
         "CELLFLEET_LISTEN_CLIENT",
         "CELLFLEET_LISTEN_PEER",

@@ -204,7 +204,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         args.nodes,
         args.store.name()
     );
-    let store = cluster::StoreSetup::resolve(args.store, &runtime)?;
+    let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
     let mut cluster = BenchCluster::start(args.nodes, store)?;
     let plan = Plan {
         workloads: workloads.clone(),

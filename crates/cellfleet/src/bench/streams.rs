@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -46,8 +46,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use cellfleet_store::{S3Config, S3Store};
-
+use crate::bench::cluster::{node_env, StoreSetup};
+use crate::bench::StoreKind;
 use crate::dev_cmd::{self, DevArgs};
 
 /// Longest any one request may take before it counts as failed.
@@ -76,55 +76,6 @@ const HISTOGRAM_MAX_MICROS: u64 = 120_000_000;
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Error messages kept per window (the count is kept in full).
 const ERROR_SAMPLES_MAX: usize = 3;
-/// The bucket the node uses on S3 (each run under its own prefix).
-const BENCH_BUCKET: &str = "cellfleet-bench";
-
-/// The Cellfleet node's store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum NodeStore {
-    /// The embedded local-directory store (in the node's temporary directory).
-    Local,
-    /// S3: `CELLFLEET_S3_ENDPOINT` if set, else SeaweedFS via scripts/seaweedfs.sh.
-    S3,
-}
-
-/// The store, resolved before the node starts.
-enum StoreSetup {
-    Local,
-    S3 {
-        config: Box<S3Config>,
-        prefix: String,
-    },
-}
-
-impl StoreSetup {
-    /// For S3: the server's settings (starting SeaweedFS through the
-    /// repository's script when `CELLFLEET_S3_ENDPOINT` is unset, as the
-    /// tests do), the bucket (created if missing) and a fresh prefix.
-    async fn resolve(kind: NodeStore) -> anyhow::Result<Self> {
-        if kind == NodeStore::Local {
-            return Ok(StoreSetup::Local);
-        }
-        // testkit panics with its reason when no server can be had; on its
-        // own thread that becomes an error here.
-        let config = std::thread::spawn(|| cellfleet_store::testkit::s3_config(BENCH_BUCKET))
-            .join()
-            .map_err(|_| {
-                anyhow::anyhow!("no S3 server: set CELLFLEET_S3_ENDPOINT or use --store local")
-            })?;
-        let store = S3Store::connect(&config)
-            .await
-            .context("configuring the S3 client")?;
-        store
-            .create_bucket_if_missing()
-            .await
-            .with_context(|| format!("creating bucket {BENCH_BUCKET}"))?;
-        Ok(StoreSetup::S3 {
-            config: Box::new(config),
-            prefix: format!("bench-streams/{:016x}", rand::random::<u64>()),
-        })
-    }
-}
 
 /// Warm-up and measured durations of one appends/s window.
 #[derive(Clone, Copy, Debug)]
@@ -170,8 +121,8 @@ pub struct StreamsBenchArgs {
     #[arg(long, default_value_t = 250)]
     sse_interval_ms: u64,
     /// The store of the Cellfleet node.
-    #[arg(long, value_enum, default_value_t = NodeStore::Local)]
-    store: NodeStore,
+    #[arg(long, value_enum, default_value_t = StoreKind::Local)]
+    store: StoreKind,
     /// Do not start a Cellfleet node (measure only --reference and --url targets).
     #[arg(long)]
     no_cellfleet: bool,
@@ -901,36 +852,6 @@ fn start_cellfleet(store: &StoreSetup) -> anyhow::Result<(Server, Target)> {
     Ok((server, target))
 }
 
-/// The node's listeners on kernel-chosen ports and, for S3, the store settings.
-fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [
-        "CELLFLEET_LISTEN_CLIENT",
-        "CELLFLEET_LISTEN_PEER",
-        "CELLFLEET_LISTEN_HTTP",
-        "CELLFLEET_LISTEN_STREAMS",
-    ]
-    .into_iter()
-    .map(|name| (name.to_owned(), "127.0.0.1:0".to_owned()))
-    .collect();
-    if let StoreSetup::S3 { config, prefix } = store {
-        env.push(("CELLFLEET_PREFIX".into(), prefix.clone()));
-        env.push(("CELLFLEET_S3_BUCKET".into(), config.bucket.clone()));
-        for (name, value) in [
-            ("CELLFLEET_S3_ENDPOINT", &config.endpoint),
-            ("CELLFLEET_S3_REGION", &config.region),
-            ("CELLFLEET_S3_ACCESS_KEY", &config.access_key),
-            ("CELLFLEET_S3_SECRET_KEY", &config.secret_key),
-        ] {
-            env.push((name.into(), value.clone().unwrap_or_default()));
-        }
-        env.push((
-            "CELLFLEET_S3_PATH_STYLE".into(),
-            config.path_style.to_string(),
-        ));
-    }
-    env
-}
-
 /// Starts the reference server on a fresh data directory, default flags
 /// (WAL durability), on a free loopback port.
 fn start_reference(binary: &PathBuf) -> anyhow::Result<(Server, Target)> {
@@ -1013,7 +934,7 @@ pub fn run(args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
     let mut servers = Vec::new();
     let mut targets = Vec::new();
     if !args.no_cellfleet {
-        let store = runtime.block_on(StoreSetup::resolve(args.store))?;
+        let store = StoreSetup::resolve(args.store, "bench-streams", &runtime)?;
         eprintln!(
             "bench-streams: starting a cellfleet node ({:?} store)",
             args.store

@@ -13,6 +13,16 @@
 //! a renewal that finds another session stops the node at once. A failed
 //! renewal (store unavailable) is retried on the next tick; the deadline,
 //! not the failure, decides when the node self-fences.
+//!
+//! **A lapse is never forgotten.** A renewal whose reply arrives at or after
+//! the deadline it replaces (the node was paused, cut off, or the store was
+//! slow) succeeds when nobody touched the record, but for a while the record
+//! looked expired and any node may have taken a Cell over. Such a renewal
+//! starts a new *term* ([`term_after_renewal`]). Ownership proven under an
+//! older term (an open actor, a parked root) is not trusted again until one
+//! fresh root read re-proves it under the current term ([`cell_mode`]); a
+//! renewal answered before the deadline keeps the term, so the warm path
+//! keeps its zero bucket reads.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -45,7 +55,7 @@ pub enum ServingMode {
     Stopped(String),
 }
 
-/// The serving rule (pure).
+/// The node-wide serving rule (pure).
 pub fn serving_mode(status: &LeaseStatus, deadline: Instant, now: Instant) -> ServingMode {
     match status {
         LeaseStatus::Replaced(reason) => ServingMode::Stopped(reason.clone()),
@@ -55,10 +65,36 @@ pub fn serving_mode(status: &LeaseStatus, deadline: Instant, now: Instant) -> Se
     }
 }
 
+/// The term after a renewal answered at `answered` replaced a lease whose
+/// deadline was `previous_deadline` (pure). Answered before the deadline:
+/// the record never looked expired to another node (they judge it by its
+/// expiry plus the margin, later than our deadline), so the term holds.
+/// Answered at or after it: there was a gap, the next term begins.
+pub fn term_after_renewal(term: u64, previous_deadline: Instant, answered: Instant) -> u64 {
+    if answered < previous_deadline {
+        term
+    } else {
+        term + 1
+    }
+}
+
+/// How one Cell may serve (pure): the node's mode, narrowed by the term
+/// under which this node last proved it owns the Cell. Proven under an
+/// older term, a Live node must re-prove first (one root read), as a
+/// self-fenced one always does.
+pub fn cell_mode(node: ServingMode, term: u64, proven_term: u64) -> ServingMode {
+    match node {
+        ServingMode::Live if proven_term < term => ServingMode::SelfFenced,
+        mode => mode,
+    }
+}
+
 #[derive(Debug)]
 struct State {
     held: HeldLease,
     status: LeaseStatus,
+    /// Continuity term: one more after every lapse (see the module doc).
+    term: u64,
 }
 
 /// The lease this node holds, shared by the renewal loop and admission.
@@ -88,6 +124,7 @@ impl LeaseKeeper {
             state: RwLock::new(State {
                 held,
                 status: LeaseStatus::Held,
+                term: 0,
             }),
             paused: AtomicBool::new(false),
             stop: watch::channel(false).0,
@@ -106,12 +143,23 @@ impl LeaseKeeper {
 
     /// How the node may serve now.
     pub fn mode(&self) -> ServingMode {
+        self.mode_and_term().0
+    }
+
+    /// How the node may serve now, and the current term, read together.
+    pub fn mode_and_term(&self) -> (ServingMode, u64) {
         let state = self.state();
-        serving_mode(
+        let mode = serving_mode(
             &state.status,
             state.held.deadline,
             self.clock.now_monotonic(),
-        )
+        );
+        (mode, state.term)
+    }
+
+    /// The current continuity term (0 at start; one more after each lapse).
+    pub fn term(&self) -> u64 {
+        self.state().term
     }
 
     /// The lease as last written.
@@ -138,8 +186,20 @@ impl LeaseKeeper {
                 self.metrics
                     .lease_renewals_total
                     .fetch_add(1, Ordering::Relaxed);
+                let answered = self.clock.now_monotonic();
                 let mut state = self.state_mut();
                 if state.status == LeaseStatus::Held {
+                    let term = term_after_renewal(state.term, state.held.deadline, answered);
+                    if term != state.term {
+                        self.metrics
+                            .lease_lapses_total
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            term,
+                            "lease renewed after its deadline lapsed; every owned cell re-proves ownership before it serves again"
+                        );
+                    }
+                    state.term = term;
                     state.held = renewed;
                 }
                 state.status.clone()
@@ -199,6 +259,103 @@ impl LeaseKeeper {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const LEASE_MS: u64 = 1_000;
+    const MARGIN_MS: u64 = 100;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// Time passes.
+        Advance(u64),
+        /// A renewal is sent now, lands `land` ms later and is answered
+        /// `answer` ms after that.
+        Renew { land: u64, answer: u64 },
+        /// A root read proves the Cell ours now.
+        Prove,
+        /// A request for the Cell arrives now.
+        Serve,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..1_500u64).prop_map(Step::Advance),
+            (0..800u64, 0..800u64).prop_map(|(land, answer)| Step::Renew { land, answer }),
+            Just(Step::Prove),
+            Just(Step::Serve),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of what other nodes see (the record's expiry, as
+        /// it was replaced at each renewal's landing): whenever the rules say
+        /// a Cell serves Live at `t`, no other node could have taken it over
+        /// since the root read that proved it ours, however renewals are
+        /// delayed, lost in flight or answered after a pause.
+        #[test]
+        fn live_serving_never_spans_a_moment_another_node_could_take_over(
+            steps in proptest::collection::vec(step(), 1..60)
+        ) {
+            let base = Instant::now();
+            let at = |ms: u64| base + Duration::from_millis(ms);
+            let mut now = 0u64;
+            // What others judge by: (from, expiry) pieces of the record.
+            let mut record: Vec<(u64, u64)> = vec![(0, LEASE_MS)];
+            // The keeper: deadline from the send time, and the term.
+            let mut deadline = LEASE_MS - MARGIN_MS;
+            let mut term = 0u64;
+            let (mut proven_at, mut proven_term) = (0u64, 0u64);
+            for step in steps {
+                match step {
+                    Step::Advance(ms) => now += ms,
+                    Step::Renew { land, answer } => {
+                        let sent = now;
+                        record.push((sent + land, sent + LEASE_MS));
+                        now = sent + land + answer;
+                        term = term_after_renewal(term, at(deadline), at(now));
+                        deadline = sent + LEASE_MS - MARGIN_MS;
+                    }
+                    Step::Prove => {
+                        proven_at = now;
+                        proven_term = proven_term.max(term);
+                    }
+                    Step::Serve => {
+                        let node = serving_mode(&LeaseStatus::Held, at(deadline), at(now));
+                        if cell_mode(node, term, proven_term) != ServingMode::Live {
+                            continue;
+                        }
+                        // Could another node's wall clock (up to the margin
+                        // ahead) have passed the record's expiry plus the
+                        // margin at some moment in [proven_at, now]?
+                        for (index, &(from, expiry)) in record.iter().enumerate() {
+                            let until = record.get(index + 1).map_or(u64::MAX, |next| next.0);
+                            let (low, high) = (from.max(proven_at), until.min(now));
+                            prop_assert!(
+                                low > high || high <= expiry,
+                                "served live at {now} (proven at {proven_at}) although the \
+                                 record expired at {expiry} during [{low}, {high}]"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_renewal_answered_at_or_after_the_deadline_starts_a_new_term() {
+        let now = Instant::now();
+        let later = now + Duration::from_millis(1);
+        assert_eq!(term_after_renewal(4, later, now), 4);
+        assert_eq!(term_after_renewal(4, now, now), 5);
+        assert_eq!(term_after_renewal(4, now, later), 5);
+        assert_eq!(cell_mode(ServingMode::Live, 5, 4), ServingMode::SelfFenced);
+        assert_eq!(cell_mode(ServingMode::Live, 5, 5), ServingMode::Live);
+        assert_eq!(
+            cell_mode(ServingMode::SelfFenced, 5, 5),
+            ServingMode::SelfFenced
+        );
+    }
 
     #[test]
     fn the_deadline_and_status_decide_the_mode() {

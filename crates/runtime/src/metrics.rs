@@ -114,6 +114,8 @@ pub struct Metrics {
     pub authority_reads_total: AtomicU64,
     /// Lease renewals that committed.
     pub lease_renewals_total: AtomicU64,
+    /// Renewals answered after the deadline they replaced (a new term).
+    pub lease_lapses_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -138,6 +140,7 @@ impl Default for Metrics {
             refusals_total: AtomicU64::new(0),
             authority_reads_total: AtomicU64::new(0),
             lease_renewals_total: AtomicU64::new(0),
+            lease_lapses_total: AtomicU64::new(0),
         }
     }
 }
@@ -248,6 +251,13 @@ impl Metrics {
             "Lease renewals committed.",
             &braces,
             load(&self.lease_renewals_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_lease_lapses_total",
+            "Lease renewals answered after the deadline lapsed (owned cells re-prove ownership).",
+            &braces,
+            load(&self.lease_lapses_total),
         );
         out
     }

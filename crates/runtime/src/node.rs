@@ -7,6 +7,10 @@
 //! With a live lease a warm Cell serves with zero bucket reads; once the
 //! local deadline passed, every request first re-reads the root (one GET)
 //! and serves only if this session still owns it at the actor's epoch.
+//! Ownership is proven under a lease term (see [`crate::lease`]): after a
+//! lapse, an open actor re-proves once and a parked root is read again,
+//! so a node that wakes from a pause never answers from what it held
+//! before.
 //!
 //! Activation reserves an open-Cell charge (one permit of
 //! [`NodeLimits::effective_cells_open_max`]: count, file descriptors and
@@ -36,7 +40,7 @@ pub use crate::actor::{CellDescription, Executed, Queried, Receipt, Resolution};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::kinds::Kinds;
-use crate::lease::{LeaseKeeper, ServingMode};
+use crate::lease::{cell_mode, LeaseKeeper, ServingMode};
 use crate::metrics::Metrics;
 use crate::publication::{Publisher, StorePublisher};
 
@@ -50,6 +54,8 @@ struct ActorHandle {
     generation: u64,
     load: Arc<std::sync::atomic::AtomicUsize>,
     last_used: Arc<AtomicU64>,
+    /// The lease term under which this node last proved it owns the Cell.
+    proven_term: Arc<AtomicU64>,
     /// Set once a passivation was asked for, so concurrent activations
     /// pick different victims.
     passivating: Arc<AtomicBool>,
@@ -67,6 +73,13 @@ impl ActorHandle {
 }
 
 type ActivationResult = Option<Result<ActorHandle>>;
+
+/// A passivated Cell's root and the lease term it was proven under.
+#[derive(Clone, Debug)]
+struct Parked {
+    root: Versioned<RootRecord>,
+    proven_term: u64,
+}
 
 #[derive(Clone, Debug)]
 enum Slot {
@@ -87,7 +100,9 @@ struct Shared {
     me: Holder,
     slots: RwLock<HashMap<CellId, Slot>>,
     slots_count: AtomicUsize,
-    parked: Mutex<HashMap<CellId, Versioned<RootRecord>>>,
+    /// Passivated Cells still owned: the root last written, and the lease
+    /// term under which it was proven ours.
+    parked: Mutex<HashMap<CellId, Parked>>,
     open_permits: Arc<Semaphore>,
     activation_permits: Arc<Semaphore>,
     draining: AtomicBool,
@@ -220,17 +235,18 @@ impl Shared {
         self.slots.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<CellId, Versioned<RootRecord>>> {
+    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<CellId, Parked>> {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn admit(&self) -> Result<ServingMode> {
+    /// The node's serving mode and lease term, or why it serves nothing.
+    fn admit(&self) -> Result<(ServingMode, u64)> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Error::Draining);
         }
-        match self.lease.mode() {
-            ServingMode::Stopped(reason) => Err(Error::LeaseLost { reason }),
-            mode => Ok(mode),
+        match self.lease.mode_and_term() {
+            (ServingMode::Stopped(reason), _) => Err(Error::LeaseLost { reason }),
+            live_or_fenced => Ok(live_or_fenced),
         }
     }
 
@@ -367,6 +383,9 @@ impl Shared {
             .get(&kind)
             .cloned()
             .ok_or_else(|| Error::BadRequest(format!("unknown kind {kind:?}")))?;
+        // The term before anything is read: a lapse during activation makes
+        // the first request re-prove.
+        let (mode, term) = self.lease.mode_and_term();
         let parked = self.parked().remove(&cell_id);
         let owned = self.slots_count.load(Ordering::SeqCst) + self.parked().len();
         if parked.is_none() && owned >= self.config.limits.cells_owned_max {
@@ -376,9 +395,12 @@ impl Shared {
                 retry_after_ms: self.config.limits.retry_after_ms,
             });
         }
-        // A parked root is trusted only while the lease is live: only then
-        // can nobody else have written it.
-        let parked = parked.filter(|_| self.lease.mode() == ServingMode::Live);
+        // A parked root is trusted only while the lease is live and has not
+        // lapsed since it was proven ours: only then can nobody else have
+        // written it.
+        let parked = parked
+            .filter(|parked| cell_mode(mode, term, parked.proven_term) == ServingMode::Live)
+            .map(|parked| parked.root);
         let permit = self.open_charge().await?;
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
         let _slot =
@@ -425,6 +447,7 @@ impl Shared {
             generation,
             load: Arc::new(AtomicUsize::new(0)),
             last_used: Arc::new(AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed))),
+            proven_term: Arc::new(AtomicU64::new(term)),
             passivating: Arc::new(AtomicBool::new(false)),
             exited: exited_rx,
         };
@@ -445,12 +468,17 @@ impl Shared {
         );
         let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
         let shared = self.clone();
+        let proven_term = handle.proven_term.clone();
         tokio::spawn(
             async move {
                 let exit = actor.run(migration).await;
                 shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
                 if let Exit::Parked(root) = exit {
-                    shared.parked().insert(cell_id.clone(), *root);
+                    let parked = Parked {
+                        root: *root,
+                        proven_term: proven_term.load(Ordering::SeqCst),
+                    };
+                    shared.parked().insert(cell_id.clone(), parked);
                 }
                 shared.remove_slot(&cell_id, Some(generation));
                 let _ = exited_tx.send(true);
@@ -462,7 +490,7 @@ impl Shared {
 
     /// The actor serving `cell`, activating it if needed.
     async fn actor_for(self: &Arc<Self>, kind: &str, key: &[u8]) -> Result<(CellId, ActorHandle)> {
-        let mode = self.admit()?;
+        let (mode, term) = self.admit()?;
         if self.kinds.get(kind).is_none() {
             return Err(Error::BadRequest(format!("unknown kind {kind:?}")));
         }
@@ -481,8 +509,11 @@ impl Shared {
         handle
             .last_used
             .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-        if mode == ServingMode::SelfFenced {
+        let proven_term = handle.proven_term.load(Ordering::SeqCst);
+        if cell_mode(mode, term, proven_term) == ServingMode::SelfFenced {
             self.reprove(&cell, &handle).await?;
+            // Proven now, under the term read before the root was.
+            handle.proven_term.fetch_max(term, Ordering::SeqCst);
         }
         Ok((cell, handle))
     }
@@ -712,7 +743,7 @@ impl NodeHandle {
                 }
             }
         }
-        let parked = self.shared.parked().get(&cell).cloned()?;
+        let parked = self.shared.parked().get(&cell).cloned()?.root;
         Some(CellDescription {
             cell,
             kind: parked.record.kind.clone(),
@@ -834,8 +865,12 @@ impl NodeHandle {
             }
             self.wait_for_exits().await;
         }
-        let parked: Vec<Versioned<RootRecord>> =
-            self.shared.parked().drain().map(|(_, root)| root).collect();
+        let parked: Vec<Versioned<RootRecord>> = self
+            .shared
+            .parked()
+            .drain()
+            .map(|(_, parked)| parked.root)
+            .collect();
         let releases = parked.into_iter().map(|root| {
             let shared = self.shared.clone();
             async move {

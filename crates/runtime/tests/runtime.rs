@@ -586,3 +586,75 @@ async fn a_replaced_lease_stops_the_node_even_on_the_empty_ingress_path() {
     assert_eq!(executed.receipt.epoch.get(), 2);
     assert_eq!(journal(&new, KEY).await, vec!["t0", "t2"]);
 }
+
+/// Correctness item: a lease whose local deadline lapsed, then renewed
+/// (nobody touched its record), must not bring back what it trusted before
+/// the lapse. Another node took both Cells over meanwhile; through the woken
+/// node no query answers from the pre-takeover state (an open actor, and a
+/// parked root) and `resolve` never says ABSENT for what the new owner
+/// committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_renewed_late_never_serves_stale_state() {
+    const PARKED: &[u8] = b"acct-parked";
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lapsed", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock_a = manual_clock();
+        let clock_b = manual_clock();
+        let a = start(
+            node_config("a", &dir, &prefix),
+            store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        a.execute(KIND, PARKED, append(clock_a.as_ref(), 0))
+            .await
+            .unwrap();
+        assert_eq!(a.passivate_idle().await, 1, "{backend}: PARKED is parked");
+        a.execute(KIND, KEY, append(clock_a.as_ref(), 1))
+            .await
+            .unwrap();
+        // A is paused past its lease plus the margin; B takes both over.
+        a.lease().pause_renewals(true);
+        clock_a.advance(lease_expiry());
+        clock_b.advance(lease_expiry());
+        b.lease().renew_now().await;
+        for key in [KEY, PARKED] {
+            let executed = b
+                .execute(KIND, key, append(clock_b.as_ref(), 10))
+                .await
+                .unwrap();
+            assert_eq!(executed.receipt.epoch.get(), 2, "{backend}: took over");
+        }
+        // A wakes and renews its own, untouched record: held again.
+        a.lease().pause_renewals(false);
+        assert_eq!(
+            a.lease().renew_now().await,
+            cellfleet_runtime::lease::LeaseStatus::Held
+        );
+        for key in [KEY, PARKED] {
+            match a.query(KIND, key, "all", json!({}), None).await {
+                Err(Error::NotOwner { owner, .. }) => {
+                    assert_eq!(owner.unwrap().as_str(), "b", "{backend}")
+                }
+                Ok(queried) => panic!(
+                    "{backend}: the woken node answered from its own state {:?} at epoch {}",
+                    queried.value,
+                    queried.receipt.epoch.get()
+                ),
+                Err(other) => panic!("{backend}: expected NotOwner, got {other:?}"),
+            }
+            match a.resolve(KIND, key, CommandId(command_id(10)), None).await {
+                Err(Error::NotOwner { .. }) => {}
+                other => panic!("{backend}: resolve through the woken node: {other:?}"),
+            }
+        }
+        assert_eq!(journal(&b, KEY).await, vec!["t1", "t10"], "{backend}");
+    }
+}

@@ -524,7 +524,8 @@ impl Cell {
     /// Each command runs in its own savepoint; a failing command rolls back
     /// only its savepoint and its rejection is recorded. A command id seen
     /// before with the same payload digest returns the stored outcome; with
-    /// another digest it is refused. Expired commands are refused before
+    /// another digest it is refused (the ledger answers first, even past the
+    /// command's expiry). Other expired commands are refused before
     /// anything runs. The returned publication is pending: call
     /// [`Cell::confirm`] once it is durable, or [`Cell::abort`].
     ///
@@ -678,16 +679,9 @@ impl Cell {
         let mut results = Vec::with_capacity(group.len());
         let mut recorded_expiry = i64::MAX;
         for command in group {
-            if let Some(rejection) = self.refuse_early(command, now_ms) {
-                results.push(CommandResult {
-                    id: command.id,
-                    outcome: Outcome::Rejected { rejection },
-                    txid: None,
-                    duplicate: false,
-                    depends_on_txid: None,
-                });
-                continue;
-            }
+            // The ledger first: a retry of a committed command gets its
+            // stored outcome even when it arrives after its expiry (its
+            // entry is kept until expiry plus the skew margin).
             let digest = command.digest(&kind_name);
             if let Some(entry) = ledger::lookup(&self.write, &command.id)? {
                 // An entry of a pending group (or of this one) stands only
@@ -716,6 +710,16 @@ impl Cell {
                     }
                 };
                 results.push(result);
+                continue;
+            }
+            if let Some(rejection) = self.refuse_early(command, now_ms) {
+                results.push(CommandResult {
+                    id: command.id,
+                    outcome: Outcome::Rejected { rejection },
+                    txid: None,
+                    duplicate: false,
+                    depends_on_txid: None,
+                });
                 continue;
             }
             let outcome = self.run_command(command)?;

@@ -125,6 +125,26 @@ fn expired_commands_are_refused_before_running() {
     assert_eq!(get(h.cell(), "x"), None);
 }
 
+/// Correctness item: the ledger answers before expiry is checked. A retry of
+/// a committed command that reaches the Cell after its expiry (a mailbox
+/// wait, an extra hop), while its ledger entry is still kept, gets the stored
+/// outcome, as `envelope.proto` promises, not "rejected: expired".
+#[test]
+fn a_committed_command_retried_after_its_expiry_gets_its_stored_outcome() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    let mut c = put(1, "x", json!(1));
+    c.expires_at_ms = NOW + 1_000;
+    let first = h.run(std::slice::from_ref(&c));
+    assert!(matches!(first.results[0].outcome, Outcome::Applied { .. }));
+    // Past the command's expiry, inside the skew margin: the entry is kept.
+    h.now = NOW + 1_001;
+    let retry = h.run(&[c]);
+    assert!(retry.results[0].duplicate, "{:?}", retry.results[0]);
+    assert_eq!(retry.results[0].outcome, first.results[0].outcome);
+    assert_eq!(retry.results[0].txid, first.results[0].txid);
+    assert!(retry.publication.is_none());
+}
+
 #[test]
 fn aborted_publication_never_leaks() {
     let mut h = Harness::new(kv(), CellConfig::default());

@@ -114,9 +114,10 @@ pub struct ResolveArgs {
     key: String,
     /// The command id (32 hex digits).
     id: String,
-    /// The command's expires_at_ms (printed by `exec`). With it, a command
-    /// that never committed and can no longer run is reported EXPIRED
-    /// instead of ABSENT.
+    /// The command's expires_at_ms (printed by `exec`). Needed for a
+    /// definite answer about a command the ledger does not hold: ABSENT
+    /// while its window is open, EXPIRED after; without it such a command
+    /// is NEEDS_EXPIRY (its entry may have been pruned).
     #[arg(long)]
     expires_at_ms: Option<i64>,
     #[command(flatten)]
@@ -582,6 +583,12 @@ pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
                 );
             } else {
                 println!("{state:<10} {outcome}");
+                if response.state == v1::CommandState::NeedsExpiry as i32 {
+                    println!(
+                        "           not in the ledger; resolve again with --expires-at-ms \
+                         <the command's expires_at_ms> for ABSENT or EXPIRED"
+                    );
+                }
                 println!("receipt    {}", receipt_text(&response.receipt));
                 println!("served by  {}", response.served_by);
             }

@@ -142,6 +142,7 @@ pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1:
         Resolution::Absent => v1::CommandState::Absent,
         Resolution::Unknown => v1::CommandState::Unknown,
         Resolution::Expired => v1::CommandState::Expired,
+        Resolution::NeedsExpiry => v1::CommandState::NeedsExpiry,
     };
     response.state = state as i32;
     Ok(response)

@@ -91,6 +91,27 @@ pub enum Resolution {
     Unknown,
     /// Not in the ledger and its validity window has passed: a retry is refused.
     Expired,
+    /// Not in the ledger, and the caller did not say the command's expiry:
+    /// the entry may have been pruned after its window passed, so neither
+    /// ABSENT nor EXPIRED is provable. Resolve again with the expiry.
+    NeedsExpiry,
+}
+
+/// What `resolve` answers for a command id found neither in the ledger nor
+/// in flight (pure). The ledger keeps an entry until its command's expiry
+/// plus the skew margin, so with the expiry: inside that window the command
+/// provably never committed (ABSENT); past it, a retry is refused whatever
+/// happened (EXPIRED). Without the expiry nothing is provable.
+pub fn missing_from_ledger(
+    command_expires_at_ms: Option<i64>,
+    skew_margin_ms: i64,
+    now_ms: i64,
+) -> Resolution {
+    match command_expires_at_ms {
+        None => Resolution::NeedsExpiry,
+        Some(expiry) if expiry.saturating_add(skew_margin_ms) < now_ms => Resolution::Expired,
+        Some(_) => Resolution::Absent,
+    }
 }
 
 /// A snapshot of one Cell for operators.
@@ -643,12 +664,11 @@ impl Actor {
             });
         }
         let now = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
-        match expires_at_ms {
-            Some(expiry) if expiry.saturating_add(self.ctx.skew_margin_ms) < now => {
-                Ok(Resolution::Expired)
-            }
-            _ => Ok(Resolution::Absent),
-        }
+        Ok(missing_from_ledger(
+            expires_at_ms,
+            self.ctx.skew_margin_ms,
+            now,
+        ))
     }
 
     fn take_group(&mut self) -> Vec<Queued> {
@@ -1243,6 +1263,33 @@ fn answer_closed(msg: Msg, reason: &str) {
         Msg::Stop { done, .. } => {
             if let Some(done) = done {
                 let _ = done.send(Ok(()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// ABSENT only when the ledger would still hold the entry had the
+        /// command committed (the cell prunes an entry once its expiry is
+        /// below `now - skew`), and never without the expiry.
+        #[test]
+        fn absent_only_while_the_ledger_would_still_keep_the_entry(
+            expiry in proptest::option::of(-10_000i64..10_000),
+            skew in 0i64..2_000,
+            now in -10_000i64..10_000,
+        ) {
+            let verdict = missing_from_ledger(expiry, skew, now);
+            let kept = expiry.map(|expiry| expiry >= now.saturating_sub(skew));
+            match verdict {
+                Resolution::Absent => prop_assert_eq!(kept, Some(true)),
+                Resolution::Expired => prop_assert_eq!(kept, Some(false)),
+                Resolution::NeedsExpiry => prop_assert_eq!(kept, None),
+                other => prop_assert!(false, "unexpected {:?}", other),
             }
         }
     }

@@ -328,8 +328,9 @@ mod tests {
                         // ahead) have passed the record's expiry plus the
                         // margin at some moment in [proven_at, now]?
                         for (index, &(from, expiry)) in record.iter().enumerate() {
+                            // The piece holds over [from, until).
                             let until = record.get(index + 1).map_or(u64::MAX, |next| next.0);
-                            let (low, high) = (from.max(proven_at), until.min(now));
+                            let (low, high) = (from.max(proven_at), until.saturating_sub(1).min(now));
                             prop_assert!(
                                 low > high || high <= expiry,
                                 "served live at {now} (proven at {proven_at}) although the \

@@ -72,12 +72,20 @@ async fn commands_queries_receipts_and_retries() {
             matches!(refused, Err(Error::ReceiptNotReached { txid: 16, .. })),
             "{refused:?}"
         );
-        // Resolve: committed, absent, expired.
+        // Resolve: absent (inside its window), expired, not provable
+        // without the expiry.
+        let open = (clock.now_wall_ms() + 60_000) as i64;
+        assert_eq!(
+            node.resolve(KIND, KEY, CommandId(command_id(99)), Some(open))
+                .await
+                .unwrap(),
+            Resolution::Absent
+        );
         assert_eq!(
             node.resolve(KIND, KEY, CommandId(command_id(99)), None)
                 .await
                 .unwrap(),
-            Resolution::Absent
+            Resolution::NeedsExpiry
         );
         let past = (clock.now_wall_ms() - 10_000) as i64;
         assert_eq!(
@@ -616,7 +624,16 @@ async fn a_lapsed_lease_renewed_late_never_serves_stale_state() {
         a.execute(KIND, PARKED, append(clock_a.as_ref(), 0))
             .await
             .unwrap();
-        assert_eq!(a.passivate_idle().await, 1, "{backend}: PARKED is parked");
+        // The reply can arrive before the actor counts itself idle.
+        for _ in 0..100 {
+            if a.open_cells() == 0 {
+                break;
+            }
+            a.passivate_idle().await;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(a.open_cells(), 0, "{backend}: PARKED is parked");
+        assert_eq!(a.owned_cells().len(), 1, "{backend}: and still owned");
         a.execute(KIND, KEY, append(clock_a.as_ref(), 1))
             .await
             .unwrap();
@@ -657,4 +674,48 @@ async fn a_lapsed_lease_renewed_late_never_serves_stale_state() {
         }
         assert_eq!(journal(&b, KEY).await, vec!["t1", "t10"], "{backend}");
     }
+}
+
+/// Correctness item: `resolve` without the command's expiry never answers
+/// ABSENT for a committed command whose ledger entry was pruned (a client
+/// that then re-signs the same id would run it twice); with the expiry the
+/// answer is definite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_without_the_expiry_never_calls_a_pruned_command_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let node = start(
+        node_config("n1", dir.path(), "pruned"),
+        store,
+        clock.clone(),
+    )
+    .await;
+    let mut short = append(clock.as_ref(), 0);
+    short.expires_at_ms = clock.now_wall_ms() as i64 + 1_000;
+    let expiry = short.expires_at_ms;
+    node.execute(KIND, KEY, short).await.unwrap();
+    // Past its expiry plus the margin: the next group prunes its entry.
+    clock.advance(std::time::Duration::from_millis(2_000));
+    node.execute(KIND, KEY, append(clock.as_ref(), 1))
+        .await
+        .unwrap();
+    let id = CommandId(command_id(0));
+    let without = node.resolve(KIND, KEY, id, None).await.unwrap();
+    assert_ne!(
+        without,
+        Resolution::Absent,
+        "a committed command called absent"
+    );
+    assert_eq!(without, Resolution::NeedsExpiry);
+    let with = node.resolve(KIND, KEY, id, Some(expiry)).await.unwrap();
+    assert_eq!(with, Resolution::Expired);
+    // A command that never ran, with its (open) window: provably absent.
+    let open = clock.now_wall_ms() as i64 + 60_000;
+    let never = node
+        .resolve(KIND, KEY, CommandId(command_id(7)), Some(open))
+        .await
+        .unwrap();
+    assert_eq!(never, Resolution::Absent);
 }

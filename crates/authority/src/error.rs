@@ -16,6 +16,15 @@ pub enum Error {
         /// Why (who holds it now).
         reason: String,
     },
+    /// The proposal committed (its content is durable), but a later owner has
+    /// since replaced the root: this node is fenced as for
+    /// [`Error::Fenced`], yet what the proposal carried must be reported
+    /// committed.
+    #[error("committed, then superseded: {reason}")]
+    Superseded {
+        /// Who holds the root now.
+        reason: String,
+    },
     /// The record changed concurrently (412/409) but not in a way that
     /// fences us: re-read and decide again. The proposal did not commit.
     #[error("conflict: {reason}; re-read and decide again")]
@@ -79,9 +88,10 @@ impl Error {
         )
     }
 
-    /// Whether this node has lost the record to someone else.
+    /// Whether this node has lost the record to someone else (whether or
+    /// not its own proposal got in first: see [`Error::Superseded`]).
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Fenced { .. })
+        matches!(self, Error::Fenced { .. } | Error::Superseded { .. })
     }
 
     pub(crate) fn store(source: cellfleet_store::Error) -> Self {

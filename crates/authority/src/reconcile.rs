@@ -1,9 +1,11 @@
 //! Lost-reply reconciliation: after an ambiguous CAS, decide from a fresh read whether the exact proposal committed.
 //!
 //! Sound by construction: it answers `Committed` only when the proposal is
-//! provably in the root, `NotCommitted` only when it provably is not, and
-//! `Unknown` otherwise (the command's fate is then reported `UNKNOWN`, never
-//! retried). The arguments rest on three facts of the root's history: it is
+//! provably in the root, `NotCommitted` only when it provably is not and
+//! never can be, `NotYet` when the root is still the base (our write has
+//! not landed, but a delayed one still could: a client-side timeout does not
+//! stop the server), and `Unknown` otherwise (the command's fate is then
+//! reported `UNKNOWN`, never retried). The arguments rest on three facts of the root's history: it is
 //! linear (each successful CAS names its predecessor's ETag), revisions grow
 //! by one per write (so bytes never repeat), and TXIDs never decrease.
 
@@ -16,8 +18,13 @@ use crate::root::RootRecord;
 pub enum Reconciliation {
     /// The proposal is in the root's history.
     Committed,
-    /// The proposal is provably not in the root's history.
+    /// The proposal is provably not in the root's history, and can no longer
+    /// get there (the root moved past the base it was conditioned on).
     NotCommitted,
+    /// The root is still the base (or still absent, for a create): the write
+    /// has not landed yet but may still. Only re-sending the same write
+    /// settles it: it then either lands, or finds the root moved on.
+    NotYet,
     /// Cannot be proven either way.
     Unknown,
 }
@@ -34,7 +41,7 @@ pub fn reconcile(
         // Roots are never deleted: an absent root after a create means the
         // create did not happen; after a replace, something is badly wrong.
         return if base.is_none() {
-            Reconciliation::NotCommitted
+            Reconciliation::NotYet
         } else {
             Reconciliation::Unknown
         };
@@ -43,9 +50,9 @@ pub fn reconcile(
         return Reconciliation::Committed;
     }
     if base == Some(observed) {
-        // Still the root we swapped against: our write did not land (and can
-        // no longer land after a later write, as revisions never repeat).
-        return Reconciliation::NotCommitted;
+        // Still the root we swapped against: our write has not landed, but a
+        // delayed one still matches the base's ETag and could.
+        return Reconciliation::NotYet;
     }
     if observed.revision == proposal.revision {
         // The successor of the base is someone else's record.

@@ -11,8 +11,14 @@
 //!   earlier attempt's reply was lost), else [`Error::Fenced`] when the owner
 //!   or epoch moved on, [`Error::Conflict`] otherwise;
 //! * unknown outcome (timeout, lost reply) → re-read and [`reconcile`];
-//!   `Unknown` (or a failed re-read) is [`Error::Unavailable`] with
-//!   `ambiguous: true`: report the fate as unknown, never replay.
+//!   the root still at the base (`NotYet`) is never "not committed", since
+//!   a timed-out PUT may still be applied by the store: the same bytes are
+//!   sent again under the same condition (at most [`RESENDS_MAX`] times),
+//!   which either lands them or finds the root moved on (then a late copy
+//!   can no longer match either). `Unknown`, a failed re-read, or resends
+//!   used up is [`Error::Unavailable`] with `ambiguous: true`: report the
+//!   fate as unknown, never replay. A proposal that committed and was then
+//!   replaced by a later owner is [`Error::Superseded`].
 //!
 //! Cancellation: a dropped `replace` future may leave the write applied or
 //! not; callers that must know (publication) run it in a spawned task.
@@ -28,6 +34,20 @@ use crate::ids::{CellId, NodeId};
 use crate::layout::Layout;
 use crate::lease::{session_liveness, LeaseRecord, Liveness};
 use crate::reconcile::{reconcile, Reconciliation};
+
+/// Times a root write whose outcome was unknown is sent again, unchanged,
+/// while the root still shows its base (each resend is a new chance for a
+/// store that has come back to answer; the write is idempotent while the
+/// base holds).
+pub const RESENDS_MAX: usize = 3;
+
+/// What a re-read after an unknown outcome settled.
+enum Settled {
+    /// Committed: the root as stored.
+    Done(Versioned<RootRecord>),
+    /// Still the base: send the same write again (the attempt's error).
+    NotYet(cellfleet_store::Error),
+}
 use crate::root::RootRecord;
 use crate::transition::{self, Activation, Holder, NewCell};
 
@@ -156,32 +176,64 @@ impl Roots {
         if base.is_none() && proposal.revision != 1 {
             return Err(Error::invalid("a new root starts at revision 1"));
         }
-        let bytes = proposal
-            .encode()
-            .map_err(|e| Error::invalid(format!("proposal breaks the root rules: {e}")))?;
+        let bytes = Bytes::from(
+            proposal
+                .encode()
+                .map_err(|e| Error::invalid(format!("proposal breaks the root rules: {e}")))?,
+        );
         let key = self.layout.root_key(&proposal.cell_id);
         let condition = match base {
             None => PutCondition::IfNoneMatch,
             Some(base) => PutCondition::IfMatch(base.etag.clone()),
         };
-        match self.store.put(&key, Bytes::from(bytes), condition).await {
-            Ok(etag) => Ok(Versioned {
-                record: proposal,
-                etag,
-            }),
-            Err(
-                e @ (cellfleet_store::Error::PreconditionFailed { .. }
-                | cellfleet_store::Error::Conflict { .. }),
-            ) => {
-                tracing::debug!(cell = %proposal.cell_id, error = %e, "root cas refused; re-reading");
-                self.after_refusal(base, &proposal).await
+        // Set once an attempt's outcome was unknown: from then on no answer
+        // proves the proposal absent except a root that moved past the base.
+        let mut in_doubt: Option<cellfleet_store::Error> = None;
+        for _ in 0..=RESENDS_MAX {
+            let error = match self.store.put(&key, bytes.clone(), condition.clone()).await {
+                Ok(etag) => {
+                    return Ok(Versioned {
+                        record: proposal,
+                        etag,
+                    })
+                }
+                Err(error) => error,
+            };
+            let refused = matches!(
+                error,
+                cellfleet_store::Error::PreconditionFailed { .. }
+                    | cellfleet_store::Error::Conflict { .. }
+            );
+            if refused && in_doubt.is_none() {
+                tracing::debug!(cell = %proposal.cell_id, %error, "root cas refused; re-reading");
+                return self.after_refusal(base, &proposal).await;
             }
-            Err(e) if e.may_have_applied() => {
-                tracing::warn!(cell = %proposal.cell_id, error = %e, "root cas outcome unknown; reconciling");
-                self.after_ambiguity(base, &proposal, e).await
+            if !refused && !error.may_have_applied() {
+                return match in_doubt {
+                    // An earlier attempt may still land: nothing is proven.
+                    Some(cause) => Err(Error::Unavailable {
+                        source: cause,
+                        ambiguous: true,
+                    }),
+                    None => Err(Error::store(error)),
+                };
             }
-            Err(e) => Err(Error::store(e)),
+            tracing::warn!(cell = %proposal.cell_id, %error, "root cas outcome unknown; reconciling");
+            let cause = if refused {
+                in_doubt.take().expect("refusals reach here only in doubt")
+            } else {
+                error
+            };
+            match self.after_ambiguity(base, &proposal, cause).await? {
+                Settled::Done(root) => return Ok(root),
+                Settled::NotYet(cause) => in_doubt = Some(cause),
+            }
         }
+        let cause = in_doubt.expect("the loop ends only in doubt");
+        Err(Error::Unavailable {
+            source: cause,
+            ambiguous: true,
+        })
     }
 
     /// A refused CAS: committed only if the exact proposal is there (an
@@ -198,12 +250,15 @@ impl Roots {
         Err(self.refusal_error(base, proposal, observed.as_ref()))
     }
 
+    /// Re-reads the root after an attempt with an unknown outcome and
+    /// settles the proposal's fate, or says the same write must be sent
+    /// again (the root is still the base).
     async fn after_ambiguity(
         &self,
         base: Option<&Versioned<RootRecord>>,
         proposal: &RootRecord,
         cause: cellfleet_store::Error,
-    ) -> Result<Versioned<RootRecord>> {
+    ) -> Result<Settled> {
         let observed = match self.read(&proposal.cell_id).await {
             Ok(observed) => observed,
             Err(Error::Unavailable { source, .. }) => {
@@ -221,13 +276,19 @@ impl Roots {
         );
         match verdict {
             Reconciliation::Committed => match observed {
-                Some(observed) if observed.record == *proposal => Ok(observed),
+                Some(observed) if observed.record == *proposal => Ok(Settled::Done(observed)),
                 // Committed, then superseded by a later owner: we are fenced
                 // now, but the proposal's content is durable.
-                _ => Err(Error::fenced(
-                    "the proposal committed but a later owner has since replaced the root",
-                )),
+                _ => Err(Error::Superseded {
+                    reason: format!(
+                        "cell {} is now at epoch {} owned by {:?}",
+                        proposal.cell_id,
+                        observed.as_ref().map_or(proposal.epoch, |o| o.record.epoch),
+                        observed.as_ref().and_then(|o| o.record.owner.clone())
+                    ),
+                }),
             },
+            Reconciliation::NotYet => Ok(Settled::NotYet(cause)),
             Reconciliation::NotCommitted => {
                 Err(self.refusal_error(base, proposal, observed.as_ref()))
             }

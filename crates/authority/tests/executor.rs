@@ -213,8 +213,11 @@ async fn lost_cas_reply_is_resolved_as_committed() {
     assert_eq!(read, committed, "the ETag returned is the stored one");
 }
 
+/// A write whose outcome is unknown and that did not apply (the re-read
+/// still shows the base) is never "not committed": a late copy could still
+/// land. The same bytes are sent again, and land.
 #[tokio::test]
-async fn unknown_outcome_that_did_not_apply_is_not_committed() {
+async fn an_unknown_outcome_still_at_the_base_is_settled_by_resending_the_same_write() {
     let f = fixture();
     let (a, _lease) = start_node(&f, "node-a").await;
     let cell = new_cell("not-applied");
@@ -237,9 +240,77 @@ async fn unknown_outcome_that_did_not_apply_is_not_committed() {
         5,
     )
     .unwrap();
-    let result = f.roots.replace(&root, proposal).await;
-    assert!(matches!(result, Err(Error::Conflict { .. })), "{result:?}");
-    assert_eq!(f.roots.read(&cell.cell_id).await.unwrap().unwrap(), root);
+    let committed = f.roots.replace(&root, proposal.clone()).await.unwrap();
+    assert_eq!(committed.record, proposal);
+    assert_eq!(
+        f.roots.read(&cell.cell_id).await.unwrap().unwrap(),
+        committed
+    );
+}
+
+/// Every attempt times out and the root stays at the base: the fate is
+/// unknown (ambiguous), never a definite "not committed".
+#[tokio::test]
+async fn a_write_that_never_answers_is_ambiguous_not_refused() {
+    let f = fixture();
+    let (a, _lease) = start_node(&f, "node-a").await;
+    let cell = new_cell("never-answers");
+    let (root, _) = owned(f.roots.activate(&cell, &a).await.unwrap());
+    f.faults.inject(
+        Fault::fail(
+            Some(Op::PutIfMatch),
+            cellfleet_store::Error::Unavailable {
+                op: Op::PutIfMatch,
+                key: String::new(),
+                outcome: Outcome::Unknown,
+                message: "timeout".into(),
+            },
+        )
+        .times(u64::MAX),
+    );
+    let proposal = transition::publish(
+        &root.record,
+        &a,
+        root.record.epoch,
+        delta(&f.layout, &root.record, "05"),
+        5,
+    )
+    .unwrap();
+    let error = f.roots.replace(&root, proposal).await.unwrap_err();
+    assert!(error.is_ambiguous(), "{error:?}");
+    assert_eq!(
+        f.faults.counts().get(Op::PutIfMatch),
+        1 + cellfleet_authority::RESENDS_MAX as u64,
+        "bounded resends"
+    );
+}
+
+/// A PUT that timed out at the client and that the store applies later:
+/// the resend lands first, the late copy is refused, and the proposal is
+/// committed exactly once.
+#[tokio::test]
+async fn a_write_that_lands_after_its_timeout_commits_once() {
+    let f = fixture();
+    let (a, _lease) = start_node(&f, "node-a").await;
+    let cell = new_cell("lands-late");
+    let (root, _) = owned(f.roots.activate(&cell, &a).await.unwrap());
+    let late = std::time::Duration::from_millis(200);
+    f.faults.inject(Fault::land_late(Op::PutIfMatch, late));
+    let proposal = transition::publish(
+        &root.record,
+        &a,
+        root.record.epoch,
+        delta(&f.layout, &root.record, "06"),
+        5,
+    )
+    .unwrap();
+    let committed = f.roots.replace(&root, proposal.clone()).await.unwrap();
+    assert_eq!(committed.record, proposal);
+    tokio::time::sleep(late * 3).await;
+    assert_eq!(
+        f.roots.read(&cell.cell_id).await.unwrap().unwrap(),
+        committed
+    );
 }
 
 #[tokio::test]

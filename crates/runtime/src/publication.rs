@@ -14,8 +14,11 @@
 //! [`PublishFailure::Fenced`] (the root provably lacks the group); a lost
 //! reply is reconciled by re-reading the root (the authority's
 //! [`cellfleet_authority::reconcile`]): the exact proposal there →
-//! committed, provably absent → [`PublishFailure::NotCommitted`], else
-//! [`PublishFailure::Unknown`].
+//! committed; the root still at the base → the same write is sent again
+//! (a timed-out PUT may still land, so that is never "not committed");
+//! provably absent for good → [`PublishFailure::NotCommitted`]; committed
+//! and then replaced by a later owner ([`cellfleet_authority::Error::Superseded`])
+//! → [`PublishFailure::CommittedThenFenced`]; else [`PublishFailure::Unknown`].
 //!
 //! [`Publisher`] is the interface the Cell actor sees, so node-level group
 //! commit (DESIGN.md §9: one log append for many Cells, roots checkpointed
@@ -144,10 +147,6 @@ pub fn propose(
     }
 }
 
-/// The reason text the authority gives for a proposal that committed and
-/// was then superseded by a later owner (its content is durable).
-const COMMITTED_THEN_SUPERSEDED: &str = "the proposal committed";
-
 /// Publishes to the object store through the authority's [`Roots`].
 #[derive(Debug)]
 pub struct StorePublisher {
@@ -184,12 +183,11 @@ impl StorePublisher {
         result: cellfleet_authority::Result<Versioned<RootRecord>>,
     ) -> Result<Versioned<RootRecord>, PublishFailure> {
         result.map_err(|error| {
+            if let cellfleet_authority::Error::Superseded { .. } = error {
+                return PublishFailure::CommittedThenFenced(error.to_string());
+            }
             if error.is_fenced() {
-                let text = error.to_string();
-                if text.contains(COMMITTED_THEN_SUPERSEDED) {
-                    return PublishFailure::CommittedThenFenced(text);
-                }
-                return PublishFailure::Fenced(text);
+                return PublishFailure::Fenced(error.to_string());
             }
             if error.is_ambiguous() {
                 return PublishFailure::Unknown(error.to_string());

@@ -719,3 +719,54 @@ async fn resolve_without_the_expiry_never_calls_a_pruned_command_absent() {
         .unwrap();
     assert_eq!(never, Resolution::Absent);
 }
+
+/// Correctness item: a root CAS whose attempt timed out at the client but
+/// that the store applies afterwards is never judged NOT_COMMITTED (the
+/// re-read still shows the base, yet the PUT can still land). Either the
+/// command is acknowledged, or its fate is unknown; it is in the journal
+/// exactly when it was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_cas_that_lands_after_its_timeout_is_never_called_not_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("lands-late", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        let late = std::time::Duration::from_millis(300);
+        store.inject(Fault::land_late(Op::PutIfMatch, late).key_prefix(root_key(&prefix)));
+        let outcome = node.execute(KIND, KEY, append(clock.as_ref(), 1)).await;
+        // Let the late write land (or be refused) before looking.
+        tokio::time::sleep(late * 3).await;
+        match outcome {
+            Ok(executed) => log.ack(1, executed.outcome),
+            Err(Error::Unknown { .. }) => {
+                let retry = node
+                    .execute(KIND, KEY, append(clock.as_ref(), 1))
+                    .await
+                    .unwrap();
+                log.ack(1, retry.outcome);
+            }
+            Err(Error::NotCommitted { reason }) => {
+                assert_eq!(
+                    journal(&node, KEY).await,
+                    vec!["t0"],
+                    "{backend}: reported not committed ({reason}), but the write landed"
+                );
+                log.not_committed(1);
+            }
+            Err(other) => panic!("{backend}: {other:?}"),
+        }
+        log.verify(&node, KEY).await;
+    }
+}

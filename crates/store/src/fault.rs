@@ -3,7 +3,9 @@
 //! Rules are matched in the order added; the first matching rule with
 //! attempts left acts. Actions: fail before reaching the store, add latency,
 //! or perform the call and then lose the reply ("succeeded but the caller
-//! never heard": [`Error::Unavailable`] with [`Outcome::Unknown`]). Every call
+//! never heard": [`Error::Unavailable`] with [`Outcome::Unknown`]), or
+//! report that at once and perform the call later ("the client timed out,
+//! the server applied it afterwards": [`Fault::land_late`]). Every call
 //! reaching the wrapper is counted per [`Op`], so runtime tests can assert
 //! e.g. "zero authority GETs while the lease is live".
 
@@ -25,6 +27,7 @@ enum Action {
     Fail(Error),
     LoseReply,
     Delay(Duration),
+    LandLate(Duration),
 }
 
 /// One fault rule. Build with [`Fault::fail`], [`Fault::lose_reply`] or
@@ -73,6 +76,14 @@ impl Fault {
     /// [`Outcome::Unknown`] instead of the real reply.
     pub fn lose_reply(op: Op) -> Self {
         Self::new(Some(op), Action::LoseReply)
+    }
+
+    /// Report calls of `op` as [`Error::Unavailable`] with
+    /// [`Outcome::Unknown`] at once (a client-side timeout), and perform
+    /// each `after` later in a task of its own, as a server that applies a
+    /// request whose client gave up does. Its condition is checked then.
+    pub fn land_late(op: Op, after: Duration) -> Self {
+        Self::new(Some(op), Action::LandLate(after))
     }
 
     /// Delay calls of `op` (any op if `None`) by `latency`.
@@ -202,7 +213,20 @@ impl FaultStore {
     where
         F: std::future::Future<Output = Result<T>> + Send,
     {
-        match self.arrive(op, key) {
+        self.act(self.arrive(op, key), op, key, call).await
+    }
+
+    async fn act<T, F>(&self, action: Option<Action>, op: Op, key: &str, call: F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>> + Send,
+    {
+        match action {
+            Some(Action::LandLate(_)) => Err(Error::Unavailable {
+                op,
+                key: key.to_owned(),
+                outcome: Outcome::NotApplied,
+                message: "injected fault: land-late applies to puts only".to_owned(),
+            }),
             None => call.await,
             Some(Action::Delay(latency)) => {
                 tokio::time::sleep(latency).await;
@@ -259,7 +283,22 @@ impl ObjectStore for FaultStore {
 
     async fn put(&self, key: &str, body: Bytes, condition: PutCondition) -> Result<ETag> {
         let op = Op::of_put(&condition);
-        self.call(op, key, self.inner.put(key, body, condition))
+        let action = self.arrive(op, key);
+        if let Some(Action::LandLate(after)) = action {
+            let inner = self.inner.clone();
+            let late_key = key.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = inner.put(&late_key, body, condition).await;
+            });
+            return Err(Error::Unavailable {
+                op,
+                key: key.to_owned(),
+                outcome: Outcome::Unknown,
+                message: "injected fault: timed out (the write lands later)".to_owned(),
+            });
+        }
+        self.act(action, op, key, self.inner.put(key, body, condition))
             .await
     }
 

@@ -15,6 +15,8 @@
 //! object (atomic: readers see the old or the new bytes, never a mix);
 //! `fsync` the object's directory so the rename survives a crash; release
 //! the lock. Newly created directories are fsynced into their parents too.
+//! A failure after the rename (the directory fsync) is an unknown outcome:
+//! the bytes are visible, so it is never reported as "not applied".
 //!
 //! Reads take no lock: a rename is atomic, and the ETag is the SHA-256 of
 //! the bytes actually read, so it is stable and always matches the body.
@@ -31,7 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Outcome, Result};
 use crate::object::{
     clamp_range, content_etag, validate_key, validate_prefix, ETag, ListEntry, ListPage, Object,
     Op, PutCondition,
@@ -179,7 +181,15 @@ impl Dirs {
         }
         fs::rename(tmp, target).map_err(|e| Error::io(op, key, &e))?;
         let parent = target.parent().expect("object paths are under objects/");
-        sync_dir(parent).map_err(|e| Error::io(op, key, &e))
+        // Renamed: the new bytes are visible to every reader. A failed
+        // directory fsync may still lose them in a crash, so the outcome is
+        // unknown (the caller reconciles by reading), never "not applied".
+        sync_dir(parent).map_err(|e| Error::Unavailable {
+            op,
+            key: key.to_owned(),
+            outcome: Outcome::Unknown,
+            message: format!("written, but the directory fsync failed: {e}"),
+        })
     }
 
     fn delete(&self, key: &str) -> Result<()> {

@@ -23,7 +23,12 @@
 //! merged file (or, when merging does not shrink or the chain's bytes are
 //! not all in memory, a snapshot of the published state) is prepared and
 //! uploaded privately; the next CAS carries it together with its delta.
-//! The root does not change while it is prepared.
+//! The root does not change while it is prepared. It is prepared after a
+//! commit, at activation, and whenever the chain is at its hard bound
+//! (twice the target): there a CAS never goes without one, and if neither
+//! form can be prepared the held groups are not committed and the actor
+//! stops, so a failing store can never walk the chain into the root's
+//! limit and lock the Cell out.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -381,6 +386,9 @@ impl Actor {
             self.queries_from_txid = migration.txid.0;
             self.start_publication(migration, 0);
         }
+        // A chain left long by an earlier owner (or by compactions that
+        // failed) is compacted from the start, not only after a commit.
+        self.maybe_prepare_compaction().await;
         loop {
             self.try_execute().await;
             self.try_start_cas().await;
@@ -822,7 +830,32 @@ impl Actor {
         if self.inflight.front().is_none_or(|f| f.upload.is_none()) {
             return;
         }
-        let compaction = self.ready_compaction().await;
+        let at_bound = self.root.record.chain.len() >= hard_chain_bound(self.ctx.chain_files_max);
+        if at_bound && self.compaction.is_none() {
+            self.maybe_prepare_compaction().await;
+        }
+        let mut compaction = self.ready_compaction().await;
+        if at_bound && compaction.is_none() && self.failed.is_none() {
+            // The merge did not shrink or an upload failed: one more try,
+            // of the other form (a merge is followed by a snapshot).
+            self.maybe_prepare_compaction().await;
+            compaction = self.ready_compaction().await;
+        }
+        if self.failed.is_some() {
+            return;
+        }
+        if at_bound && compaction.is_none() {
+            // One more delta would walk the chain into the root's hard
+            // limit, after which no publication could ever succeed. Nothing
+            // was written for the held groups: they are not committed, and
+            // the next activation compacts first.
+            self.fail(
+                "the chain is at its bound and no compaction could be prepared".into(),
+                FailKind::NotCommitted,
+            )
+            .await;
+            return;
+        }
         let Some(front) = self.inflight.front_mut() else {
             return;
         };

@@ -770,3 +770,72 @@ async fn a_root_cas_that_lands_after_its_timeout_is_never_called_not_committed()
         log.verify(&node, KEY).await;
     }
 }
+
+/// Correctness item: the chain-full trap. Every compaction upload fails for
+/// a while; the chain must not grow into the root's hard limit (where every
+/// publication fails and a re-activated actor, which used to prepare no
+/// compaction, stays locked out for good). Once uploads work again the Cell
+/// serves again, compacted, and every acknowledged command is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_whose_compactions_failed_recovers_once_uploads_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let store = Arc::new(FaultStore::new(store));
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "chain-full");
+    config.limits.chain_files_max = 2;
+    let node = start(config, store.clone(), clock.clone()).await;
+    let log = AckLog::default();
+    let first = node
+        .execute(KIND, KEY, append(clock.as_ref(), 0))
+        .await
+        .unwrap();
+    log.ack(0, first.outcome.clone());
+    // Compactions and snapshots start at TXID 1; the Cell's own first file
+    // (TXID 1..1) is uploaded already.
+    let cell = cellfleet_authority::CellId::for_kind_key(KIND, KEY);
+    let compacted = format!(
+        "{}{:016x}/{:016x}-",
+        Layout::new("chain-full").unwrap().ltx_prefix(&cell),
+        first.receipt.epoch.get(),
+        1
+    );
+    store.inject(
+        Fault::unavailable(Op::PutIfNoneMatch)
+            .key_prefix(compacted)
+            .times(u64::MAX),
+    );
+    let limit = cellfleet_authority::root::CHAIN_LEN_MAX as u64 + 10;
+    let mut refused = 0;
+    for n in 1..limit {
+        match node.execute(KIND, KEY, append(clock.as_ref(), n)).await {
+            Ok(executed) => log.ack(n, executed.outcome),
+            Err(Error::NotCommitted { .. }) => {
+                log.not_committed(n);
+                refused += 1;
+            }
+            Err(other) => panic!("command {n}: {other:?}"),
+        }
+        if refused >= 3 {
+            break;
+        }
+    }
+    store.clear();
+    for n in limit..limit + 5 {
+        let executed = node
+            .execute(KIND, KEY, append(clock.as_ref(), n))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the cell stayed locked out after uploads recovered: {e:?}")
+            });
+        log.ack(n, executed.outcome);
+    }
+    let described = node.describe_cell(KIND, KEY).await.unwrap();
+    assert!(
+        described.chain_files <= 4,
+        "the chain was not compacted: {} files",
+        described.chain_files
+    );
+    log.verify(&node, KEY).await;
+}

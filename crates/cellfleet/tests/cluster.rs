@@ -674,3 +674,114 @@ async fn a_node_with_another_kinds_manifest_refuses_to_start() {
     assert_eq!(after["kinds_digest"], changed.as_str(), "{after}");
     assert_eq!(after["counter"], 2, "{after}");
 }
+
+/// Correctness item: a hung owner must not block its Cells. With warm peer
+/// connections, the owner of a Cell is SIGSTOPped; a command for that Cell
+/// through another node (retried with the same command id, as a client
+/// does on UNKNOWN_OUTCOME or a retry-safe refusal) succeeds within the lease
+/// plus the margin plus a few seconds: the ingress stops waiting on the
+/// silent peer (keep-alive pings, a per-hop timeout), re-reads the owner's
+/// lease and, once it has expired, places the Cell and takes it over. After
+/// SIGCONT, every acknowledged command is present exactly once, read
+/// through every node, the woken one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_s_cells_serve_through_other_nodes_once_its_lease_expires() {
+    const LEASE_MS: u64 = 3_000;
+    const MARGIN_MS: u64 = 500;
+    let cluster = Cluster::start(3, Store::Local, LEASE_MS);
+    let mut client = cluster.client("dev");
+    let ingress = cluster.nodes[2].client;
+    let cells: Vec<String> = (0..6).map(|i| format!("paused-{i}")).collect();
+    let mut acked: HashMap<String, Vec<String>> = HashMap::new();
+    let mut owners: HashMap<String, String> = HashMap::new();
+    // Warm every peer connection of the ingress with a few commands.
+    for round in 0..2 {
+        for cell in &cells {
+            let tag = format!("warm-{round}");
+            let request = client.command(
+                "log",
+                cell,
+                "append",
+                serde_json::json!({ "tag": tag }),
+                rand::random(),
+            );
+            let response = client.execute(ingress, request).await.expect("warm-up");
+            assert!(applied(&response));
+            owners.insert(cell.clone(), response.served_by.clone());
+            acked.entry(cell.clone()).or_default().push(tag);
+        }
+    }
+    let (cell, owner) = owners
+        .iter()
+        .find(|(_, owner)| owner.as_str() != cluster.nodes[2].id)
+        .map(|(cell, owner)| (cell.clone(), owner.clone()))
+        .expect("some cell is owned by a node other than the ingress");
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|node| node.id == owner)
+        .expect("the owner is a node");
+    cluster.signal(victim, "STOP");
+    let paused_at = Instant::now();
+    let request = client.command(
+        "log",
+        &cell,
+        "append",
+        serde_json::json!({ "tag": "while-paused" }),
+        rand::random(),
+    );
+    let mut answers = Vec::new();
+    let served = loop {
+        assert!(
+            paused_at.elapsed() < Duration::from_secs(60),
+            "no node served {cell} in 60 s with its owner {owner} paused: {answers:?}"
+        );
+        match client.execute(ingress, request.clone()).await {
+            Ok(response) => {
+                assert!(applied(&response), "{response:?}");
+                break response;
+            }
+            Err(status) => {
+                let code = error_code(&status);
+                assert!(
+                    code.is_some(),
+                    "the ingress gave no answer within the client's deadline \
+                     (it waited on the paused owner): {status:?}"
+                );
+                answers.push(format!("{code:?} after {:?}", paused_at.elapsed()));
+                let retry_safe = cellfleet_router::status::detail_from_status(&status)
+                    .is_some_and(|detail| detail.retry_safe);
+                assert!(retry_safe, "a refusal that is not retry-safe: {status:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let took = paused_at.elapsed();
+    println!(
+        "first success through {} after SIGSTOP of {owner}: {took:?} (served by {}; earlier answers {answers:?})",
+        cluster.nodes[2].id, served.served_by
+    );
+    assert_ne!(served.served_by, owner);
+    let bound = Duration::from_millis(LEASE_MS + MARGIN_MS + 5_000);
+    assert!(
+        took <= bound,
+        "{cell} took {took:?} to serve again (bound {bound:?}): {answers:?}"
+    );
+    acked
+        .get_mut(&cell)
+        .expect("warmed")
+        .push("while-paused".into());
+    cluster.signal(victim, "CONT");
+    // Through every node, the woken one included: never stale, each
+    // acknowledged tag exactly once.
+    for node in &cluster.nodes {
+        for cell in &cells {
+            let counts = client.log_counts(node.client, cell).await;
+            let mut expected: HashMap<String, i64> = HashMap::new();
+            for tag in &acked[cell] {
+                *expected.entry(tag.clone()).or_default() += 1;
+            }
+            assert_eq!(counts, expected, "{cell} read through {}", node.id);
+        }
+    }
+}

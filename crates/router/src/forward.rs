@@ -8,7 +8,14 @@
 //!   runtime activates it (create or take over by CAS: two ingresses with
 //!   different views cannot both win);
 //! * a NOT_OWNER, DRAINING, LEASE_LOST, FENCED or unreachable target makes
-//!   the ingress refresh (root read, live set) and retry **once**;
+//!   the ingress refresh (root read, live set) and retry **once**; so does a
+//!   forward that failed in transit (a timeout, a closed connection): the
+//!   refresh re-reads the owner's lease, and once it has expired plus the
+//!   margin the Cell is placed on another node, which takes it over;
+//! * a forward never waits on a silent peer for the client's whole deadline:
+//!   peer channels send HTTP/2 keep-alive pings
+//!   ([`crate::transport::KEEP_ALIVE_INTERVAL`]), and each hop has a timeout
+//!   of its own ([`hop_timeout`]) that leaves the retry time to run;
 //! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
 //!   request makes at most [`HOPS_MAX`] hops and never loops;
 //! * the forwarded call carries the original signed envelope (the owner
@@ -21,7 +28,9 @@
 //!
 //! *Invariant:* a command whose forward may have reached the owner is never
 //! reported as "not sent": if its fate is unprovable the answer is
-//! UNKNOWN_OUTCOME (retry with the same command id, or Resolve).
+//! UNKNOWN_OUTCOME (retry with the same command id, or Resolve). Only a
+//! failure of the channel's connector ([`crate::transport::ConnectFailed`],
+//! typed) proves a forward was never sent ([`Delivery`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -48,6 +57,74 @@ pub const LIVE_SET_TTL: Duration = Duration::from_millis(500);
 pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest a forwarded call may take when the client set no deadline.
 pub const FORWARD_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Longest one hop may take, whatever the client's deadline: an owner that
+/// answers keep-alive pings but not the request is given up on after this.
+pub const FORWARD_HOP_TIMEOUT_MAX: Duration = Duration::from_secs(10);
+
+/// The timeout of hop `hop` (1-based) when `remaining` is left of the
+/// client's deadline (pure): a hop that may be followed by the retry takes
+/// at most half, so the retry still has time; none takes more than
+/// [`FORWARD_HOP_TIMEOUT_MAX`].
+pub fn hop_timeout(remaining: Duration, hop: u32) -> Duration {
+    let share = if hop < HOPS_MAX {
+        remaining / 2
+    } else {
+        remaining
+    };
+    share.min(FORWARD_HOP_TIMEOUT_MAX)
+}
+
+/// What a failed attempt's transport says about delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The target answered with a Cellfleet status: its code tells.
+    Answered,
+    /// The channel's connector failed: the request was never written.
+    NeverSent,
+    /// Anything else (a timeout, a closed or reset connection, a protocol
+    /// error): the request may have reached the target.
+    MaybeDelivered,
+}
+
+/// What one failed attempt means for the request (pure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judgement {
+    /// A command may have run on the target.
+    pub maybe_sent: bool,
+    /// Refresh (root and lease reads) and try once more.
+    pub reroute: bool,
+}
+
+/// Judges a failed attempt at a `remote` (or local) target for a command
+/// (or another request).
+pub fn judge_attempt(
+    command: bool,
+    remote: bool,
+    delivery: Delivery,
+    code: Option<v1::ErrorCode>,
+) -> Judgement {
+    let in_transit = remote && delivery == Delivery::MaybeDelivered;
+    let maybe_sent = command
+        && remote
+        && (in_transit
+            || (delivery == Delivery::Answered && code == Some(v1::ErrorCode::UnknownOutcome)));
+    let moved = delivery == Delivery::Answered
+        && matches!(
+            code,
+            Some(
+                v1::ErrorCode::NotOwner
+                    | v1::ErrorCode::Draining
+                    | v1::ErrorCode::LeaseLost
+                    | v1::ErrorCode::Fenced
+                    | v1::ErrorCode::PeerUnavailable
+            )
+        );
+    let unreachable = remote && delivery != Delivery::Answered;
+    Judgement {
+        maybe_sent,
+        reroute: moved || unreachable,
+    }
+}
 
 /// A client request that can run locally or be forwarded.
 #[derive(Clone, Debug)]
@@ -344,7 +421,7 @@ impl Router {
         };
         let channel = self.channel(peer).map_err(|e| to_status(&e))?;
         let mut call = tonic::Request::new(forward);
-        call.set_timeout(remaining);
+        call.set_timeout(hop_timeout(remaining, hops));
         let response = PeerClient::new(channel).forward(call).await?;
         response.into_inner().response.ok_or_else(|| {
             to_status(&Error::Internal {
@@ -372,7 +449,10 @@ impl Router {
         loop {
             attempt += 1;
             let result = match &target {
-                Target::Local => self.run_local(&request).await.map_err(|e| to_status(&e)),
+                Target::Local => self
+                    .run_local(&request)
+                    .await
+                    .map_err(|e| (to_status(&e), Delivery::Answered)),
                 Target::Remote { peer, .. } => {
                     hops += 1;
                     self.forward(peer, &request, hops, deadline_unix_ms)
@@ -380,29 +460,22 @@ impl Router {
                         .map_err(|status| classify_transport(status, peer))
                 }
             };
-            let status = match result {
+            let (status, delivery) = match result {
                 Ok(response) => {
                     self.learn(cell, &target, &response);
                     return Ok(response);
                 }
-                Err(status) => status,
+                Err(failed) => failed,
             };
             let code = code_of(&status);
-            let sent_maybe = code.is_none() || code == Some(v1::ErrorCode::UnknownOutcome);
-            if request.is_command() && sent_maybe && matches!(target, Target::Remote { .. }) {
-                maybe_sent = true;
-            }
-            let reroute = matches!(
+            let judged = judge_attempt(
+                request.is_command(),
+                matches!(target, Target::Remote { .. }),
+                delivery,
                 code,
-                Some(
-                    v1::ErrorCode::NotOwner
-                        | v1::ErrorCode::Draining
-                        | v1::ErrorCode::LeaseLost
-                        | v1::ErrorCode::Fenced
-                        | v1::ErrorCode::PeerUnavailable
-                )
-            ) || (code.is_none() && matches!(target, Target::Remote { .. }));
-            if !reroute || attempt >= 2 || hops >= HOPS_MAX {
+            );
+            maybe_sent |= judged.maybe_sent;
+            if !judged.reroute || attempt >= 2 || hops >= HOPS_MAX {
                 return Err(self.final_status(status, maybe_sent, &request));
             }
             // Forget what this target taught us and refresh once.
@@ -478,25 +551,34 @@ impl Router {
     }
 }
 
-/// A status without a Cellfleet detail came from the transport: a refused
-/// connection was never sent; anything else may have been.
-fn classify_transport(status: tonic::Status, peer: &str) -> tonic::Status {
+/// Classifies a failed forward: a status with a Cellfleet detail is the
+/// peer's answer; one without came from the transport: a failed connect
+/// was never sent ([`Error::PeerUnavailable`]); anything else — a timeout
+/// included — may have been delivered.
+fn classify_transport(status: tonic::Status, peer: &str) -> (tonic::Status, Delivery) {
     if detail_from_status(&status).is_some() {
-        return status;
+        return (status, Delivery::Answered);
     }
     if crate::transport::connect_failed(&status) {
-        return to_status(&Error::PeerUnavailable {
+        let never_sent = to_status(&Error::PeerUnavailable {
             endpoint: peer.to_owned(),
             reason: status.message().to_owned(),
         });
+        return (never_sent, Delivery::NeverSent);
     }
-    if status.code() == tonic::Code::DeadlineExceeded || status.code() == tonic::Code::Cancelled {
-        return to_status(&Error::DeadlineExceeded(format!(
-            "forward to {peer}: {}",
+    let in_transit = if status.code() == tonic::Code::DeadlineExceeded
+        || status.code() == tonic::Code::Cancelled
+    {
+        // The code a query gets; a command that may have been delivered
+        // ends as UNKNOWN_OUTCOME (see `final_status`).
+        to_status(&Error::DeadlineExceeded(format!(
+            "forward to {peer} timed out: {}",
             status.message()
-        )));
-    }
-    status
+        )))
+    } else {
+        status
+    };
+    (in_transit, Delivery::MaybeDelivered)
 }
 
 /// Runs a routed request on `node` after verifying its envelope, or, for
@@ -571,6 +653,7 @@ pub fn deadline_from_metadata(metadata: &tonic::metadata::MetadataMap, now_ms: i
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn grpc_timeouts_become_deadlines() {
@@ -586,23 +669,84 @@ mod tests {
 
     #[test]
     fn transport_failures_are_classified() {
-        // The connector's own failure: never sent.
-        let refused = classify_transport(
-            tonic::Status::unavailable(format!(
-                "transport error: {} 127.0.0.1:1: Connection refused (os error 111)",
-                crate::transport::CONNECT_FAILED
-            )),
-            "p:1",
+        // The connector's own failure, typed in the source chain: never sent.
+        let connect = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            crate::transport::ConnectFailed {
+                address: "127.0.0.1:1".parse().expect("address"),
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            },
         );
+        let (refused, delivery) =
+            classify_transport(tonic::Status::from_error(Box::new(connect)), "p:1");
+        assert_eq!(delivery, Delivery::NeverSent);
         assert_eq!(code_of(&refused), Some(v1::ErrorCode::PeerUnavailable));
         // A connection that broke after the request was written may have
-        // delivered it: not classified as never sent.
-        let reset = classify_transport(
-            tonic::Status::unavailable("error reading a body from connection: connection reset"),
+        // delivered it, whatever its text says.
+        let (reset, delivery) = classify_transport(
+            tonic::Status::unavailable("no connection to 127.0.0.1:1: connection reset"),
             "p:1",
         );
-        assert_eq!(code_of(&reset), None);
-        let protocol = classify_transport(tonic::Status::unknown("h2 protocol error"), "p:1");
-        assert_eq!(code_of(&protocol), None);
+        assert_eq!(
+            (code_of(&reset), delivery),
+            (None, Delivery::MaybeDelivered)
+        );
+        // A hop that timed out may have been delivered too.
+        let (timed_out, delivery) =
+            classify_transport(tonic::Status::cancelled("Timeout expired"), "p:1");
+        assert_eq!(delivery, Delivery::MaybeDelivered);
+        assert_eq!(code_of(&timed_out), Some(v1::ErrorCode::DeadlineExceeded));
+        // A peer's own answer is the peer's.
+        let answered = to_status(&Error::NotCommitted("x".into()));
+        assert_eq!(classify_transport(answered, "p:1").1, Delivery::Answered);
+    }
+
+    fn delivery_strategy() -> impl Strategy<Value = Delivery> {
+        prop_oneof![
+            Just(Delivery::Answered),
+            Just(Delivery::NeverSent),
+            Just(Delivery::MaybeDelivered),
+        ]
+    }
+
+    proptest! {
+        /// A command is "maybe sent" exactly when a remote attempt may have
+        /// delivered it (in transit, or the peer itself said UNKNOWN); a
+        /// connect failure never is, so only then may the ingress say a
+        /// command did not run. Every remote attempt that did not get an
+        /// answer is retried after a refresh.
+        #[test]
+        fn an_attempt_is_maybe_sent_only_if_it_may_have_reached_the_peer(
+            command in any::<bool>(),
+            remote in any::<bool>(),
+            delivery in delivery_strategy(),
+            code in proptest::option::of(0i32..24),
+        ) {
+            let code = code.and_then(|c| v1::ErrorCode::try_from(c).ok());
+            let judged = judge_attempt(command, remote, delivery, code);
+            let may_have_reached = remote
+                && (delivery == Delivery::MaybeDelivered
+                    || (delivery == Delivery::Answered && code == Some(v1::ErrorCode::UnknownOutcome)));
+            prop_assert_eq!(judged.maybe_sent, command && may_have_reached);
+            if remote && delivery != Delivery::Answered {
+                prop_assert!(judged.reroute);
+            }
+            if delivery == Delivery::NeverSent {
+                prop_assert!(!judged.maybe_sent);
+            }
+        }
+
+        /// A hop never outlasts the client's deadline nor the hop bound, and
+        /// a first hop leaves at least half for the retry.
+        #[test]
+        fn a_hop_leaves_the_retry_time(remaining_ms in 0u64..120_000, hop in 1u32..=HOPS_MAX) {
+            let remaining = Duration::from_millis(remaining_ms);
+            let timeout = hop_timeout(remaining, hop);
+            prop_assert!(timeout <= remaining);
+            prop_assert!(timeout <= FORWARD_HOP_TIMEOUT_MAX);
+            if hop < HOPS_MAX {
+                prop_assert!(timeout <= remaining / 2);
+            }
+        }
     }
 }

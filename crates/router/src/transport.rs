@@ -71,16 +71,50 @@ pub fn tls_incoming(
     ReceiverStream::new(receiver)
 }
 
-/// Starts the message of every error the channel's connector returns: a
-/// status carrying it failed before the request was written (TCP connect
-/// or TLS handshake), so the request never reached the peer.
-pub const CONNECT_FAILED: &str = "cellfleet: no connection to";
+/// HTTP/2 PING interval on every channel, idle or not: a peer that stopped
+/// answering (paused, cut off) is noticed within this plus
+/// [`KEEP_ALIVE_TIMEOUT`], and the connection's requests fail instead of
+/// waiting for their whole deadline.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a PING may go unanswered before the connection is closed.
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The channel connector's own failure (TCP connect, TLS handshake, or
+/// either not done within the connect timeout): the request was never
+/// written, so it never reached the peer. Carried, typed, in the source
+/// chain of the request's status; see [`connect_failed`].
+#[derive(Debug, thiserror::Error)]
+#[error("no connection to {address}: {source}")]
+pub struct ConnectFailed {
+    /// Where the connector dialled.
+    pub address: SocketAddr,
+    /// Why it failed.
+    #[source]
+    pub source: std::io::Error,
+}
 
 /// Whether `status` says the request failed to connect, hence was never
-/// sent. A connection that breaks later ("connection reset", "broken
-/// pipe") is not this: the request may have been delivered.
+/// sent: its source chain holds the connector's [`ConnectFailed`]. A
+/// connection that breaks later ("connection reset", "broken pipe", a
+/// keep-alive timeout) is not this: the request may have been delivered.
 pub fn connect_failed(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::Unavailable && status.message().contains(CONNECT_FAILED)
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = next {
+        if error.is::<ConnectFailed>() {
+            return true;
+        }
+        // An io::Error's source() skips its own payload: look inside.
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<ConnectFailed>())
+            {
+                return true;
+            }
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// A lazily connecting channel to `address` over TLS with `config`,
@@ -98,19 +132,36 @@ pub fn channel(
     // The scheme is http because TLS is done by the connector below, not
     // by tonic (which refuses https without its own TLS settings).
     let endpoint = Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     Ok(
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_uri| {
             let connector = connector.clone();
             let server_name = server_name.clone();
             async move {
-                let failed = |e: std::io::Error| {
-                    std::io::Error::new(e.kind(), format!("{CONNECT_FAILED} {address}: {e}"))
+                let failed = |source: std::io::Error| {
+                    std::io::Error::new(source.kind(), ConnectFailed { address, source })
                 };
-                let tcp = TcpStream::connect(address).await.map_err(failed)?;
-                tcp.set_nodelay(true).map_err(failed)?;
-                let tls = connector.connect(server_name, tcp).await.map_err(failed)?;
+                // The timeout is the connector's own (not the endpoint's),
+                // so a peer that accepts TCP but never finishes the TLS
+                // handshake (a paused process) is known never to have
+                // received the request.
+                let connect = async {
+                    let tcp = TcpStream::connect(address).await?;
+                    tcp.set_nodelay(true)?;
+                    connector.connect(server_name, tcp).await
+                };
+                let tls = match tokio::time::timeout(connect_timeout, connect).await {
+                    Ok(connected) => connected.map_err(failed)?,
+                    Err(_) => {
+                        return Err(failed(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("not connected within {connect_timeout:?}"),
+                        )))
+                    }
+                };
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
             }
         })),
@@ -145,8 +196,37 @@ mod connect_tests {
             .await
             .expect_err("nothing listens there");
         assert!(connect_failed(&status), "{status:?}");
-        let reset =
-            tonic::Status::unavailable("error reading a body from connection: connection reset");
+        // Only the type counts, not the text.
+        let reset = tonic::Status::unavailable(format!(
+            "no connection to {address}: error reading a body from connection: connection reset"
+        ));
         assert!(!connect_failed(&reset));
+    }
+
+    /// A peer that accepts TCP but never answers the TLS handshake (a
+    /// paused process: the kernel still accepts) is a connect failure too,
+    /// within the connect timeout.
+    #[tokio::test]
+    async fn a_handshake_that_never_completes_is_a_connect_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let config = ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let channel = channel(
+            address,
+            "127.0.0.1",
+            Arc::new(config),
+            Duration::from_millis(300),
+        )
+        .expect("channel");
+        let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
+            .forward(cellfleet_proto::v1::ForwardRequest::default())
+            .await
+            .expect_err("the listener never answers");
+        assert!(connect_failed(&status), "{status:?}");
+        drop(listener);
     }
 }

@@ -221,6 +221,16 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to node `index`.
+    pub fn signal(&self, index: usize, signal: &str) {
+        let pid = self.nodes[index].child.id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     pub fn kill9(&mut self, index: usize) {
         let _ = self.nodes[index].child.kill();
         let _ = self.nodes[index].child.wait();

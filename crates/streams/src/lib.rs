@@ -18,6 +18,7 @@ pub mod kind;
 pub mod notify;
 pub mod offset;
 pub mod server;
+pub mod settle;
 pub mod subscription_kind;
 pub mod subscriptions;
 pub mod webhook;

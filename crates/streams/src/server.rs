@@ -32,6 +32,7 @@ use crate::kind::{
 };
 use crate::notify::{self, Notifier};
 use crate::offset;
+use crate::settle;
 use crate::subscriptions::{self, Subscriptions};
 
 /// The response body type.
@@ -382,11 +383,7 @@ impl Streams {
         let (name, args) = wire(command)?;
         let expires_at_ms = now_ms() + 60_000;
         let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
-        let outcome = self
-            .backend
-            .execute(kind, key.as_bytes(), command)
-            .await
-            .map_err(backend_error)?;
+        let outcome = self.settled(kind, key, command).await?;
         match outcome {
             Outcome::Applied { result } => serde_json::from_value(result)
                 .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
@@ -394,6 +391,42 @@ impl Streams {
                 StatusCode::BAD_REQUEST,
                 &format!("rejected: {}", rejection.message),
             )),
+        }
+    }
+
+    /// Executes `command`, sending the same command again while its
+    /// outcome is unknown (see [`crate::settle`]), so the HTTP client hears
+    /// a definite outcome, a definite "not run", or an honest "unknown".
+    async fn settled(
+        &self,
+        kind: &str,
+        key: &str,
+        command: Command,
+    ) -> Result<Outcome, Response<Body>> {
+        let started = tokio::time::Instant::now();
+        let mut in_doubt = false;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self
+                .backend
+                .execute(kind, key.as_bytes(), command.clone())
+                .await;
+            let class = settle::classify(&result);
+            in_doubt |= class == settle::Attempt::Unknown;
+            match settle::next(attempt, started.elapsed(), class, in_doubt) {
+                settle::Next::Answer => return result.map_err(backend_error),
+                settle::Next::RetryAfter(wait) => tokio::time::sleep(wait).await,
+                settle::Next::GiveUpUnknown => {
+                    let reason = match result {
+                        Err(error) => error.to_string(),
+                        Ok(_) => "settled".to_owned(),
+                    };
+                    return Err(backend_error(BackendError::UnknownOutcome(format!(
+                        "still unknown after {attempt} attempts with the same command id: {reason}"
+                    ))));
+                }
+            }
         }
     }
 

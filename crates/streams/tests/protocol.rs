@@ -179,6 +179,38 @@ async fn create_append_read_with_offsets_and_delete() {
     );
 }
 
+/// Correctness item: an append whose publication's fate is unknown (the
+/// root CAS landed, its reply and the re-read were lost) is settled by the
+/// front end, which owns the command id: it sends the same command again
+/// and answers with the stored outcome. The data is there once, and the
+/// client never sees the 503 that invited a second append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_with_an_unknown_outcome_is_settled_before_the_client_hears() {
+    use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
+    let mut faults = None;
+    let s = common::start_with("settle", StreamsConfig::default(), |inner| {
+        let store = Arc::new(FaultStore::new(inner));
+        faults = Some(store.clone());
+        store as Arc<dyn ObjectStore>
+    })
+    .await;
+    let faults = faults.expect("wrapped");
+    let created = request(&s, "PUT", "/v1/stream/settle", &[TEXT], b"a").await;
+    assert_eq!(created.status, 201);
+    // The next root CAS lands but its reply is lost, and so is the re-read.
+    faults.inject(Fault::lose_reply(Op::PutIfMatch).key_prefix("settle/cells/"));
+    faults.inject(Fault::unavailable(Op::Get).key_prefix("settle/cells/"));
+    let appended = request(&s, "POST", "/v1/stream/settle", &[TEXT], b"b").await;
+    assert_eq!(
+        appended.status,
+        204,
+        "{}",
+        String::from_utf8_lossy(&appended.body)
+    );
+    let read = request(&s, "GET", "/v1/stream/settle", &[], b"").await;
+    assert_eq!(read.body, b"ab", "appended exactly once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_producer_and_close() {
     let s = server().await;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cellfleet_authority::{NodeId, SystemClock};
 use cellfleet_runtime::{Kinds, Node, NodeConfig};
-use cellfleet_store::LocalStore;
+use cellfleet_store::{LocalStore, ObjectStore};
 use cellfleet_streams::{Streams, StreamsConfig};
 
 /// A running server; dropping it stops the listener and removes its files.
@@ -18,8 +18,20 @@ pub struct TestServer {
 
 /// Starts a node with bucket prefix `prefix` and serves `config` on it.
 pub async fn start(prefix: &str, config: StreamsConfig) -> TestServer {
+    start_with(prefix, config, |store| store).await
+}
+
+/// As [`start`], with the local store wrapped by `wrap` (a fault store).
+#[allow(dead_code)]
+pub async fn start_with(
+    prefix: &str,
+    config: StreamsConfig,
+    wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+) -> TestServer {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
+    let local: Arc<dyn ObjectStore> =
+        Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
+    let store = wrap(local);
     let node_config = NodeConfig::new(
         NodeId::new("n1").expect("node id"),
         dir.path().join("n1"),

@@ -5,11 +5,32 @@
 //! {prefix}/nodes/{node_id}.json
 //! {prefix}/cells/{cell_id}/root.json
 //! {prefix}/cells/{cell_id}/ltx/{epoch:016x}/{min:016x}-{max:016x}-{digest}.ltx
+//! {prefix}/logs/{node_id}/{session}/{lane:04x}/{seq:016x}.seg
 //! ```
 //!
 //! Numbers are fixed-width lowercase hex so listings sort numerically.
 
-use crate::ids::{CellId, Epoch, NodeId};
+use crate::ids::{CellId, Epoch, NodeId, SessionId};
+
+/// One lane of a node session's log (DESIGN.md §9).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaneId {
+    /// The node.
+    pub node: NodeId,
+    /// The node start that owns the lane (never reused).
+    pub session: SessionId,
+    /// The lane's number within the session.
+    pub lane: u16,
+}
+
+/// A parsed segment (or seal) key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentKey {
+    /// The lane.
+    pub lane: LaneId,
+    /// The slot's sequence number in the lane.
+    pub seq: u64,
+}
 
 /// Key builder for one cluster's prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,6 +134,46 @@ impl Layout {
         )
     }
 
+    /// `{prefix}/logs/{node}/{session}/{lane:04x}/`: every slot of a lane,
+    /// listed in sequence order.
+    pub fn lane_prefix(&self, lane: &LaneId) -> String {
+        self.join(&format!(
+            "logs/{}/{}/{:04x}/",
+            lane.node, lane.session, lane.lane
+        ))
+    }
+
+    /// `{prefix}/logs/{node}/{session}/{lane:04x}/{seq:016x}.seg`: one
+    /// segment or seal (create-only, never replaced).
+    pub fn segment_key(&self, lane: &LaneId, seq: u64) -> String {
+        format!("{}{seq:016x}.seg", self.lane_prefix(lane))
+    }
+
+    /// Parses a key made by [`Layout::segment_key`].
+    pub fn parse_segment_key(&self, key: &str) -> Option<SegmentKey> {
+        let rest = key.strip_prefix(&self.join("logs/"))?;
+        let mut parts = rest.split('/');
+        let (node, session, lane, file) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let seq = file.strip_suffix(".seg")?;
+        let hex = |s: &str, width: usize| {
+            (s.len() == width && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+                .then(|| u64::from_str_radix(s, 16).ok())
+                .flatten()
+        };
+        Some(SegmentKey {
+            lane: LaneId {
+                node: node.parse().ok()?,
+                session: session.parse().ok()?,
+                lane: u16::try_from(hex(lane, 4)?).ok()?,
+            },
+            seq: hex(seq, 16)?,
+        })
+    }
+
     /// Parses a key made by [`Layout::ltx_key`].
     pub fn parse_ltx_key(&self, key: &str) -> Option<LtxKey> {
         let rest = key.strip_prefix(&self.cells_prefix())?;
@@ -156,7 +217,7 @@ mod tests {
         assert_eq!(layout.node_lease_key(&node), "prod/eu/nodes/n1.json");
         assert_eq!(
             layout.parse_node_lease_key("prod/eu/nodes/n1.json"),
-            Some(node)
+            Some(node.clone())
         );
         assert_eq!(
             layout.root_key(&cell),
@@ -181,6 +242,30 @@ mod tests {
         assert!(layout
             .parse_ltx_key("prod/eu/cells/x/ltx/1/2-3-z.ltx")
             .is_none());
+        let lane = LaneId {
+            node: node.clone(),
+            session: SessionId::from_u128(0xabc),
+            lane: 3,
+        };
+        let segment = layout.segment_key(&lane, 0x2a);
+        assert_eq!(
+            segment,
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/000000000000002a.seg"
+        );
+        assert!(segment.starts_with(&layout.lane_prefix(&lane)));
+        assert_eq!(
+            layout.parse_segment_key(&segment),
+            Some(SegmentKey { lane, seq: 0x2a })
+        );
+        for bad in [
+            "prod/eu/logs/n1/abc/0003/000000000000002a.seg",
+            "prod/eu/logs/n1/00000000000000000000000000000abc/3/000000000000002a.seg",
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/2a.seg",
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/000000000000002a.ltx",
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/x/000000000000002a.seg",
+        ] {
+            assert!(layout.parse_segment_key(bad).is_none(), "{bad}");
+        }
         assert_eq!(Layout::new("").unwrap().cluster_key(), "cluster.json");
         assert!(Layout::new("a//b").is_err());
     }

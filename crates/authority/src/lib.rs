@@ -35,7 +35,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{check_cluster, ClusterCheck, ClusterRecord};
 pub use error::{Error, Result};
 pub use ids::{CellId, Epoch, IdError, NodeId, SessionId};
-pub use layout::{Layout, LtxKey};
+pub use layout::{LaneId, Layout, LtxKey, SegmentKey};
 pub use lease::{Endpoints, LeaseConfig, LeaseRecord, LeaseState, Liveness};
 pub use node_lease::{HeldLease, NodeLeases};
 pub use reconcile::{reconcile, Reconciliation};

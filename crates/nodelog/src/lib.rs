@@ -1,0 +1,13 @@
+//! The node log (DESIGN.md §9): a node session's lanes of create-only segments, each holding many Cells' groups, fenced by seals.
+//!
+//! This crate is the log's pure core, with no I/O: [`segment`] encodes and
+//! decodes the objects (bounded and checksummed, safe on untrusted bytes),
+//! [`lane`] decides which groups a lane's segment outcomes acknowledge, and
+//! [`seal`] decides how a successor ends a dead session's lane. The async
+//! shells that perform these decisions against the object store build on it.
+
+pub mod lane;
+pub mod seal;
+pub mod segment;
+
+pub use segment::{Entry, Error, Seal, Segment, SegmentHeader, Slot};

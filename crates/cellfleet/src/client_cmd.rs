@@ -794,14 +794,15 @@ pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
         expires_at_ms: expires,
     };
     let envelope = client.seal(Domain::Admin, &body);
-    let channel = client.channel(&lease.endpoint)?;
-    let result = runtime.block_on(async move {
+    // A channel spawns its connection task: it is made inside the runtime.
+    let result = runtime.block_on(async {
+        let channel = client.channel(&lease.endpoint)?;
         let mut request = tonic::Request::new(v1::DrainRequest {
             envelope: Some(envelope),
         });
         request.set_timeout(Duration::from_secs(120));
-        AdminClient::new(channel).drain(request).await
-    });
+        anyhow::Ok(AdminClient::new(channel).drain(request).await)
+    })?;
     match result {
         Ok(response) => {
             let response = response.into_inner();

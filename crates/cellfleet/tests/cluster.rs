@@ -785,3 +785,100 @@ async fn a_paused_owner_s_cells_serve_through_other_nodes_once_its_lease_expires
         }
     }
 }
+
+/// `cellfleet drain NODE`, run as a user runs it (it used to panic with
+/// "there is no reactor running" every time): the named node releases its
+/// Cells, retires its lease and exits 0; every acknowledged command reads
+/// back exactly through another node, now served by a survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cellfleet_drain_drains_the_named_node_which_then_exits() {
+    let mut cluster = Cluster::start(3, Store::Local, 3_000);
+    let mut client = cluster.client("dev");
+    let via = cluster.nodes[0].client;
+    let cells: Vec<String> = (0..6).map(|i| format!("drained-{i}")).collect();
+    let mut owners = HashMap::new();
+    for cell in &cells {
+        let request = client.command(
+            "log",
+            cell,
+            "append",
+            serde_json::json!({ "tag": "before" }),
+            rand::random(),
+        );
+        let response = client.execute(via, request).await.expect("append");
+        owners.insert(cell.clone(), response.served_by);
+    }
+    let victim = 1;
+    let name = cluster.nodes[victim].id.clone();
+    let config = cluster.path("client.toml");
+    let output = tokio::task::block_in_place(|| {
+        std::process::Command::new(cluster_common::BIN)
+            .arg("drain")
+            .arg(&name)
+            .arg("--config")
+            .arg(&config)
+            .arg("--node")
+            .arg(via.to_string())
+            .output()
+            .expect("run cellfleet drain")
+    });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "cellfleet drain exited {:?}: {stdout}{stderr}",
+        output.status
+    );
+    let owned = owners.values().filter(|owner| **owner == name).count();
+    assert!(
+        stdout.contains(&format!(
+            "drained {name}: {owned} cell(s) released, lease retired"
+        )),
+        "{stdout}{stderr}"
+    );
+    // The drained process exits by itself, cleanly.
+    let exited = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = cluster.nodes[victim].child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert!(
+        exited.is_some_and(|status| status.success()),
+        "the drained node did not exit cleanly: {exited:?}"
+    );
+    for cell in &cells {
+        let counts = client.log_counts(via, cell).await;
+        assert_eq!(counts, HashMap::from([("before".to_owned(), 1)]), "{cell}");
+        let response = client
+            .query(via, "log", cell, "count", serde_json::json!({}))
+            .await
+            .expect("query");
+        assert_ne!(
+            response.served_by, name,
+            "{cell} is served by the drained node"
+        );
+    }
+    // Drain of a node that is not in the leases: a clear error, non-zero.
+    let missing = tokio::task::block_in_place(|| {
+        std::process::Command::new(cluster_common::BIN)
+            .args(["drain", "no-such-node", "--config"])
+            .arg(&config)
+            .arg("--node")
+            .arg(via.to_string())
+            .output()
+            .expect("run cellfleet drain")
+    });
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no node \"no-such-node\" in the leases"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+}

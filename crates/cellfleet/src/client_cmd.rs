@@ -13,6 +13,13 @@
 //! key_id = "dev"
 //! window_ms = 60000      # validity window of signed requests
 //! ```
+//!
+//! Exit codes, so scripts can tell the cases apart: 0 done (for `exec`: the
+//! command was applied); 1 an error (transport, usage, a refused request);
+//! 3 the outcome is unknown (retry with the same `--id`, or `resolve`);
+//! 4 `exec` only: the command ran to a definite rejection (unknown command,
+//! bad parameters, a failing statement), stored under its id — re-sending
+//! it returns the same rejection.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -336,6 +343,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// `exec`'s exit code when the Cell rejected the command (see the module docs).
+pub const EXIT_REJECTED: u8 = 4;
+/// The exit code when a command's outcome is unknown.
+pub const EXIT_UNKNOWN: u8 = 3;
+
 /// Prints a failed call with what to do next; exit code 1 (3 when the outcome is unknown).
 fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
     let detail = detail_from_status(status);
@@ -367,7 +379,11 @@ fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
         eprintln!("error: {code} ({:?}): {}", status.code(), status.message());
         eprintln!("next: {next}");
     }
-    ExitCode::from(if code == "UNKNOWN_OUTCOME" { 3 } else { 1 })
+    ExitCode::from(if code == "UNKNOWN_OUTCOME" {
+        EXIT_UNKNOWN
+    } else {
+        1
+    })
 }
 
 fn receipt_text(receipt: &Option<v1::Receipt>) -> String {
@@ -453,9 +469,10 @@ pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         Some(v1::execute_response::Outcome::Rejected(r)) => ("rejected", rejection_json(r)),
         None => ("unknown", serde_json::Value::Null),
     };
+    let applied = state == "applied";
     if args.common.json {
         let view = serde_json::json!({
-            "ok": true,
+            "ok": applied,
             "command_id": hex(&response.command_id),
             "expires_at_ms": expires,
             "outcome": state,
@@ -479,7 +496,11 @@ pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         println!("receipt    {}", receipt_text(&response.receipt));
         println!("served by  {}", response.served_by);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(match state {
+        "applied" => ExitCode::SUCCESS,
+        "rejected" => ExitCode::from(EXIT_REJECTED),
+        _ => ExitCode::from(EXIT_UNKNOWN),
+    })
 }
 
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {

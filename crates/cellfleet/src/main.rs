@@ -41,7 +41,7 @@ enum Command {
     Node(node_cmd::NodeArgs),
     /// Start a local multi-node cluster (certificates, keys, configs and N node processes).
     Dev(dev_cmd::DevArgs),
-    /// Execute a signed command on a Cell (exactly once per --id).
+    /// Execute a signed command on a Cell (exactly once per --id). Exit 0 applied, 4 rejected by the Cell, 3 outcome unknown, 1 error.
     Exec(client_cmd::ExecArgs),
     /// Run a named query on a Cell's owner.
     Query(client_cmd::QueryArgs),

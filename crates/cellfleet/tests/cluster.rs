@@ -882,3 +882,59 @@ async fn cellfleet_drain_drains_the_named_node_which_then_exits() {
         String::from_utf8_lossy(&missing.stderr)
     );
 }
+
+/// `cellfleet exec` exit codes as scripts see them: 0 applied; 4 (and
+/// `"ok": false`) when the Cell rejected the command — an unknown command,
+/// a missing parameter — distinct from 1, an error that reached no Cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
+    let cluster = Cluster::start(1, Store::Local, 3_000);
+    let config = cluster.path("client.toml");
+    let node = cluster.nodes[0].client.to_string();
+    let exec = |args: &[&str]| {
+        let output = std::process::Command::new(cluster_common::BIN)
+            .arg("exec")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .arg("--node")
+            .arg(&node)
+            .arg("--json")
+            .output()
+            .expect("run cellfleet exec");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.code(), stdout, stderr)
+    };
+    let json = |stdout: &str| -> serde_json::Value {
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
+    };
+    tokio::task::block_in_place(|| {
+        let (code, stdout, stderr) = exec(&["log", "codes", "append", "--arg", "tag=\"a\""]);
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        let applied = json(&stdout);
+        assert_eq!(
+            (applied["ok"].clone(), applied["outcome"].clone()),
+            (true.into(), "applied".into())
+        );
+
+        let (code, stdout, stderr) = exec(&["log", "codes", "nosuchcmd"]);
+        assert_eq!(code, Some(4), "{stdout}{stderr}");
+        let rejected = json(&stdout);
+        assert_eq!(
+            (rejected["ok"].clone(), rejected["outcome"].clone()),
+            (false.into(), "rejected".into())
+        );
+
+        let (code, stdout, stderr) = exec(&["log", "codes", "append"]);
+        assert_eq!(code, Some(4), "a missing parameter: {stdout}{stderr}");
+        assert_eq!(json(&stdout)["ok"], false);
+
+        let (code, stdout, stderr) = exec(&["nosuchkind", "codes", "append"]);
+        assert_eq!(
+            code,
+            Some(1),
+            "an unknown kind reaches no Cell: {stdout}{stderr}"
+        );
+    });
+}

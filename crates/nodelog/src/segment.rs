@@ -407,6 +407,12 @@ fn fixed(bytes: &[u8]) -> Result<(u8, u32)> {
     Ok((kind, index_len))
 }
 
+/// Whether a slot object is a seal, from its fixed part alone (at least
+/// [`FIXED_BYTES`] bytes), which is checked.
+pub fn is_seal(first: &[u8]) -> Result<bool> {
+    Ok(fixed(first)?.0 == KIND_SEAL)
+}
+
 /// The byte range holding the fixed part, the index and its CRC, from the
 /// fixed part alone (`first` holds at least [`FIXED_BYTES`] bytes): what a
 /// ranged reader fetches before [`decode_index`].

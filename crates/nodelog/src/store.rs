@@ -1,0 +1,381 @@
+//! The thin async shells that perform the log's decisions against the object store: a lane writer, a sealer and a reader.
+//!
+//! * [`LaneWriter`] writes one session's lane: slots are reserved in
+//!   sequence and written create-only, several in flight at once, each in a
+//!   task of its own (a dropped caller never cuts a PUT in half). A PUT
+//!   whose outcome is unknown, or that failed without applying, is sent
+//!   again with the *same bytes*; a refused one (412) is settled by reading
+//!   the slot: this session's bytes there mean written, a seal means the
+//!   lane has ended. What the writer knows becomes a [`lane::Verdict`]
+//!   ([`lane::verdict`]), published on a watch channel: replies wait on it.
+//! * [`seal_lane`] ends a dead session's lane ([`seal::plan`]), idempotent
+//!   under racing successors.
+//! * [`read_lane`] lists a sealed lane and returns what a reader counts:
+//!   the slots before its first seal ([`seal::log_end`]); [`read_records`]
+//!   fetches one Cell's records from them with ranged GETs.
+//!
+//! A listing tells keys, not what they hold: each listed slot's fixed part
+//! (16 bytes, one ranged GET) says whether it is a seal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cellfleet_authority::{CellId, Holder, LaneId, Layout};
+use cellfleet_store::{ObjectStore, PutCondition};
+use tokio::sync::watch;
+
+use crate::lane::{self, GroupFate, SlotState, Verdict};
+use crate::seal::{self, AfterRefused, Listed, Plan};
+use crate::segment::{self, Entry, Index, Seal, SegmentHeader};
+
+/// Why a log operation against the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store failed (retry later).
+    #[error("store: {0}")]
+    Store(#[from] cellfleet_store::Error),
+    /// An object in the lane is not a valid log object.
+    #[error("{key}: {source}")]
+    Corrupt {
+        /// The object.
+        key: String,
+        /// What is wrong.
+        source: segment::Error,
+    },
+    /// The lane has no seal: its session may still be writing.
+    #[error("lane {0:?} is not sealed")]
+    NotSealed(LaneId),
+    /// A bound was reached (listing size, attempts).
+    #[error("{0}")]
+    Bound(String),
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// Most slots a lane listing may hold (its retained segments and seals).
+pub const LANE_KEYS_MAX: usize = 100_000;
+/// Most plan rounds of one sealing (each refused create re-plans once).
+pub const SEAL_ROUNDS_MAX: usize = 1_000;
+
+/// How a [`LaneWriter`] retries one slot.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterConfig {
+    /// Attempts per slot before it is left in doubt (its groups then wait
+    /// until the caller gives up on them; the slot is never reused).
+    pub attempts_max: u32,
+    /// The wait before the second attempt; it doubles up to `backoff_max`.
+    pub backoff_first: Duration,
+    /// The longest wait between two attempts.
+    pub backoff_max: Duration,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            attempts_max: 8,
+            backoff_first: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct WriterState {
+    next_seq: u64,
+    /// Every slot below is acknowledged (and forgotten).
+    floor: u64,
+    /// What is known of the slots from `floor` on.
+    slots: BTreeMap<u64, SlotState>,
+}
+
+/// One session's writer of one lane.
+#[derive(Debug)]
+pub struct LaneWriter {
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    lane: LaneId,
+    config: WriterConfig,
+    state: Mutex<WriterState>,
+    verdict: watch::Sender<Verdict>,
+}
+
+impl LaneWriter {
+    /// A writer of `lane`, whose first slot is `first_seq`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        layout: Layout,
+        lane: LaneId,
+        first_seq: u64,
+        config: WriterConfig,
+    ) -> Arc<Self> {
+        let (verdict, _) = watch::channel(lane::verdict(first_seq, &BTreeMap::new()));
+        Arc::new(LaneWriter {
+            store,
+            layout,
+            lane,
+            config,
+            state: Mutex::new(WriterState {
+                next_seq: first_seq,
+                floor: first_seq,
+                slots: BTreeMap::new(),
+            }),
+            verdict,
+        })
+    }
+
+    /// The lane.
+    pub fn lane(&self) -> &LaneId {
+        &self.lane
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot the next segment goes to, or `None` once the lane is sealed.
+    pub fn reserve(&self) -> Option<u64> {
+        if self.verdict.borrow().sealed_at.is_some() {
+            return None;
+        }
+        let mut state = self.state();
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.slots.insert(seq, SlotState::InFlight);
+        Some(seq)
+    }
+
+    /// The header of the segment for slot `seq`.
+    pub fn header(&self, seq: u64, written_ms: u64) -> SegmentHeader {
+        SegmentHeader {
+            lane: self.lane.clone(),
+            seq,
+            written_ms,
+        }
+    }
+
+    /// What the lane's slots allow so far (updated as PUTs are answered).
+    pub fn verdict(&self) -> watch::Receiver<Verdict> {
+        self.verdict.subscribe()
+    }
+
+    fn set(&self, seq: u64, slot: SlotState) {
+        let verdict = {
+            let mut state = self.state();
+            state.slots.insert(seq, slot);
+            let verdict = lane::verdict(state.floor, &state.slots);
+            // Acknowledged slots need no more bookkeeping: the verdict of
+            // the rest, from the new floor, is the same.
+            state.slots = state.slots.split_off(&verdict.acked_below);
+            state.floor = verdict.acked_below;
+            verdict
+        };
+        self.verdict.send_replace(verdict);
+    }
+
+    /// Writes `bytes` (a segment encoded for slot `seq`, reserved with
+    /// [`LaneWriter::reserve`]) in a task of its own.
+    pub fn write(self: &Arc<Self>, seq: u64, bytes: Vec<u8>) {
+        let writer = self.clone();
+        tokio::spawn(async move { writer.write_slot(seq, Bytes::from(bytes)).await });
+    }
+
+    async fn write_slot(&self, seq: u64, bytes: Bytes) {
+        let key = self.layout.segment_key(&self.lane, seq);
+        let mut backoff = self.config.backoff_first;
+        for attempt in 1..=self.config.attempts_max.max(1) {
+            match self
+                .store
+                .put(&key, bytes.clone(), PutCondition::IfNoneMatch)
+                .await
+            {
+                Ok(_) => return self.set(seq, SlotState::Written),
+                Err(error) if error.is_precondition_failed() => {
+                    match self.store.get(&key).await {
+                        Ok(found) if found.body == bytes => {
+                            return self.set(seq, SlotState::Written)
+                        }
+                        // A seal, or anything not ours: the lane has ended
+                        // for this session at this slot.
+                        Ok(_) => return self.set(seq, SlotState::Sealed),
+                        Err(read) => {
+                            tracing::warn!(%key, error = %read, "reading a refused slot failed; retrying");
+                            self.set(seq, SlotState::InDoubt);
+                        }
+                    }
+                }
+                Err(error) => {
+                    // Unknown or not applied: the same bytes again are
+                    // harmless (create-only, and a 412 is settled by a read).
+                    tracing::warn!(%key, attempt, %error, "segment write failed; sending the same bytes again");
+                    self.set(seq, SlotState::InDoubt);
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.config.backoff_max);
+        }
+        tracing::error!(%key, "segment write still in doubt after every attempt");
+    }
+
+    /// Waits until the group in slot `seq` is acknowledged or provably not
+    /// committed; `None` if it is still undecided after `bound`.
+    pub async fn fate(&self, seq: u64, bound: Duration) -> Option<GroupFate> {
+        let mut verdict = self.verdict();
+        let decided = tokio::time::timeout(bound, async {
+            verdict
+                .wait_for(|v| v.group(seq) != GroupFate::Waiting)
+                .await
+                .map(|v| v.group(seq))
+        })
+        .await;
+        match decided {
+            Ok(Ok(fate)) => Some(fate),
+            _ => None,
+        }
+    }
+}
+
+/// What a slot holds, from its fixed part (one 16-byte ranged GET).
+async fn classify(store: &dyn ObjectStore, key: &str) -> Result<Listed> {
+    let fixed = store.get_range(key, 0..segment::FIXED_BYTES).await?;
+    let seal = segment::is_seal(&fixed.body).map_err(|source| Error::Corrupt {
+        key: key.to_owned(),
+        source,
+    })?;
+    Ok(if seal { Listed::Seal } else { Listed::Segment })
+}
+
+/// Lists `lane` and tells each slot's kind.
+async fn listing(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+) -> Result<BTreeMap<u64, Listed>> {
+    let entries =
+        cellfleet_store::list_all(store, &layout.lane_prefix(lane), LANE_KEYS_MAX).await?;
+    let mut listed = BTreeMap::new();
+    for entry in entries {
+        let Some(parsed) = layout.parse_segment_key(&entry.key) else {
+            continue;
+        };
+        if parsed.lane != *lane {
+            continue;
+        }
+        listed.insert(parsed.seq, classify(store, &entry.key).await?);
+    }
+    Ok(listed)
+}
+
+/// Ends `lane` (of a session whose lease has expired plus the margin):
+/// returns the slot of its first seal, creating one if needed.
+pub async fn seal_lane(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    first_seq: u64,
+    sealer: &Holder,
+    now_ms: u64,
+) -> Result<u64> {
+    let mut listed = listing(store, layout, lane).await?;
+    for _ in 0..SEAL_ROUNDS_MAX {
+        let seq = match seal::plan(first_seq, &listed) {
+            Plan::Sealed { at } => return Ok(at),
+            Plan::SealAt(seq) => seq,
+        };
+        let key = layout.segment_key(lane, seq);
+        let bytes = Bytes::from(segment::encode_seal(&Seal {
+            header: SegmentHeader {
+                lane: lane.clone(),
+                seq,
+                written_ms: now_ms,
+            },
+            sealed_by: sealer.clone(),
+        }));
+        match store.put(&key, bytes, PutCondition::IfNoneMatch).await {
+            Ok(_) => return Ok(seq),
+            Err(error) if error.is_precondition_failed() => {
+                let found = classify(store, &key).await?;
+                match seal::after_refused(seq, found) {
+                    AfterRefused::Sealed { at } => return Ok(at),
+                    AfterRefused::PlanAgain => {
+                        listed.insert(seq, found);
+                    }
+                }
+            }
+            // Our seal may or may not be there: the next round reads it
+            // (a resend of the same seal is harmless either way).
+            Err(error) if error.may_have_applied() || error.is_retryable() => {
+                tracing::warn!(%key, %error, "seal write failed; re-reading the slot");
+                if let Ok(found) = classify(store, &key).await {
+                    listed.insert(seq, found);
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(Error::Bound(format!(
+        "lane {lane:?} not sealed after {SEAL_ROUNDS_MAX} rounds"
+    )))
+}
+
+/// A sealed lane as a reader sees it: the slots that count, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealedLane {
+    /// Slots that count: from the lowest listed up to (not including) `end`.
+    pub counted: Vec<u64>,
+    /// The slot of the lane's first seal.
+    pub end: u64,
+}
+
+/// Lists a sealed lane: what counts ([`NotSealed`](Error::NotSealed) if it
+/// has no seal yet).
+pub async fn read_lane(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+) -> Result<SealedLane> {
+    let listed = listing(store, layout, lane).await?;
+    let end = seal::log_end(&listed).ok_or_else(|| Error::NotSealed(lane.clone()))?;
+    let counted = listed.range(..end).map(|(seq, _)| *seq).collect();
+    Ok(SealedLane { counted, end })
+}
+
+/// One Cell's records in the slots `seqs` of `lane` (from [`read_lane`]),
+/// in order: each entry and its checked bytes, fetched by ranged GETs.
+pub async fn read_records(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    seqs: &[u64],
+    cell: &CellId,
+) -> Result<Vec<(u64, Entry, Bytes)>> {
+    let mut records = Vec::new();
+    for &seq in seqs {
+        let key = layout.segment_key(lane, seq);
+        let corrupt = |source| Error::Corrupt {
+            key: key.clone(),
+            source,
+        };
+        let fixed = store.get_range(&key, 0..segment::FIXED_BYTES).await?;
+        let range = segment::index_range(&fixed.body).map_err(corrupt)?;
+        let head = store.get_range(&key, range).await?;
+        let Index::Segment {
+            entries, index_len, ..
+        } = segment::decode_index(&head.body).map_err(corrupt)?
+        else {
+            return Err(corrupt(segment::Error::Malformed(
+                "a seal among the slots that count".into(),
+            )));
+        };
+        for entry in entries.into_iter().filter(|entry| entry.cell_id == *cell) {
+            let bytes = store
+                .get_range(&key, entry.object_range(index_len))
+                .await?
+                .body;
+            segment::check_entry_bytes(&entry, &bytes).map_err(corrupt)?;
+            records.push((seq, entry, bytes));
+        }
+    }
+    Ok(records)
+}

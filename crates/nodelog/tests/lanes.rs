@@ -1,0 +1,289 @@
+//! Lanes against real stores (the local-directory store and SeaweedFS): pipelined segments acknowledged on the contiguous prefix, timed-out PUTs settled by resending the same bytes, seals that fence a slot in flight and everything after it, racing sealers, and a zombie writer after garbage collection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, SessionId};
+use cellfleet_nodelog::lane::GroupFate;
+use cellfleet_nodelog::segment::{encode_segment, Part};
+use cellfleet_nodelog::store::{read_lane, read_records, seal_lane, LaneWriter, WriterConfig};
+use cellfleet_store::{Fault, FaultStore, LocalStore, ObjectStore, Op};
+
+const BOUND: Duration = Duration::from_secs(20);
+
+async fn backends(
+    name: &str,
+    dir: &std::path::Path,
+) -> Vec<(&'static str, Arc<dyn ObjectStore>, String)> {
+    let local: Arc<dyn ObjectStore> =
+        Arc::new(LocalStore::open(dir.join("bucket")).expect("local store"));
+    let s3: Arc<dyn ObjectStore> = cellfleet_store::testkit::s3_store().await;
+    vec![
+        ("local", local, format!("{name}-local")),
+        ("s3", s3, cellfleet_store::testkit::unique_prefix(name)),
+    ]
+}
+
+fn lane(node: &str) -> LaneId {
+    LaneId {
+        node: NodeId::new(node).unwrap(),
+        session: SessionId::random(),
+        lane: 0,
+    }
+}
+
+fn successor() -> Holder {
+    Holder {
+        node: NodeId::new("successor").unwrap(),
+        session: SessionId::random(),
+    }
+}
+
+fn cell(name: &str) -> CellId {
+    CellId::for_kind_key("kv", name.as_bytes())
+}
+
+/// A segment for slot `seq` with one record per Cell in `cells`: TXID
+/// `seq + 1`, bytes naming the Cell and the slot.
+fn segment(writer: &LaneWriter, seq: u64, cells: &[&str]) -> Vec<u8> {
+    let bytes: Vec<Vec<u8>> = cells
+        .iter()
+        .map(|c| format!("{c}@{seq}").into_bytes())
+        .collect();
+    let parts: Vec<Part<'_>> = cells
+        .iter()
+        .zip(&bytes)
+        .map(|(c, bytes)| Part {
+            cell_id: cell(c),
+            epoch: Epoch::new(1).unwrap(),
+            min_txid: seq + 1,
+            max_txid: seq + 1,
+            file_checksum: seq,
+            post_apply_checksum: seq,
+            command_ids: vec![[seq as u8; 16]],
+            bytes,
+        })
+        .collect();
+    encode_segment(&writer.header(seq, 1_700_000_000_000), &parts).unwrap()
+}
+
+fn writer(store: Arc<dyn ObjectStore>, prefix: &str, lane: &LaneId) -> Arc<LaneWriter> {
+    LaneWriter::new(
+        store,
+        Layout::new(prefix).unwrap(),
+        lane.clone(),
+        0,
+        WriterConfig::default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_segments_are_acknowledged_and_read_back_per_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lane-basic", dir.path()).await {
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        let seqs: Vec<u64> = (0..5).map(|_| writer.reserve().unwrap()).collect();
+        // Written out of order: several in flight at once.
+        for &seq in seqs.iter().rev() {
+            writer.write(seq, segment(&writer, seq, &["a", "b"]));
+        }
+        for &seq in &seqs {
+            assert_eq!(
+                writer.fate(seq, BOUND).await,
+                Some(GroupFate::Acknowledged),
+                "{backend}: slot {seq}"
+            );
+        }
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(sealed, 5, "{backend}: sealed after the last segment");
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        assert_eq!(
+            (read.counted.clone(), read.end),
+            (seqs.clone(), 5),
+            "{backend}"
+        );
+        let records = read_records(store.as_ref(), &layout, &lane, &read.counted, &cell("b"))
+            .await
+            .unwrap();
+        let found: Vec<(u64, Vec<u8>)> = records
+            .iter()
+            .map(|(seq, _, bytes)| (*seq, bytes.to_vec()))
+            .collect();
+        let expected: Vec<(u64, Vec<u8>)> = seqs
+            .iter()
+            .map(|&s| (s, format!("b@{s}").into_bytes()))
+            .collect();
+        assert_eq!(found, expected, "{backend}");
+        // The lane writer stops once it knows the lane ended.
+        let zombie = writer.reserve().unwrap();
+        writer.write(zombie, segment(&writer, zombie, &["a"]));
+        assert_eq!(
+            writer.fate(zombie, BOUND).await,
+            Some(GroupFate::NotCommitted),
+            "{backend}"
+        );
+        assert_eq!(
+            writer.reserve(),
+            None,
+            "{backend}: sealed lanes take no more"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_that_times_out_and_lands_later_is_settled_by_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("lane-late", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        let late = Duration::from_millis(300);
+        store.inject(
+            Fault::land_late(Op::PutIfNoneMatch, late).key_prefix(layout.segment_key(&lane, 0)),
+        );
+        store
+            .inject(Fault::lose_reply(Op::PutIfNoneMatch).key_prefix(layout.segment_key(&lane, 1)));
+        for _ in 0..2 {
+            let seq = writer.reserve().unwrap();
+            writer.write(seq, segment(&writer, seq, &["a"]));
+        }
+        for seq in 0..2 {
+            assert_eq!(
+                writer.fate(seq, BOUND).await,
+                Some(GroupFate::Acknowledged),
+                "{backend}: slot {seq}"
+            );
+        }
+        tokio::time::sleep(late * 3).await;
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(sealed, 2, "{backend}");
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        let records = read_records(store.as_ref(), &layout, &lane, &read.counted, &cell("a"))
+            .await
+            .unwrap();
+        assert_eq!(records.len(), 2, "{backend}: each slot once");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_fences_the_slot_in_flight_and_every_later_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("lane-fence", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        // Slot 1's PUT is slow: slots 0 and 2 land first.
+        store.inject(
+            Fault::delay(Some(Op::PutIfNoneMatch), Duration::from_millis(800))
+                .key_prefix(layout.segment_key(&lane, 1)),
+        );
+        for _ in 0..3 {
+            let seq = writer.reserve().unwrap();
+            writer.write(seq, segment(&writer, seq, &["a"]));
+        }
+        assert_eq!(
+            writer.fate(0, BOUND).await,
+            Some(GroupFate::Acknowledged),
+            "{backend}"
+        );
+        // Slot 2 is written but not acknowledged: slot 1 is still open.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            writer.fate(2, Duration::from_millis(1)).await,
+            None,
+            "{backend}"
+        );
+        // The session is presumed dead: a successor seals its first gap.
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            sealed, 1,
+            "{backend}: the seal takes the slot still in flight"
+        );
+        // The slow PUT then finds the seal: 1 and 2 are not committed,
+        // although 2's own PUT succeeded.
+        assert_eq!(
+            writer.fate(1, BOUND).await,
+            Some(GroupFate::NotCommitted),
+            "{backend}"
+        );
+        assert_eq!(
+            writer.fate(2, BOUND).await,
+            Some(GroupFate::NotCommitted),
+            "{backend}"
+        );
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        assert_eq!(
+            (read.counted, read.end),
+            (vec![0], 1),
+            "{backend}: readers count what was acknowledged"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lane-race", dir.path()).await {
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        for _ in 0..3 {
+            let seq = writer.reserve().unwrap();
+            writer.write(seq, segment(&writer, seq, &["a"]));
+        }
+        assert_eq!(
+            writer.fate(2, BOUND).await,
+            Some(GroupFate::Acknowledged),
+            "{backend}"
+        );
+        let sealers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
+                tokio::spawn(async move {
+                    seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1).await
+                })
+            })
+            .collect();
+        for sealer in sealers {
+            assert_eq!(
+                sealer.await.unwrap().unwrap(),
+                3,
+                "{backend}: every sealer finds one seal"
+            );
+        }
+        let keys = cellfleet_store::list_all(store.as_ref(), &layout.lane_prefix(&lane), 100)
+            .await
+            .unwrap();
+        assert_eq!(keys.len(), 4, "{backend}: three segments and one seal");
+        // Collection removes the written prefix below the highest segment;
+        // seals stay. A zombie of the session resumes at its next slot.
+        for seq in 0..2 {
+            store.delete(&layout.segment_key(&lane, seq)).await.unwrap();
+        }
+        let zombie = writer.reserve().unwrap();
+        assert_eq!(zombie, 3);
+        writer.write(zombie, segment(&writer, zombie, &["a"]));
+        assert_eq!(
+            writer.fate(zombie, BOUND).await,
+            Some(GroupFate::NotCommitted),
+            "{backend}"
+        );
+        let again = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            again, 3,
+            "{backend}: sealing stays idempotent after collection"
+        );
+    }
+}

@@ -938,3 +938,46 @@ async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
         );
     });
 }
+
+/// `/healthz` is liveness: it fails once a node has stopped serving for
+/// good. A second process with the same node id (and its own data
+/// directory) replaces the first one's lease; the first one, which stays
+/// up, says so on `/healthz` (503) as on `/readyz`, instead of "ok".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_once_another_session_replaced_the_lease() {
+    let mut cluster = Cluster::start(1, Store::Local, 2_000);
+    let first = cluster.nodes[0].http;
+    assert_eq!(
+        cluster_common::http_get(first, "/healthz"),
+        (200, "ok\n".to_owned())
+    );
+    let config = cluster.path("n1.toml");
+    let second_dir = cluster.path("n1-second");
+    let child = cluster
+        .node_command(&config, &[])
+        .env("CELLFLEET_DATA_DIR", &second_dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn the second n1");
+    let second = tokio::task::block_in_place(|| cluster.wait_ready("n1", child));
+    let second_http = second.http;
+    // Owned by the cluster from here on, so a failure below still stops it.
+    cluster.nodes.push(second);
+    // The first process learns at its next renewal (every lease / 3 or so).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, body) = loop {
+        let answer = cluster_common::http_get(first, "/healthz");
+        if answer.0 != 200 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("stopped serving: "), "{body}");
+    assert_eq!(cluster_common::http_get(first, "/readyz").0, 503);
+    assert_eq!(
+        cluster_common::http_get(second_http, "/healthz"),
+        (200, "ok\n".to_owned())
+    );
+}

@@ -1,4 +1,4 @@
-//! The node's plain HTTP listener: `/metrics` (Prometheus text), `/healthz` (the process runs) and `/readyz` (serving: lease live, not draining).
+//! The node's plain HTTP listener: `/metrics` (Prometheus text), `/healthz` (alive: not stopped for good by a replaced or retired lease) and `/readyz` (serving: lease live, not draining).
 //!
 //! A deliberately small HTTP/1.1 responder: one request per connection,
 //! the request head bounded by [`REQUEST_HEAD_BYTES_MAX`] and
@@ -78,7 +78,7 @@ async fn answer(
     } else {
         match path {
             "/metrics" => ("200 OK", "text/plain; version=0.0.4", node.metrics_text()),
-            "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
+            "/healthz" => liveness(node),
             "/readyz" => readiness(node, drain),
             _ => (
                 "404 Not Found",
@@ -93,6 +93,21 @@ async fn answer(
     );
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// Alive unless the node has stopped serving for good (its lease was
+/// replaced by another session or retired): a process in that state must
+/// be restarted, so liveness fails. A renewal that is merely overdue is
+/// not death (readiness says so).
+fn liveness(node: &NodeHandle) -> (&'static str, &'static str, String) {
+    match node.lease().mode() {
+        ServingMode::Stopped(reason) => (
+            "503 Service Unavailable",
+            "text/plain",
+            format!("stopped serving: {reason}\n"),
+        ),
+        ServingMode::Live | ServingMode::SelfFenced => ("200 OK", "text/plain", "ok\n".into()),
+    }
 }
 
 fn readiness(node: &NodeHandle, drain: &DrainState) -> (&'static str, &'static str, String) {

@@ -33,6 +33,8 @@ pub struct NodeProcess {
     pub child: Child,
     pub client: SocketAddr,
     pub peer: SocketAddr,
+    /// The plain HTTP listener (`/metrics`, `/healthz`, `/readyz`).
+    pub http: SocketAddr,
     /// The Durable Streams HTTP listener, when the node serves one.
     pub streams: Option<SocketAddr>,
 }
@@ -198,6 +200,7 @@ impl Cluster {
                     child,
                     client,
                     peer: field(" peer=").expect("peer address in the ready line"),
+                    http: field(" http=").expect("http address in the ready line"),
                     streams,
                 };
             }
@@ -458,6 +461,32 @@ impl TestClient {
             }
         }
     }
+}
+
+/// `GET path` on a plain HTTP listener: (status code, body).
+pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("read");
+    let status = reply
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {reply:?}"));
+    let body = reply
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (status, body)
 }
 
 pub fn path_exists(path: &Path) -> bool {

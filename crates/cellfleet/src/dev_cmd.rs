@@ -224,13 +224,23 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
+    println!(
+        "starting {} nodes; a changed {} is accepted (a dev cluster: production nodes refuse \
+         one unless started with `cellfleet node --accept-kinds-change`)",
+        configs.len(),
+        args.data.join("kinds.toml").display()
+    );
     let (ready_tx, ready_rx) = mpsc::channel::<String>();
     let mut children = Vec::new();
     for config in &configs {
+        // A dev cluster takes an edited kinds.toml on restart: every node
+        // starts with the same new manifest, so the cluster record's digest
+        // is replaced (production nodes need the flag said out loud).
         let mut child = Command::new(&exe)
             .arg("node")
             .arg("--config")
             .arg(config)
+            .arg("--accept-kinds-change")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

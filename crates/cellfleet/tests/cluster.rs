@@ -981,3 +981,133 @@ async fn healthz_fails_once_another_session_replaced_the_lease() {
         (200, "ok\n".to_owned())
     );
 }
+
+/// Four ports `cellfleet dev --port-base BASE` uses for one node that are
+/// free now (client BASE+1, peer +101, HTTP +201, streams +301).
+fn free_port_base() -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + rand::random::<u16>() % 30_000;
+        let free = [1u16, 101, 201, 301]
+            .iter()
+            .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
+        if free {
+            return base;
+        }
+    }
+    panic!("no free port base found");
+}
+
+/// Runs `cellfleet dev` on `data` until it prints "cluster ready" (or
+/// exits), returning the process and what it printed.
+fn start_dev(data: &std::path::Path, base: u16) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(cluster_common::BIN)
+        .args(["dev", "--nodes", "1", "--lease-ms", "2000", "--data"])
+        .arg(data)
+        .arg("--port-base")
+        .arg(base.to_string())
+        .stdout(std::process::Stdio::piped())
+        // A file, not a pipe nobody reads: the nodes' logs land here too.
+        .stderr(
+            std::fs::File::create(data.with_extension(format!("{base}.stderr")))
+                .expect("stderr file"),
+        )
+        .spawn()
+        .expect("run cellfleet dev");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("cluster ready") {
+            return (child, printed);
+        }
+    }
+    let stderr = std::fs::read_to_string(data.with_extension(format!("{base}.stderr")));
+    printed.push_str(&stderr.unwrap_or_default());
+    (child, printed)
+}
+
+fn stop_dev(mut child: std::process::Child) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The guide's workflow: run `cellfleet dev`, stop it, add a kind to
+/// `kinds.toml`, run `dev` again. The second start used to refuse (the
+/// cluster record's kinds digest differed, and `dev` had no way to accept
+/// it); now it says it accepts the change, and the new kind serves next to
+/// the data written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_restarts_with_an_edited_kinds_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dev");
+    tokio::task::block_in_place(|| {
+        let base = free_port_base();
+        let (child, printed) = start_dev(&data, base);
+        assert!(printed.contains("cluster ready"), "{printed}");
+        assert!(printed.contains("a changed"), "{printed}");
+        let exec = |args: &[&str]| {
+            std::process::Command::new(cluster_common::BIN)
+                .arg("exec")
+                .args(args)
+                .arg("--config")
+                .arg(data.join("client.toml"))
+                .output()
+                .expect("run cellfleet exec")
+        };
+        let before = exec(&["counter", "c1", "add", "--arg", "by=5"]);
+        assert!(before.status.success(), "{before:?}");
+        assert!(
+            stop_dev(child).success(),
+            "the first dev did not drain cleanly"
+        );
+
+        let mut kinds = std::fs::read_to_string(data.join("kinds.toml")).unwrap();
+        kinds.push_str(
+            "\n[kinds.notes]\nmigrations = [\"CREATE TABLE notes (text TEXT NOT NULL)\"]\n\n\
+             [kinds.notes.commands.add]\nsql = [\"INSERT INTO notes (text) VALUES (:text)\"]\n",
+        );
+        std::fs::write(data.join("kinds.toml"), kinds).unwrap();
+        let (child, printed) = start_dev(&data, free_port_base());
+        assert!(
+            printed.contains("cluster ready"),
+            "dev refused the edited manifest: {printed}"
+        );
+        let added = exec(&["notes", "n1", "add", "--arg", "text=\"hi\""]);
+        assert!(added.status.success(), "the new kind: {added:?}");
+        let query = std::process::Command::new(cluster_common::BIN)
+            .args(["query", "counter", "c1", "value", "--json", "--config"])
+            .arg(data.join("client.toml"))
+            .output()
+            .expect("run cellfleet query");
+        let text = String::from_utf8_lossy(&query.stdout);
+        assert!(
+            query.status.success() && text.contains('5'),
+            "the old data: {text}"
+        );
+        assert!(stop_dev(child).success());
+    });
+}

@@ -4,6 +4,9 @@
 //! certificates and keys are reused, so a restart keeps the cluster's data.
 //! The client commands (`exec`, `query`, `leases`...) read
 //! `DIR/client.toml` by default. Ctrl-C (or SIGTERM) drains every node.
+//! DIR is locked (`DIR/dev.lock`, naming the pids) while `dev` runs: a
+//! second `dev` on it refuses instead of rewriting the running cluster's
+//! files. An edited `DIR/kinds.toml` is accepted on restart.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -216,7 +219,55 @@ pub(crate) fn terminate(child: &Child) {
         .status();
 }
 
+/// The lock file of a dev data directory, held while `dev` runs.
+const LOCK_FILE: &str = "dev.lock";
+
+/// Takes the data directory's lock, or says which `dev` holds it: a second
+/// `dev` on the same directory would rewrite the running cluster's files and
+/// replace its nodes' leases.
+fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            bail!(
+                "another `cellfleet dev` is running on {} ({}); stop it with Ctrl-C (or SIGTERM \
+                 to its pid), or give this one another --data directory",
+                dir.display(),
+                if holder.is_empty() {
+                    "pid unknown"
+                } else {
+                    holder
+                }
+            )
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
+/// Records who holds the lock, for the message a second `dev` prints.
+fn describe_holder(lock: &mut std::fs::File, nodes: &str) {
+    use std::io::{Seek, Write};
+    let _ = lock.set_len(0);
+    let _ = lock.seek(std::io::SeekFrom::Start(0));
+    let _ = write!(lock, "dev pid {}; node pids {nodes}", std::process::id());
+}
+
 pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let mut lock = lock_data_dir(&args.data)?;
+    describe_holder(&mut lock, "not started yet");
     let configs = prepare(&args)?;
     let client_config = args.data.join("client.toml");
     if args.no_start {
@@ -272,6 +323,13 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let pids = children
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("n{}={}", i + 1, c.id()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    describe_holder(&mut lock, &pids);
     let default_config = Path::new(DEFAULT_CLIENT_CONFIG);
     let hint = if args.data == Path::new(".cellfleet-dev") || default_config.exists() {
         String::new()
@@ -283,12 +341,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         children.len(),
         client_config.display(),
         args.lease_ms,
-        children
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("n{}={}", i + 1, c.id()))
-            .collect::<Vec<_>>()
-            .join(" ")
+        pids
     );
     let signal = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! node_id = "n1"
-//! data_dir = "n1"            # SQLite files of open Cells
+//! data_dir = "n1"            # SQLite files of open Cells (locked: one node per data_dir)
 //! prefix = "cellfleet"       # the cluster's key prefix in the bucket
 //!
 //! [listen]                   # port 0 picks a free port (printed at start)
@@ -519,6 +519,29 @@ async fn check_cluster_record(
     Ok(())
 }
 
+/// Holds `data_dir/node.lock` for the life of the process (released by the
+/// OS when it exits, however it exits).
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("node.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another cellfleet node is running on data_dir {}; stop it, or give this node \
+             its own data_dir (CELLFLEET_DATA_DIR)",
+            dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+}
+
 fn advertised(addr: SocketAddr, host: Option<&str>) -> String {
     match host {
         Some(host) => format!("{host}:{}", addr.port()),
@@ -599,6 +622,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.ingress_only = file.ingress_only;
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
+    // Two processes on one data_dir would write the same SQLite files.
+    let _data_dir_lock = lock_data_dir(&file.data_dir)?;
     let node = Node::start(config, store.clone(), clock.clone(), Arc::new(kinds))
         .await
         .context("cannot take the node lease")?;

@@ -1111,3 +1111,72 @@ async fn dev_restarts_with_an_edited_kinds_manifest() {
         assert!(stop_dev(child).success());
     });
 }
+
+/// A second `cellfleet dev` on a running one's data directory refuses at
+/// once, naming the running cluster's pids, and touches nothing: the first
+/// cluster keeps serving and its client config is unchanged (the second
+/// used to rewrite it and replace the running nodes' leases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_dev_on_a_running_data_directory_refuses_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dev");
+    tokio::task::block_in_place(|| {
+        let (first, printed) = start_dev(&data, free_port_base());
+        assert!(printed.contains("cluster ready"), "{printed}");
+        let pid = first.id();
+        let client_config = std::fs::read(data.join("client.toml")).unwrap();
+        let second = std::process::Command::new(cluster_common::BIN)
+            .args(["dev", "--nodes", "1", "--data"])
+            .arg(&data)
+            .arg("--port-base")
+            .arg(free_port_base().to_string())
+            .output()
+            .expect("run the second dev");
+        let stderr = String::from_utf8_lossy(&second.stderr);
+        assert_eq!(second.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("another `cellfleet dev` is running on")
+                && stderr.contains(&format!("dev pid {pid}"))
+                && stderr.contains("node pids n1="),
+            "{stderr}"
+        );
+        assert_eq!(
+            std::fs::read(data.join("client.toml")).unwrap(),
+            client_config
+        );
+        let exec = std::process::Command::new(cluster_common::BIN)
+            .args(["exec", "counter", "c1", "add", "--arg", "by=1", "--config"])
+            .arg(data.join("client.toml"))
+            .output()
+            .expect("run cellfleet exec");
+        assert!(
+            exec.status.success(),
+            "the first cluster stopped serving: {exec:?}"
+        );
+        assert!(stop_dev(first).success());
+    });
+}
+
+/// Two `cellfleet node` processes never share a data directory (they would
+/// write the same SQLite files): the second refuses to start and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_the_same_data_directory_refuses_to_start() {
+    let cluster = Cluster::start(1, Store::Local, 3_000);
+    let output = tokio::task::block_in_place(|| {
+        cluster
+            .node_command(&cluster.path("n1.toml"), &[])
+            .output()
+            .expect("run the second node")
+    });
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another cellfleet node is running on data_dir"),
+        "{stderr}"
+    );
+    // The first one serves on.
+    assert_eq!(
+        cluster_common::http_get(cluster.nodes[0].http, "/healthz"),
+        (200, "ok\n".to_owned())
+    );
+}

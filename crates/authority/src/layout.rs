@@ -112,9 +112,23 @@ impl Layout {
         self.join(&format!("cells/{cell}/root.json"))
     }
 
+    /// Parses a key made by [`Layout::root_key`].
+    pub fn parse_root_key(&self, key: &str) -> Option<CellId> {
+        key.strip_prefix(&self.cells_prefix())?
+            .strip_suffix("/root.json")?
+            .parse()
+            .ok()
+    }
+
+    /// `cells/{cell_id}/ltx/`: where a Cell's LTX keys lie below any prefix
+    /// (what a root checks its chain's keys against).
+    pub fn ltx_infix(cell: &CellId) -> String {
+        format!("cells/{cell}/ltx/")
+    }
+
     /// `{prefix}/cells/{cell_id}/ltx/`.
     pub fn ltx_prefix(&self, cell: &CellId) -> String {
-        self.join(&format!("cells/{cell}/ltx/"))
+        self.join(&Self::ltx_infix(cell))
     }
 
     /// `{prefix}/cells/{cell_id}/ltx/{epoch:016x}/{min:016x}-{max:016x}-{digest}.ltx`.
@@ -223,6 +237,12 @@ mod tests {
             layout.root_key(&cell),
             format!("prod/eu/cells/{cell}/root.json")
         );
+        assert_eq!(
+            layout.parse_root_key(&layout.root_key(&cell)),
+            Some(cell.clone())
+        );
+        assert_eq!(layout.parse_root_key("prod/eu/cells/x/root.json"), None);
+        assert_eq!(layout.parse_root_key(&layout.ltx_prefix(&cell)), None);
         let epoch = Epoch::new(2).unwrap();
         let key = layout.ltx_key(&cell, epoch, 1, 0x1f, "ab12");
         assert_eq!(

@@ -156,7 +156,7 @@ impl RootRecord {
                 invalid(format!("empty chain but txid {}", self.txid))
             };
         };
-        let ltx_dir = format!("cells/{}/ltx/", self.cell_id);
+        let ltx_dir = crate::layout::Layout::ltx_infix(&self.cell_id);
         let mut next = 1_u64;
         for file in &self.chain {
             if file.min_txid != next {

@@ -240,7 +240,7 @@ fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     let files = scan_replica(&args.dir)?;
     if files.is_empty() {
         bail!(
-            "no LTX files under {}/ltx/<level>/: is this a Litestream file replica?",
+            "no LTX files under {}/ltx/<level>/: is this a Litestream file replica?", // tidy: not a bucket key
             args.dir.display()
         );
     }

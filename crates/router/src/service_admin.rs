@@ -97,15 +97,9 @@ impl AdminService {
         )
         .await
         .map_err(internal)?;
-        let prefix = self.layout.cells_prefix();
         let mut roots = Vec::new();
         for entry in entries {
-            let Some(cell) = entry
-                .key
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.strip_suffix("/root.json"))
-                .and_then(|id| id.parse::<CellId>().ok())
-            else {
+            let Some(cell) = self.layout.parse_root_key(&entry.key) else {
                 continue;
             };
             if let Ok(Some(root)) = self.router.roots().read(&cell).await {

@@ -35,9 +35,6 @@ use crate::kind::{Kind, KindError, Limits};
 use crate::sql::{self, Mode};
 use crate::{Error, Result};
 
-/// Kind names the runtime provides itself.
-pub const RESERVED_KINDS: [&str; 2] = ["kv", "stream"];
-
 /// Largest manifest accepted, in bytes.
 pub const MANIFEST_BYTES_MAX: usize = 4 << 20;
 
@@ -162,9 +159,6 @@ impl KindSpec {
     fn validate(&self, name: &str) -> std::result::Result<(), String> {
         if !valid_name(name) {
             return Err("a kind name is 1..=64 of [a-z0-9_-], starting with a letter".into());
-        }
-        if RESERVED_KINDS.contains(&name) {
-            return Err("this name is reserved for a built-in kind".into());
         }
         self.limits.check_within_ceiling()?;
         let scratch = Connection::open_in_memory().map_err(|e| e.to_string())?;
@@ -419,7 +413,6 @@ mod tests {
                 GOOD.replace("rows_max = 10", "rowz_max = 10"),
                 "unknown field",
             ),
-            (GOOD.replace("kinds.account", "kinds.kv"), "reserved"),
             (
                 GOOD.replace(
                     "CREATE TABLE balance",

@@ -580,7 +580,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let kinds = cellfleet_streams::with_kinds(match &manifest {
         Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
         None => Kinds::builtin(),
-    });
+    })
+    .context("kinds manifest")?;
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
     check_cluster_record(

@@ -1180,3 +1180,38 @@ async fn a_second_node_on_the_same_data_directory_refuses_to_start() {
         (200, "ok\n".to_owned())
     );
 }
+
+/// A kinds manifest that declares a kind named like a built-in or Durable
+/// Streams one (here `ds_registry`) is refused at start, naming the kind:
+/// it used to replace (or be replaced by) the built-in one silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_kind_named_like_a_streams_kind_is_refused_at_start() {
+    let cluster = Cluster::start(1, Store::Local, 3_000);
+    let kinds = std::fs::read_to_string(cluster.path("kinds.toml")).expect("kinds");
+    std::fs::write(
+        cluster.path("kinds-shadowing.toml"),
+        format!("{kinds}\n[kinds.ds_registry]\nmigrations = [\"CREATE TABLE t (x)\"]\n"),
+    )
+    .expect("write");
+    let config = std::fs::read_to_string(cluster.path("n1.toml"))
+        .expect("n1.toml")
+        .replace(
+            "manifest = \"kinds.toml\"",
+            "manifest = \"kinds-shadowing.toml\"",
+        );
+    std::fs::write(cluster.path("n1-shadowing.toml"), config).expect("write");
+    let output = tokio::task::block_in_place(|| {
+        cluster
+            .node_command(&cluster.path("n1-shadowing.toml"), &[])
+            .env("CELLFLEET_DATA_DIR", cluster.path("n1-shadowing"))
+            .output()
+            .expect("run node")
+    });
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("kinds manifest")
+            && stderr.contains("kind \"ds_registry\" is defined twice"),
+        "{stderr}"
+    );
+}

@@ -54,7 +54,7 @@ pub mod testkit;
 
 pub use config::{NodeConfig, NodeLimits};
 pub use error::{Error, Result};
-pub use kinds::Kinds;
+pub use kinds::{DuplicateKind, Kinds};
 pub use metrics::Metrics;
 pub use node::{CellDescription, Executed, Node, NodeHandle, Queried, Receipt, Resolution};
 pub use publication::{PublishFailure, PublishRequest, Publisher, StorePublisher};

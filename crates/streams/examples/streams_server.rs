@@ -16,7 +16,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let store = Arc::new(LocalStore::open(dir.path().join("bucket"))?);
     let config = NodeConfig::new(NodeId::new("n1")?, dir.path().join("n1"), "streams");
-    let kinds = Arc::new(cellfleet_streams::with_kinds(Kinds::builtin()));
+    let kinds = Arc::new(
+        cellfleet_streams::with_kinds(Kinds::builtin())
+            .expect("the built-in and streams kinds have distinct names"),
+    );
     let node = Node::start(config, store, Arc::new(SystemClock), kinds).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!(

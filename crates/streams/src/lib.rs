@@ -30,11 +30,30 @@ pub use subscription_kind::{RegistryKind, SubscriptionKind, REGISTRY_KIND, SUBSC
 
 /// `kinds` plus the kinds the streams service runs on: `stream`,
 /// `ds_subscription` and `ds_registry` (every node serving streams
-/// registers all three; [`ROUTED_KINDS`] names the same set).
-pub fn with_kinds(kinds: cellfleet_runtime::Kinds) -> cellfleet_runtime::Kinds {
+/// registers all three; [`ROUTED_KINDS`] names the same set). Refused if
+/// `kinds` (a manifest) already uses one of those names.
+pub fn with_kinds(
+    kinds: cellfleet_runtime::Kinds,
+) -> Result<cellfleet_runtime::Kinds, cellfleet_runtime::DuplicateKind> {
     use std::sync::Arc;
     kinds
-        .with(Arc::new(cellfleet_cell::Typed(StreamKind)))
-        .with(Arc::new(cellfleet_cell::Typed(SubscriptionKind)))
-        .with(Arc::new(cellfleet_cell::Typed(RegistryKind)))
+        .try_with(Arc::new(cellfleet_cell::Typed(StreamKind)))?
+        .try_with(Arc::new(cellfleet_cell::Typed(SubscriptionKind)))?
+        .try_with(Arc::new(cellfleet_cell::Typed(RegistryKind)))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A manifest kind named like a streams kind is refused, whichever it is.
+    #[test]
+    fn a_manifest_kind_cannot_take_a_streams_kind_s_name() {
+        for name in crate::ROUTED_KINDS {
+            let text = format!("[kinds.{name}]\nmigrations = [\"CREATE TABLE t (x)\"]\n");
+            let manifest = cellfleet_cell::Manifest::parse(&text).unwrap();
+            let kinds = cellfleet_runtime::Kinds::from_manifest(&manifest).unwrap();
+            let error = super::with_kinds(kinds).unwrap_err();
+            assert_eq!(error.name, *name);
+        }
+        assert!(super::with_kinds(cellfleet_runtime::Kinds::builtin()).is_ok());
+    }
 }

@@ -37,7 +37,10 @@ pub async fn start_with(
         dir.path().join("n1"),
         prefix,
     );
-    let kinds = Arc::new(cellfleet_streams::with_kinds(Kinds::builtin()));
+    let kinds = Arc::new(
+        cellfleet_streams::with_kinds(Kinds::builtin())
+            .expect("the built-in and streams kinds have distinct names"),
+    );
     let node = Node::start(node_config, store, Arc::new(SystemClock), kinds)
         .await
         .expect("node starts");

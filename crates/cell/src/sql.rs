@@ -137,6 +137,7 @@ pub(crate) fn run_named(
         columns: Vec::new(),
         rows: Vec::new(),
     };
+    check_parameters(conn, statements, args)?;
     for sql in statements {
         let mut stmt = conn.prepare_cached(sql)?;
         run_one(conn, &mut stmt, args, &mut used, &mut output, mode)?;
@@ -148,6 +149,57 @@ pub(crate) fn run_named(
         ));
     }
     Ok(output.finish(mode))
+}
+
+/// Before anything runs: every parameter the statements name is given,
+/// and every argument is a parameter; one rejection names all that is
+/// wrong (a misspelt `byy` is unknown *and* `by` is missing).
+fn check_parameters(
+    conn: &Connection,
+    statements: &[String],
+    args: &Map<String, Value>,
+) -> Result<(), KindError> {
+    let mut wanted = BTreeSet::new();
+    for sql in statements {
+        let stmt = conn.prepare_cached(sql)?;
+        for index in 1..=stmt.parameter_count() {
+            if let Some(name) = stmt.parameter_name(index).and_then(|full| full.get(1..)) {
+                wanted.insert(name.to_owned());
+            }
+        }
+    }
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|name| !args.contains_key(*name))
+        .collect();
+    let unknown: Vec<&String> = args.keys().filter(|key| !wanted.contains(*key)).collect();
+    if missing.is_empty() && unknown.is_empty() {
+        return Ok(());
+    }
+    let mut problems = Vec::new();
+    if !missing.is_empty() {
+        problems.push(format!("missing parameter {}", quoted(&missing)));
+    }
+    if !unknown.is_empty() {
+        problems.push(format!("unknown parameter {}", quoted(&unknown)));
+    }
+    let takes = if wanted.is_empty() {
+        "no parameters".to_owned()
+    } else {
+        quoted(&wanted.iter().collect::<Vec<_>>())
+    };
+    Err(KindError::reject(
+        RejectCode::BadParameters,
+        format!("{} (it takes {takes})", problems.join("; ")),
+    ))
+}
+
+fn quoted(names: &[&String]) -> String {
+    names
+        .iter()
+        .map(|name| format!("{name:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Run a raw SQL batch (several statements separated by `;`), binding

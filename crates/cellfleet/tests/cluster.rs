@@ -930,6 +930,17 @@ async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
         assert_eq!(code, Some(4), "a missing parameter: {stdout}{stderr}");
         assert_eq!(json(&stdout)["ok"], false);
 
+        // A misspelt parameter: named as unknown, beside the missing one.
+        let (code, stdout, stderr) = exec(&["log", "codes", "append", "--arg", "tagg=\"a\""]);
+        assert_eq!(code, Some(4), "{stdout}{stderr}");
+        let message = json(&stdout)["result"].to_string();
+        assert!(
+            message.contains(r#"missing parameter \"tag\""#)
+                && message.contains(r#"unknown parameter \"tagg\""#)
+                && message.contains(r#"it takes \"tag\""#),
+            "{message}"
+        );
+
         let (code, stdout, stderr) = exec(&["nosuchkind", "codes", "append"]);
         assert_eq!(
             code,

@@ -22,7 +22,7 @@
 //! and prepares every command and query statement against the result, so a
 //! manifest with bad SQL is refused at load, not at the first command.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rusqlite::Connection;
@@ -69,6 +69,68 @@ pub struct KindSpec {
 #[serde(deny_unknown_fields)]
 pub struct CommandSpec {
     pub sql: Statements,
+    /// Optional parameter types, checked before anything runs (SQLite
+    /// would store `"abc"` or `1.5` in an INTEGER column): `integer`,
+    /// `real`, `text`, `boolean` or `any`. Undeclared parameters take any
+    /// JSON value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, ParamType>,
+}
+
+/// The type a declared parameter must have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamType {
+    /// A JSON integer (no fraction) that fits in 64 bits.
+    Integer,
+    /// Any JSON number.
+    Real,
+    /// A JSON string.
+    Text,
+    /// `true` or `false`.
+    Boolean,
+    /// Any JSON value.
+    Any,
+}
+
+impl ParamType {
+    fn admits(self, value: &Value) -> bool {
+        match self {
+            ParamType::Integer => value.is_i64(),
+            ParamType::Real => value.is_number(),
+            ParamType::Text => value.is_string(),
+            ParamType::Boolean => value.is_boolean(),
+            ParamType::Any => true,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ParamType::Integer => "an integer",
+            ParamType::Real => "a number",
+            ParamType::Text => "a string",
+            ParamType::Boolean => "true or false",
+            ParamType::Any => "any value",
+        }
+    }
+}
+
+/// Checks `args` against the declared `params` (pure).
+fn check_types(params: &BTreeMap<String, ParamType>, args: &Value) -> Result<(), KindError> {
+    let Value::Object(args) = args else {
+        return Ok(());
+    };
+    for (name, kind) in params {
+        if let Some(value) = args.get(name) {
+            if !kind.admits(value) {
+                return Err(KindError::reject(
+                    RejectCode::BadParameters,
+                    format!("parameter {name:?} must be {}, got {value}", kind.name()),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A named read-only query: one statement.
@@ -76,6 +138,9 @@ pub struct CommandSpec {
 #[serde(deny_unknown_fields)]
 pub struct QuerySpec {
     pub sql: String,
+    /// Optional parameter types, as for commands.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, ParamType>,
 }
 
 /// One statement or a list of them (`sql = "..."` or `sql = ["...", "..."]`).
@@ -184,19 +249,37 @@ impl KindSpec {
                     statements.len()
                 ));
             }
+            let mut named = BTreeSet::new();
             for sql in statements {
-                check_statement(&scratch, sql, false)
+                check_statement(&scratch, sql, false, &mut named)
                     .map_err(|e| format!("command {command:?}: {e}"))?;
             }
+            check_declared(&spec.params, &named)
+                .map_err(|e| format!("command {command:?}: {e}"))?;
         }
         for (query, spec) in &self.queries {
             if !valid_name(query) {
                 return Err(format!("bad query name {query:?}"));
             }
-            check_statement(&scratch, &spec.sql, true)
+            let mut named = BTreeSet::new();
+            check_statement(&scratch, &spec.sql, true, &mut named)
                 .map_err(|e| format!("query {query:?}: {e}"))?;
+            check_declared(&spec.params, &named).map_err(|e| format!("query {query:?}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// A declared parameter must be one the statements use.
+fn check_declared(
+    params: &BTreeMap<String, ParamType>,
+    named: &BTreeSet<String>,
+) -> std::result::Result<(), String> {
+    match params.keys().find(|name| !named.contains(*name)) {
+        Some(name) => Err(format!(
+            "params declares {name:?}, which no statement uses (they use {named:?})"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -204,11 +287,14 @@ fn check_statement(
     conn: &Connection,
     sql: &str,
     read_only: bool,
+    named: &mut BTreeSet<String>,
 ) -> std::result::Result<(), String> {
     let stmt = conn.prepare(sql).map_err(|e| format!("{e} in {sql:?}"))?;
     for index in 1..=stmt.parameter_count() {
         match stmt.parameter_name(index) {
-            Some(p) if p.starts_with(':') || p.starts_with('@') || p.starts_with('$') => {}
+            Some(p) if p.starts_with(':') || p.starts_with('@') || p.starts_with('$') => {
+                named.insert(p[1..].to_owned());
+            }
             _ => {
                 return Err(format!(
                     "use :name parameters, not positional ones, in {sql:?}"
@@ -278,6 +364,7 @@ impl Kind for SqlKind {
                 format!("kind {:?} has no command {name:?}", self.name),
             ));
         };
+        check_types(&spec.params, args)?;
         sql::run_named(conn, &spec.sql.0, args, &self.spec.limits, Mode::Command)
     }
     fn query(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError> {
@@ -290,6 +377,7 @@ impl Kind for SqlKind {
                 format!("kind {:?} has no query {name:?}", self.name),
             ));
         };
+        check_types(&spec.params, args)?;
         sql::run_named(
             conn,
             std::slice::from_ref(&spec.sql),
@@ -297,6 +385,54 @@ impl Kind for SqlKind {
             &self.spec.limits,
             Mode::Query,
         )
+    }
+}
+
+#[cfg(test)]
+mod typed_tests {
+    use super::*;
+    use serde_json::json;
+
+    const TYPED: &str = r#"
+[kinds.counter]
+migrations = ["CREATE TABLE c (n INTEGER NOT NULL)", "INSERT INTO c VALUES (0)"]
+
+[kinds.counter.commands.add]
+sql = ["UPDATE c SET n = n + :by"]
+params = { by = "integer" }
+
+[kinds.counter.queries.above]
+sql = "SELECT n > :floor FROM c"
+params = { floor = "real" }
+"#;
+
+    #[test]
+    fn declared_parameter_types_are_checked_before_anything_runs() {
+        let manifest = Manifest::parse(TYPED).unwrap();
+        let spec = &manifest.kinds["counter"];
+        let add = &spec.commands["add"].params;
+        assert!(check_types(add, &json!({"by": 5})).is_ok());
+        for bad in [json!("abc"), json!(1.5), json!(true), json!(null)] {
+            let error = check_types(add, &json!({ "by": bad })).unwrap_err();
+            assert!(
+                format!("{error:?}").contains(r#"parameter \"by\" must be an integer"#),
+                "{error:?}"
+            );
+        }
+        let above = &spec.queries["above"].params;
+        assert!(check_types(above, &json!({"floor": 1.5})).is_ok());
+        assert!(check_types(above, &json!({"floor": "x"})).is_err());
+        // A declared parameter no statement uses is a manifest error.
+        let unused = TYPED.replace("by = \"integer\"", "bye = \"integer\"");
+        let error = Manifest::parse(&unused).unwrap_err().to_string();
+        assert!(error.contains("params declares \"bye\""), "{error}");
+        // Declaring no types leaves the digest as it was.
+        let untyped = TYPED
+            .replace("params = { by = \"integer\" }\n", "")
+            .replace("params = { floor = \"real\" }\n", "");
+        let plain = Manifest::parse(&untyped).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("params"));
+        assert_ne!(plain.digest(), manifest.digest());
     }
 }
 

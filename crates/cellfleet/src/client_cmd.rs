@@ -83,10 +83,14 @@ pub struct ExecArgs {
     key: String,
     /// The command name (e.g. put).
     command: String,
-    /// An argument: NAME=VALUE (VALUE is JSON if it parses, else a string). Repeatable.
+    /// An argument: NAME=VALUE (VALUE is JSON if it parses, else a string;
+    /// NAME=@PATH reads VALUE from a file, NAME=@@... is a value starting
+    /// with @). Repeatable.
     #[arg(long = "arg")]
     args: Vec<String>,
-    /// All arguments as one JSON object (merged under --arg).
+    /// All arguments as one JSON object (merged under --arg); `-` reads it
+    /// from stdin, `@PATH` from a file (for arguments too large for a
+    /// command line).
     #[arg(long)]
     args_json: Option<String>,
     /// The command id (32 hex digits). Reuse it to retry a command safely.
@@ -102,10 +106,12 @@ pub struct QueryArgs {
     key: String,
     /// The query name (e.g. get).
     name: String,
-    /// An argument: NAME=VALUE. Repeatable.
+    /// An argument: NAME=VALUE (as for `exec`: JSON if it parses, @PATH
+    /// reads a file). Repeatable.
     #[arg(long = "arg")]
     args: Vec<String>,
-    /// All arguments as one JSON object.
+    /// All arguments as one JSON object; `-` reads it from stdin, `@PATH`
+    /// from a file.
     #[arg(long)]
     args_json: Option<String>,
     /// Read-your-writes: only answer from a state at least this TXID (from a receipt).
@@ -300,21 +306,53 @@ fn now_ms() -> i64 {
 }
 
 fn parse_args(args: &[String], json: Option<&str>) -> anyhow::Result<serde_json::Value> {
+    let read_file =
+        |path: &str| std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"));
+    let read_stdin = || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("cannot read --args-json from stdin")?;
+        anyhow::Ok(text)
+    };
+    parse_args_with(args, json, read_file, read_stdin)
+}
+
+/// [`parse_args`] with its sources given: `read_file` for `@PATH`,
+/// `read_stdin` for `--args-json -`.
+fn parse_args_with(
+    args: &[String],
+    json: Option<&str>,
+    read_file: impl Fn(&str) -> anyhow::Result<String>,
+    read_stdin: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<serde_json::Value> {
     let mut object = match json {
-        Some(text) => match serde_json::from_str::<serde_json::Value>(text)
-            .context("--args-json is not JSON")?
-        {
-            serde_json::Value::Object(map) => map,
-            _ => bail!("--args-json must be a JSON object, like '{{\"key\": \"a\"}}'"),
-        },
+        Some(source) => {
+            let text = match source {
+                "-" => read_stdin()?,
+                _ => match source.strip_prefix('@') {
+                    Some(path) => read_file(path)?,
+                    None => source.to_owned(),
+                },
+            };
+            match serde_json::from_str::<serde_json::Value>(&text)
+                .context("--args-json is not JSON")?
+            {
+                serde_json::Value::Object(map) => map,
+                _ => bail!("--args-json must be a JSON object, like '{{\"key\": \"a\"}}'"),
+            }
+        }
         None => serde_json::Map::new(),
     };
     for arg in args {
         let Some((name, value)) = arg.split_once('=') else {
             bail!("--arg {arg:?}: write NAME=VALUE");
         };
-        let value = serde_json::from_str(value)
-            .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+        let text = match value.strip_prefix('@') {
+            Some(rest) if rest.starts_with('@') => rest.to_owned(),
+            Some(path) => read_file(path).with_context(|| format!("--arg {name}=@{path}"))?,
+            None => value.to_owned(),
+        };
+        let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
         object.insert(name.to_owned(), value);
     }
     Ok(serde_json::Value::Object(object))
@@ -841,5 +879,45 @@ pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(status) => Ok(report_error(&status, args.common.json)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn files(path: &str) -> anyhow::Result<String> {
+        match path {
+            "big.txt" => Ok("x".repeat(3 << 20)),
+            "obj.json" => Ok(r#"{"a": 1, "b": "two"}"#.to_owned()),
+            _ => bail!("no file {path}"),
+        }
+    }
+
+    #[test]
+    fn arguments_come_from_the_line_files_and_stdin() {
+        let args = |list: &[&str], json: Option<&str>| {
+            let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            parse_args_with(&list, json, files, || Ok(r#"{"s": [1, 2]}"#.to_owned()))
+        };
+        assert_eq!(
+            args(&["by=5", "name=abc", "at=@@home"], None).unwrap(),
+            json!({"by": 5, "name": "abc", "at": "@home"})
+        );
+        let big = args(&["text=@big.txt"], None).unwrap();
+        assert_eq!(big["text"].as_str().map(str::len), Some(3 << 20));
+        assert_eq!(
+            args(&["b=3"], Some("@obj.json")).unwrap(),
+            json!({"a": 1, "b": 3})
+        );
+        assert_eq!(args(&[], Some("-")).unwrap(), json!({"s": [1, 2]}));
+        let missing = args(&["t=@nope"], None).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("--arg t=@nope"),
+            "{missing:#}"
+        );
+        assert!(args(&[], Some("[1]")).is_err());
+        assert!(args(&["novalue"], None).is_err());
     }
 }

@@ -42,6 +42,7 @@ migrations = [
 
 [kinds.counter.commands.add]
 sql = ["UPDATE counter SET n = n + :by"]
+params = { by = "integer" }   # checked before the command runs
 
 [kinds.counter.queries.value]
 sql = "SELECT n FROM counter"
@@ -53,6 +54,7 @@ migrations = ["CREATE TABLE entries (tag TEXT NOT NULL)"]
 
 [kinds.log.commands.append]
 sql = ["INSERT INTO entries (tag) VALUES (:tag)"]
+params = { tag = "text" }
 
 [kinds.log.queries.count]
 sql = "SELECT tag, COUNT(*) AS n FROM entries GROUP BY tag ORDER BY tag"

@@ -941,6 +941,17 @@ async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
             "{message}"
         );
 
+        // Declared types (the dev manifest's counter takes an integer):
+        // "abc" and 1.5 are refused before anything runs.
+        for bad in ["by=abc", "by=1.5"] {
+            let (code, stdout, stderr) = exec(&["counter", "typed", "add", "--arg", bad]);
+            assert_eq!(code, Some(4), "{bad}: {stdout}{stderr}");
+            let message = json(&stdout)["result"].to_string();
+            assert!(message.contains("must be an integer"), "{bad}: {message}");
+        }
+        let (code, stdout, stderr) = exec(&["counter", "typed", "add", "--arg", "by=2"]);
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+
         let (code, stdout, stderr) = exec(&["nosuchkind", "codes", "append"]);
         assert_eq!(
             code,
@@ -1225,4 +1236,68 @@ async fn a_manifest_kind_named_like_a_streams_kind_is_refused_at_start() {
             && stderr.contains("kind \"ds_registry\" is defined twice"),
         "{stderr}"
     );
+}
+
+/// Arguments too large for a command line: `--arg NAME=@FILE` and
+/// `--args-json -` (stdin), through the binary. A 200 KB value (past
+/// Linux's 128 KiB bound on one argument) reaches the Cell whole, which
+/// measures it against the kind's 64 KiB payload bound; 60 KB applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_reads_large_arguments_from_a_file_and_from_stdin() {
+    use std::io::Write;
+    let cluster = Cluster::start(1, Store::Local, 3_000);
+    let config = cluster.path("client.toml");
+    let node = cluster.nodes[0].client.to_string();
+    let exec_file = |tag: &str| {
+        std::fs::write(cluster.path("tag.txt"), tag).unwrap();
+        std::process::Command::new(cluster_common::BIN)
+            .args(["exec", "log", "big", "append", "--arg"])
+            .arg(format!("tag=@{}", cluster.path("tag.txt").display()))
+            .arg("--config")
+            .arg(&config)
+            .arg("--node")
+            .arg(&node)
+            .output()
+            .expect("run exec")
+    };
+    let fits = "t".repeat(60_000);
+    tokio::task::block_in_place(|| {
+        let too_big = exec_file(&"t".repeat(200_000));
+        let stdout = String::from_utf8_lossy(&too_big.stdout);
+        assert_eq!(too_big.status.code(), Some(4), "{too_big:?}");
+        assert!(stdout.contains("payload of about 200016 bytes"), "{stdout}");
+        let applied = exec_file(&fits);
+        assert!(applied.status.success(), "{applied:?}");
+        let mut from_stdin = std::process::Command::new(cluster_common::BIN)
+            .args([
+                "exec",
+                "log",
+                "big",
+                "append",
+                "--args-json",
+                "-",
+                "--config",
+            ])
+            .arg(&config)
+            .arg("--node")
+            .arg(&node)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run exec");
+        from_stdin
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(br#"{"tag": "from-stdin"}"#)
+            .unwrap();
+        let output = from_stdin.wait_with_output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+    });
+    let mut client = cluster.client("dev");
+    let counts = client.log_counts(cluster.nodes[0].client, "big").await;
+    assert_eq!(counts.get(&fits), Some(&1));
+    assert_eq!(counts.get("from-stdin"), Some(&1));
+    assert_eq!(counts.len(), 2, "the rejected one is not there");
 }

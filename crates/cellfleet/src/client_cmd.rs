@@ -21,7 +21,6 @@
 //! bad parameters, a failing statement), stored under its id — re-sending
 //! it returns the same rejection.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,7 +30,6 @@ use anyhow::{bail, Context};
 use cellfleet_proto::v1;
 use cellfleet_proto::v1::admin_client::AdminClient;
 use cellfleet_proto::v1::client_client::ClientClient;
-use cellfleet_router::endpoints::host_port;
 use cellfleet_router::signing::{read_signing_key, seal, Domain};
 use cellfleet_router::status::detail_from_status;
 use cellfleet_router::tls::{self, TlsIdentity};
@@ -232,12 +230,11 @@ impl Client {
     }
 
     fn channel(&self, endpoint: &str) -> anyhow::Result<Channel> {
-        let address: SocketAddr = host_port(endpoint)
+        let target: cellfleet_router::transport::HostPort = endpoint
             .parse()
-            .with_context(|| format!("endpoint {endpoint:?} is not ip:port"))?;
-        Ok(cellfleet_router::transport::channel(
-            address,
-            &address.ip().to_string(),
+            .map_err(|reason: String| anyhow::anyhow!("endpoint {reason}"))?;
+        Ok(cellfleet_router::transport::channel_to(
+            &target,
             self.tls.clone(),
             Duration::from_secs(2),
         )?)

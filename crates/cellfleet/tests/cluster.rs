@@ -1301,3 +1301,64 @@ async fn exec_reads_large_arguments_from_a_file_and_from_stdin() {
     assert_eq!(counts.get("from-stdin"), Some(&1));
     assert_eq!(counts.len(), 2, "the rejected one is not there");
 }
+
+/// Host names work wherever an endpoint goes (what a DNS or Kubernetes
+/// deployment needs): nodes advertise `localhost` in their leases, so peers
+/// forward to each other by name, and the CLI's `--node localhost:PORT`
+/// connects by name; the certificates' names are checked (dev certificates
+/// name `localhost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_may_be_host_names() {
+    let cluster = Cluster::start_with_env(
+        3,
+        Store::Local,
+        3_000,
+        &[("CELLFLEET_ADVERTISE_HOST", "localhost")],
+    );
+    let config = cluster.path("client.toml");
+    let first_port = cluster.nodes[0].client.port();
+    let exec = |key: &str| {
+        std::process::Command::new(cluster_common::BIN)
+            .args([
+                "exec",
+                "log",
+                key,
+                "append",
+                "--arg",
+                "tag=\"named\"",
+                "--json",
+                "--config",
+            ])
+            .arg(&config)
+            .arg("--node")
+            .arg(format!("localhost:{first_port}"))
+            .output()
+            .expect("run cellfleet exec")
+    };
+    let mut served_elsewhere = false;
+    for i in 0..8 {
+        let output = tokio::task::block_in_place(|| exec(&format!("named-{i}")));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{output:?}");
+        let view: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+        served_elsewhere |= view["served_by"] != cluster.nodes[0].id.as_str();
+    }
+    assert!(
+        served_elsewhere,
+        "no command was forwarded to a peer by name"
+    );
+    let leases = tokio::task::block_in_place(|| {
+        std::process::Command::new(cluster_common::BIN)
+            .args(["leases", "--json", "--config"])
+            .arg(&config)
+            .arg("--node")
+            .arg(format!("localhost:{first_port}"))
+            .output()
+            .expect("run cellfleet leases")
+    });
+    let text = String::from_utf8_lossy(&leases.stdout);
+    assert!(
+        leases.status.success() && text.contains("localhost:"),
+        "{text}"
+    );
+}

@@ -33,7 +33,6 @@
 //! typed) proves a forward was never sent ([`Delivery`]).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,7 +42,6 @@ use cellfleet_proto::v1::peer_client::PeerClient;
 use cellfleet_runtime::NodeHandle;
 use tonic::transport::Channel;
 
-use crate::endpoints::host_port;
 use crate::envelope::Verifier;
 use crate::error::{Error, OwnerHint};
 use crate::hints::{rendezvous_owner, CachedOwner, OwnerHintCache};
@@ -367,15 +365,13 @@ impl Router {
         if let Some(channel) = peers.get(peer) {
             return Ok(channel.clone());
         }
-        let address: SocketAddr = host_port(peer)
-            .parse()
-            .map_err(|e| Error::PeerUnavailable {
+        let target: crate::transport::HostPort =
+            peer.parse().map_err(|reason| Error::PeerUnavailable {
                 endpoint: peer.to_owned(),
-                reason: format!("not an ip:port address: {e}"),
+                reason,
             })?;
-        let host = address.ip().to_string();
         let channel =
-            crate::transport::channel(address, &host, self.peer_tls.clone(), PEER_CONNECT_TIMEOUT)
+            crate::transport::channel_to(&target, self.peer_tls.clone(), PEER_CONNECT_TIMEOUT)
                 .map_err(|e| Error::PeerUnavailable {
                     endpoint: peer.to_owned(),
                     reason: e.to_string(),

@@ -117,6 +117,112 @@ pub fn connect_failed(status: &tonic::Status) -> bool {
     false
 }
 
+/// A `host:port` endpoint: an IP address (`[..]` for IPv6) or a DNS name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    /// The host: an IP literal (without brackets) or a DNS name.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for HostPort {
+    type Err = String;
+
+    /// Parses `host:port`, `[ipv6]:port`, or a URL's `host:port` part.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = crate::endpoints::host_port(text);
+        let bad = || format!("{text:?} is not host:port (a DNS name or IP address, and a port)");
+        let (host, port) = match text.strip_prefix('[') {
+            Some(rest) => {
+                let (host, port) = rest.split_once("]:").ok_or_else(bad)?;
+                host.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+                (host, port)
+            }
+            None => text.rsplit_once(':').ok_or_else(bad)?,
+        };
+        let name_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'));
+        if !name_ok {
+            return Err(bad());
+        }
+        Ok(HostPort {
+            host: host.to_owned(),
+            port: port.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A lazily connecting channel to `endpoint` (`host:port`, a DNS name or
+/// an IP address) over TLS with `config`, checking the server's certificate
+/// for that host. A name is resolved at each connect, so a peer that moves
+/// to a new address (a restarted pod) is found again.
+pub fn channel_to(
+    endpoint: &HostPort,
+    config: Arc<ClientConfig>,
+    connect_timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
+    if let Ok(ip) = endpoint.host.parse::<std::net::IpAddr>() {
+        return channel(
+            SocketAddr::new(ip, endpoint.port),
+            &endpoint.host,
+            config,
+            connect_timeout,
+        );
+    }
+    let server_name = ServerName::try_from(endpoint.host.clone()).unwrap_or_else(|_| {
+        ServerName::try_from("invalid.invalid".to_owned()).expect("a valid name")
+    });
+    let connector = TlsConnector::from(config);
+    let (host, port) = (endpoint.host.clone(), endpoint.port);
+    let uri = format!("http://{host}:{port}");
+    let endpoint = Endpoint::from_shared(uri)?
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+    Ok(
+        endpoint.connect_with_connector_lazy(tower::service_fn(move |_uri| {
+            let connector = connector.clone();
+            let server_name = server_name.clone();
+            let host = host.clone();
+            async move {
+                let connect = async {
+                    // Resolves the name and tries each address in turn.
+                    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+                    tcp.set_nodelay(true)?;
+                    let address = tcp.peer_addr()?;
+                    let tls = connector.connect(server_name, tcp).await;
+                    Ok::<_, std::io::Error>((address, tls))
+                };
+                let unresolved: SocketAddr = ([0, 0, 0, 0], port).into();
+                let failed = |address: SocketAddr, source: std::io::Error| {
+                    std::io::Error::new(source.kind(), ConnectFailed { address, source })
+                };
+                match tokio::time::timeout(connect_timeout, connect).await {
+                    Ok(Ok((address, tls))) => {
+                        Ok(TokioIo::new(tls.map_err(|e| failed(address, e))?))
+                    }
+                    Ok(Err(error)) => Err(failed(
+                        unresolved,
+                        std::io::Error::new(error.kind(), format!("{host}:{port}: {error}")),
+                    )),
+                    Err(_) => Err(failed(
+                        unresolved,
+                        std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("{host}:{port}: not connected within {connect_timeout:?}"),
+                        ),
+                    )),
+                }
+            }
+        })),
+    )
+}
+
 /// A lazily connecting channel to `address` over TLS with `config`,
 /// checking the server's certificate for `server_name` (a DNS name or IP
 /// address in its SAN).
@@ -171,6 +277,53 @@ pub fn channel(
 #[cfg(test)]
 mod connect_tests {
     use super::*;
+
+    #[test]
+    fn endpoints_are_names_or_addresses_with_a_port() {
+        let parse = |text: &str| text.parse::<HostPort>();
+        let ok = |host: &str, port| {
+            Ok(HostPort {
+                host: host.into(),
+                port,
+            })
+        };
+        assert_eq!(parse("localhost:7001"), ok("localhost", 7001));
+        assert_eq!(
+            parse("https://node-1.cellfleet.svc:7101/x"),
+            ok("node-1.cellfleet.svc", 7101)
+        );
+        assert_eq!(parse("127.0.0.1:80"), ok("127.0.0.1", 80));
+        assert_eq!(parse("[::1]:8101"), ok("::1", 8101));
+        for bad in [
+            "localhost",
+            "localhost:",
+            ":80",
+            "host:99999",
+            "[::1]80",
+            "bad host:1",
+            "[nope]:1",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A DNS name resolves at connect time; its failure is a connect
+    /// failure (never sent).
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_a_connect_failure() {
+        let config = ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let target: HostPort = "no-such-host.invalid:7001".parse().unwrap();
+        let channel = channel_to(&target, Arc::new(config), Duration::from_secs(2)).unwrap();
+        let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
+            .forward(cellfleet_proto::v1::ForwardRequest::default())
+            .await
+            .expect_err("nothing answers there");
+        assert!(connect_failed(&status), "{status:?}");
+    }
 
     /// The status of a request to a port nobody listens on names the
     /// connect failure, so the router can tell it was never sent.

@@ -60,6 +60,16 @@ fn run_ok(args: &[&str]) {
 
 impl Cluster {
     pub fn start(nodes: usize, store: Store, lease_ms: u64) -> Cluster {
+        Self::start_with_env(nodes, store, lease_ms, &[])
+    }
+
+    /// As [`Cluster::start`], with more `CELLFLEET_*` settings for every node.
+    pub fn start_with_env(
+        nodes: usize,
+        store: Store,
+        lease_ms: u64,
+        extra: &[(&str, &str)],
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().to_str().expect("utf-8 path").to_owned();
         let nodes_text = nodes.to_string();
@@ -127,6 +137,7 @@ impl Cluster {
             }
             env.push(("CELLFLEET_S3_PATH_STYLE".into(), "true".into()));
         }
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut cluster = Cluster {
             dir,
             nodes: Vec::new(),

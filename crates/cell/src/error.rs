@@ -84,7 +84,7 @@ pub enum Error {
     },
     #[error("recovery: {0}")]
     Recovery(String),
-    #[error("rejected: {0:?}")]
+    #[error("rejected ({:?}): {}", .0.code, .0.message)]
     Rejected(crate::Rejection),
     #[error("txid overflow")]
     TxidOverflow,
@@ -93,6 +93,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the request itself is at fault (an unknown query, bad
+    /// parameters or SQL, a limit, raw SQL not enabled, a rejection): the
+    /// caller must change it, and the engine is fine.
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            Error::UnknownKind(_)
+                | Error::UnknownQuery(_)
+                | Error::BadParameters(_)
+                | Error::BadSql(_)
+                | Error::LimitExceeded { .. }
+                | Error::RawSqlDisabled(_)
+                | Error::Rejected(_)
+        )
+    }
+
     /// Whether the same call may succeed if tried again unchanged.
     pub fn is_retryable(&self) -> bool {
         match self {

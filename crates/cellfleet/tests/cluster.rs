@@ -952,6 +952,28 @@ async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
         let (code, stdout, stderr) = exec(&["counter", "typed", "add", "--arg", "by=2"]);
         assert_eq!(code, Some(0), "{stdout}{stderr}");
 
+        // A query that does not exist is the request's fault (BAD_REQUEST),
+        // not the server's (it was INTERNAL, with a Rust debug dump).
+        let query = std::process::Command::new(cluster_common::BIN)
+            .args(["query", "log", "codes", "nosuchquery", "--config"])
+            .arg(&config)
+            .arg("--node")
+            .arg(&node)
+            .output()
+            .expect("run cellfleet query");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&query.stdout),
+            String::from_utf8_lossy(&query.stderr)
+        );
+        assert_eq!(query.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("BAD_REQUEST")
+                && text.contains("has no query")
+                && !text.contains("Rejection {"),
+            "{text}"
+        );
+
         let (code, stdout, stderr) = exec(&["nosuchkind", "codes", "append"]);
         assert_eq!(
             code,

@@ -117,6 +117,10 @@ impl Error {
     }
 
     pub(crate) fn cell(error: &cellfleet_cell::Error) -> Self {
+        if error.is_request_error() {
+            // Not the engine's failure: the caller's to fix.
+            return Error::BadRequest(error.to_string());
+        }
         Error::Cell {
             message: error.to_string(),
             retryable: error.is_retryable(),

@@ -384,15 +384,56 @@ pub const EXIT_REJECTED: u8 = 4;
 pub const EXIT_UNKNOWN: u8 = 3;
 
 /// Prints a failed call with what to do next; exit code 1 (3 when the outcome is unknown).
+/// What a status without a Cellfleet detail says: the server's own
+/// "not found", a TLS refusal (certificates) or a peer that does not speak
+/// TLS, no connection at all, or some other transport failure.
+fn transport_category(status: &tonic::Status) -> &'static str {
+    if status.code() == tonic::Code::NotFound {
+        return "NOT_FOUND";
+    }
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = next {
+        let tls = error.downcast_ref::<rustls::Error>().or_else(|| {
+            error
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return match tls {
+                rustls::Error::InvalidMessage(_)
+                | rustls::Error::InappropriateMessage { .. }
+                | rustls::Error::InappropriateHandshakeMessage { .. } => "NOT_TLS",
+                _ => "CERTIFICATE",
+            };
+        }
+        // io::Error's source() skips its payload: look inside it too.
+        next = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static))
+            .filter(|inner| !std::ptr::eq(*inner, error))
+            .or_else(|| error.source());
+    }
+    if cellfleet_router::transport::connect_failed(status) {
+        return "UNREACHABLE";
+    }
+    "TRANSPORT"
+}
+
 fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
     let detail = detail_from_status(status);
     let code = detail
         .as_ref()
         .and_then(|d| v1::ErrorCode::try_from(d.code).ok())
         .map(|c| c.as_str_name().trim_start_matches("ERROR_CODE_").to_owned())
-        .unwrap_or_else(|| "TRANSPORT".into());
+        .unwrap_or_else(|| transport_category(status).into());
     let retry_safe = detail.as_ref().is_some_and(|d| d.retry_safe);
     let next = match code.as_str() {
+        "NOT_FOUND" => "check the kind and key (`cellfleet cells` lists the Cells the cluster has)",
+        "CERTIFICATE" => "the node refused this client's certificate or this client the node's: check ca, cert and key in the client config (an expired or another cluster's certificate?); reissue with `cellfleet certs issue client NAME`",
+        "NOT_TLS" => "the endpoint did not answer TLS: give a node's client port (listen.client), not its HTTP, streams or peer port",
+        "UNREACHABLE" => "no node answered TLS there: is the cluster running (`cellfleet dev`), and is this a node's client port (listen.client, not its HTTP or peer port)? check endpoints in the client config",
         "UNKNOWN_OUTCOME" => "the command may or may not have applied: run `cellfleet resolve` with its id, or repeat `cellfleet exec ... --id ID`",
         "UNSIGNED" | "UNKNOWN_KEY" | "BAD_SIGNATURE" => "check key_id and signing_key in the client config and that the key is in every node's keys.toml",
         "UNAUTHORIZED" => "grant the key this kind/operation in keys.toml (`cellfleet keys new --kinds --ops`)",

@@ -1384,3 +1384,81 @@ async fn endpoints_may_be_host_names() {
         "{text}"
     );
 }
+
+/// Failures that reach no Cell say what they are and what to do: a Cell
+/// that does not exist (NOT_FOUND, not "is the cluster running?"), a port
+/// that does not speak TLS (NOT_TLS), a port nobody listens on
+/// (UNREACHABLE), and another cluster's client certificate (CERTIFICATE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_errors_name_their_category() {
+    let cluster = Cluster::start(1, Store::Local, 3_000);
+    let config = cluster.path("client.toml");
+    let client_port = cluster.nodes[0].client.to_string();
+    let run = |args: &[&str], config: &std::path::Path, node: &str| {
+        let output = std::process::Command::new(cluster_common::BIN)
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .arg("--node")
+            .arg(node)
+            .output()
+            .expect("run cellfleet");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.code(), text)
+    };
+    // Another cluster's CA and client certificate, with this cluster's key.
+    let other = cluster.path("other");
+    let status = std::process::Command::new(cluster_common::BIN)
+        .args(["dev", "--no-start", "--nodes", "1", "--data"])
+        .arg(&other)
+        .status()
+        .expect("run dev --no-start");
+    assert!(status.success());
+    let foreign = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("certs/", &format!("{}/certs/", other.display()));
+    std::fs::write(cluster.path("foreign.toml"), foreign).unwrap();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let http = cluster.nodes[0].http.to_string();
+    let streams = cluster.nodes[0]
+        .streams
+        .expect("a streams listener")
+        .to_string();
+    tokio::task::block_in_place(|| {
+        let cases: [(&[&str], std::path::PathBuf, &str, &str); 5] = [
+            (
+                &["cell", "show", "kv", "nosuchcell"],
+                config.clone(),
+                &client_port,
+                "NOT_FOUND",
+            ),
+            // An HTTP server answers the TLS hello with plain HTTP.
+            (&["leases"], config.clone(), &streams, "NOT_TLS"),
+            (&["leases"], config.clone(), &closed, "UNREACHABLE"),
+            // The metrics port waits for a request head: no TLS answer.
+            (&["leases"], config.clone(), &http, "UNREACHABLE"),
+            (
+                &["leases"],
+                cluster.path("foreign.toml"),
+                &client_port,
+                "CERTIFICATE",
+            ),
+        ];
+        for (args, config, node, category) in cases {
+            let (code, text) = run(args, &config, node);
+            assert_eq!(code, Some(1), "{args:?}: {text}");
+            assert!(
+                text.contains(&format!("error: {category} ")),
+                "{args:?} at {node}: {text}"
+            );
+            assert!(text.contains("next: "), "{text}");
+        }
+    });
+}

@@ -42,6 +42,7 @@ fn assert_all_passed(report: &serde_json::Value) {
         .map(|c| c["check"].as_str().unwrap())
         .collect();
     for expected in [
+        "reachable",
         "create-if-absent",
         "reject-existing",
         "read-after-write",
@@ -134,7 +135,8 @@ fn unreachable_store_fails_naming_the_check() {
     let out = probe(&[], &env);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("FAILED  create-if-absent"), "{text}");
+    assert!(text.contains("FAILED  reachable"), "{text}");
+    assert!(text.contains("the store did not answer"), "{text}");
     assert!(
         text.contains("do not run a cluster on this store"),
         "{text}"

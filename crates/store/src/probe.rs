@@ -23,6 +23,9 @@ pub const DEFAULT_RACE_WRITERS: usize = 4;
 /// One property the probe checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Check {
+    /// The store answers at all (a read of a missing key gets an answer,
+    /// even a refusal, rather than no connection or a timeout).
+    Reachable,
     /// `If-None-Match: *` creates a missing object.
     CreateIfAbsent,
     /// `If-None-Match: *` is refused (412) on an existing object.
@@ -45,7 +48,8 @@ pub enum Check {
 
 impl Check {
     /// Every check, in the order run.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
+        Check::Reachable,
         Check::CreateIfAbsent,
         Check::RejectExisting,
         Check::ReadAfterWrite,
@@ -60,6 +64,7 @@ impl Check {
     /// A short name (`reject-stale-etag`).
     pub fn name(self) -> &'static str {
         match self {
+            Check::Reachable => "reachable",
             Check::CreateIfAbsent => "create-if-absent",
             Check::RejectExisting => "reject-existing",
             Check::ReadAfterWrite => "read-after-write",
@@ -75,6 +80,10 @@ impl Check {
     /// What a failure of this check means for a cluster.
     pub fn meaning(self) -> &'static str {
         match self {
+            Check::Reachable => {
+                "the store did not answer: check the endpoint (scheme, host and port) and \
+                 that the server is running and reachable from here"
+            }
             Check::CreateIfAbsent => {
                 "this store refuses create-only writes (If-None-Match: *): check the bucket, \
                  credentials and permissions; Cellfleet cannot create roots or leases on it"
@@ -234,6 +243,10 @@ impl Probe {
         let key = format!("{}record", self.root);
         let first = Bytes::from_static(b"cellfleet probe record, version 1");
         let second = Bytes::from_static(b"cellfleet probe record, version 2");
+        let step = self.reachable(&key).await;
+        if self.record(Check::Reachable, step).is_none() {
+            return;
+        }
         let step = self.create_if_absent(&key, &first).await;
         let Some(first_etag) = self.record(Check::CreateIfAbsent, step) else {
             return;
@@ -257,6 +270,15 @@ impl Probe {
         };
         let step = self.race(&race_key, Some(race_etag)).await;
         self.record(Check::RaceUpdate, step);
+    }
+
+    /// Any answer of the server counts (a missing key's 404, or a refusal
+    /// that the next checks explain); only no answer fails.
+    async fn reachable(&self, key: &str) -> Step<()> {
+        match self.store.head(key).await {
+            Err(e @ Error::Unavailable { .. }) => Err(format!("no answer: {e}")),
+            _ => Ok(()),
+        }
     }
 
     async fn create_if_absent(&self, key: &str, body: &Bytes) -> Step<ETag> {

@@ -149,6 +149,9 @@ pub struct CellsArgs {
     /// At most this many.
     #[arg(long, default_value_t = 100)]
     limit: u32,
+    /// Continue a listing from the token the previous page printed.
+    #[arg(long)]
+    page_token: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -715,7 +718,8 @@ pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
             .map(|l| {
                 serde_json::json!({"node_id": l.node_id, "session_id": l.session_id,
                     "endpoint": l.endpoint, "peer_endpoint": l.peer_endpoint,
-                    "expires_at_ms": l.expires_at_ms, "live": l.live, "draining": l.draining,
+                    "expires_at_ms": l.expires_at_ms, "renewed_at_ms": l.renewed_at_ms,
+                    "live": l.live, "draining": l.draining, "state": lease_state(l, now),
                     "owned_cells": l.owned_cells})
             })
             .collect();
@@ -723,22 +727,43 @@ pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<12} {:<8} {:<26} {:<18} {:>6}  SESSION",
-        "NODE", "STATE", "ENDPOINT", "EXPIRES", "CELLS"
+        "{:<12} {:<8} {:<26} {:>9} {:>9} {:>6}  SESSION",
+        "NODE", "STATE", "ENDPOINT", "RENEWED", "EXPIRES", "CELLS"
     );
     for l in &response.leases {
-        let state = match (l.live, l.draining) {
-            (_, true) => "retired",
-            (true, false) => "live",
-            (false, false) => "expired",
-        };
+        let renewed = format!("{:.1}s ago", (now - l.renewed_at_ms) as f64 / 1000.0);
         let expires = format!("{:+.1}s", (l.expires_at_ms - now) as f64 / 1000.0);
         println!(
-            "{:<12} {:<8} {:<26} {:<18} {:>6}  {}",
-            l.node_id, state, l.endpoint, expires, l.owned_cells, l.session_id
+            "{:<12} {:<8} {:<26} {:>9} {:>9} {:>6}  {}",
+            l.node_id,
+            lease_state(l, now),
+            l.endpoint,
+            renewed,
+            expires,
+            l.owned_cells,
+            l.session_id
         );
     }
+    println!(
+        "(live: renewing; late: live but its renewal is overdue, the node may be gone, its \
+         Cells move once the lease expires; expired; retired: drained)"
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A lease's state for operators (pure): `late` is a live lease past half
+/// its length without a renewal (a node renews several times per lease, so
+/// it is likely paused, cut off or killed).
+fn lease_state(lease: &v1::NodeLease, now_ms: i64) -> &'static str {
+    let length = lease.expires_at_ms - lease.renewed_at_ms;
+    match (lease.live, lease.draining) {
+        (_, true) => "retired",
+        (true, false) if lease.renewed_at_ms > 0 && now_ms - lease.renewed_at_ms > length / 2 => {
+            "late"
+        }
+        (true, false) => "live",
+        (false, false) => "expired",
+    }
 }
 
 fn summary_json(c: &v1::CellSummary) -> serde_json::Value {
@@ -752,7 +777,7 @@ pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
     let request = v1::ListCellsRequest {
         owner_node_id: args.owner.clone().unwrap_or_default(),
         limit: args.limit,
-        page_token: String::new(),
+        page_token: args.page_token.clone().unwrap_or_default(),
     };
     let result = runtime()?.block_on(client.call(|channel| {
         let request = request.clone();
@@ -767,36 +792,95 @@ pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
         Ok(response) => response,
         Err(status) => return Ok(report_error(&status, args.common.json)),
     };
+    // Owners whose lease is not live are marked: their Cells move to
+    // another node at the next request.
+    let leases = runtime()?
+        .block_on(client.call(|channel| async move {
+            Ok(AdminClient::new(channel)
+                .list_leases(v1::ListLeasesRequest {})
+                .await?
+                .into_inner())
+        }))
+        .map(|r| r.leases)
+        .unwrap_or_default();
+    let now = now_ms();
+    let owner_state = |owner: &str| -> Option<&'static str> {
+        leases
+            .iter()
+            .find(|l| l.node_id == owner)
+            .map(|l| lease_state(l, now))
+    };
     if args.common.json {
-        let cells: Vec<_> = response.cells.iter().map(summary_json).collect();
+        let cells: Vec<_> = response
+            .cells
+            .iter()
+            .map(|c| {
+                let mut view = summary_json(c);
+                view["owner_lease"] =
+                    owner_state(&c.owner_node_id).map_or(serde_json::Value::Null, Into::into);
+                view
+            })
+            .collect();
         println!(
             "{}",
             serde_json::json!({"ok": true, "cells": cells, "next_page_token": response.next_page_token})
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let keys: Vec<String> = response
+        .cells
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.key).into_owned())
+        .collect();
+    let owners: Vec<String> = response
+        .cells
+        .iter()
+        .map(
+            |c| match (c.owner_node_id.as_str(), owner_state(&c.owner_node_id)) {
+                ("", _) => "-".to_owned(),
+                (owner, Some(state @ ("expired" | "late" | "retired"))) => {
+                    format!("{owner} ({state})")
+                }
+                (owner, _) => owner.to_owned(),
+            },
+        )
+        .collect();
+    // Columns as wide as their longest value, so long keys stay aligned.
+    let width = |values: &[String], header: &str| {
+        values
+            .iter()
+            .map(|v| v.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(header.len())
+    };
+    let (key_width, owner_width) = (width(&keys, "KEY"), width(&owners, "OWNER"));
+    let kind_width = response
+        .cells
+        .iter()
+        .map(|c| c.kind.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     println!(
-        "{:<8} {:<20} {:<10} {:>6} {:>8}  CELL",
+        "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>8}  CELL",
         "KIND", "KEY", "OWNER", "EPOCH", "TXID"
     );
-    for c in &response.cells {
-        let owner = if c.owner_node_id.is_empty() {
-            "-"
-        } else {
-            &c.owner_node_id
-        };
+    for ((c, key), owner) in response.cells.iter().zip(&keys).zip(&owners) {
         println!(
-            "{:<8} {:<20} {:<10} {:>6} {:>8}  {}",
-            c.kind,
-            String::from_utf8_lossy(&c.key),
-            owner,
-            c.epoch,
-            c.txid,
-            c.cell_id
+            "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>8}  {}",
+            c.kind, key, owner, c.epoch, c.txid, c.cell_id
         );
     }
+    println!(
+        "(OWNER - : released, e.g. by a drain; the next request places it. ds_registry and \
+         ds_subscription Cells are the Durable Streams service's own)"
+    );
     if !response.next_page_token.is_empty() {
-        println!("(more: raise --limit)");
+        println!(
+            "(more: cellfleet cells --page-token {})",
+            response.next_page_token
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -49,7 +49,7 @@ enum Command {
     Resolve(client_cmd::ResolveArgs),
     /// List node leases: endpoint, expiry, live or expired, Cells owned.
     Leases(client_cmd::ListArgs),
-    /// List Cells with their owner, epoch and TXID.
+    /// List Cells with their owner (marked when its lease is late, expired or retired; - when released), epoch and TXID; ds_registry and ds_subscription Cells belong to the Durable Streams service.
     Cells(client_cmd::CellsArgs),
     /// Show one Cell.
     #[command(subcommand)]

@@ -1462,3 +1462,94 @@ async fn cli_errors_name_their_category() {
         }
     });
 }
+
+/// The operator tables as a user reads them: `leases` shows when each node
+/// last renewed and marks a killed node `late` while its lease still
+/// runs; `cells` marks that owner, keeps long keys aligned, and pages with
+/// `--page-token`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_cells_tell_a_dead_owner_and_page() {
+    let mut cluster = Cluster::start(2, Store::Local, 6_000);
+    let mut client = cluster.client("dev");
+    let via = cluster.nodes[0].client;
+    let long_key = "k".repeat(40);
+    let mut owners = HashMap::new();
+    for key in ["a", "b", "c", "d", long_key.as_str()] {
+        let request = client.command(
+            "log",
+            key,
+            "append",
+            serde_json::json!({ "tag": "x" }),
+            rand::random(),
+        );
+        let response = client.execute(via, request).await.expect("append");
+        owners.insert(key.to_owned(), response.served_by);
+    }
+    let victim_name = cluster.nodes[1].id.clone();
+    let victim_owns = owners.values().any(|owner| *owner == victim_name);
+    let config = cluster.path("client.toml");
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(cluster_common::BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .arg("--node")
+            .arg(via.to_string())
+            .output()
+            .expect("run cellfleet");
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let table = tokio::task::block_in_place(|| run(&["cells"]));
+    let lines: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains(" log ") || l.starts_with("log "))
+        .collect();
+    assert_eq!(lines.len(), 5, "{table}");
+    let cell_column = |line: &str| line.rfind("  ").expect("CELL column");
+    assert!(
+        lines
+            .iter()
+            .all(|l| cell_column(l) == cell_column(lines[0])),
+        "columns not aligned:\n{table}"
+    );
+    // Pages of two, followed by their tokens, list each Cell once.
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    for _ in 0..10 {
+        let mut args = vec!["cells", "--limit", "2", "--json"];
+        if let Some(token) = &token {
+            args.extend(["--page-token", token.as_str()]);
+        }
+        let page: serde_json::Value =
+            serde_json::from_str(tokio::task::block_in_place(|| run(&args)).trim()).expect("json");
+        for cell in page["cells"].as_array().unwrap() {
+            seen.push(cell["cell_id"].as_str().unwrap().to_owned());
+        }
+        match page["next_page_token"].as_str() {
+            Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+            _ => break,
+        }
+    }
+    let unique: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!((seen.len(), unique.len()), (5, 5), "{seen:?}");
+
+    // Kill the other node: while its lease runs it shows late, and so do
+    // the Cells it owns.
+    cluster.kill9(1);
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let leases = tokio::task::block_in_place(|| run(&["leases"]));
+    let row = leases
+        .lines()
+        .find(|l| l.starts_with(&victim_name))
+        .expect("victim row");
+    assert!(row.contains(" late "), "{leases}");
+    assert!(
+        leases.lines().next().unwrap().contains("RENEWED"),
+        "{leases}"
+    );
+    if victim_owns {
+        let cells = tokio::task::block_in_place(|| run(&["cells"]));
+        assert!(cells.contains(&format!("{victim_name} (late)")), "{cells}");
+    }
+}

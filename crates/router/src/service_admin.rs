@@ -158,6 +158,7 @@ impl v1::admin_server::Admin for AdminService {
                     draining: record.state == LeaseState::Retired
                         || (me && self.drain.draining.load(Ordering::SeqCst)),
                     owned_cells,
+                    renewed_at_ms: i64::try_from(record.renewed_at_ms).unwrap_or(i64::MAX),
                 }
             })
             .collect();

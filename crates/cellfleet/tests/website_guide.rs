@@ -114,8 +114,8 @@ struct Ran {
     _turn: std::sync::MutexGuard<'static, ()>,
 }
 
-/// One guide at a time: the quickstart kills a node with `pkill -f` on its
-/// config path, which every dev cluster's nodes share (`.cellfleet-dev/nN.toml`).
+/// One guide at a time: each runs a dev cluster and kills or stops its
+/// nodes, and two at once would only compete for the machine.
 static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Ran {

@@ -230,33 +230,21 @@ const LOCK_FILE: &str = "dev.lock";
 fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            let holder = holder.trim();
-            bail!(
-                "another `cellfleet dev` is running on {} ({}); stop it with Ctrl-C (or SIGTERM \
-                 to its pid), or give this one another --data directory",
-                dir.display(),
-                if holder.is_empty() {
-                    "pid unknown"
-                } else {
-                    holder
-                }
-            )
-        }
-        Err(std::fs::TryLockError::Error(error)) => {
-            Err(error).with_context(|| format!("locking {}", path.display()))
-        }
+    if let Some(file) = crate::dir_lock::try_lock(&path)? {
+        return Ok(file);
     }
+    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+    let holder = holder.trim();
+    bail!(
+        "another `cellfleet dev` is running on {} ({}); stop it with Ctrl-C (or SIGTERM \
+         to its pid), or give this one another --data directory",
+        dir.display(),
+        if holder.is_empty() {
+            "pid unknown"
+        } else {
+            holder
+        }
+    )
 }
 
 /// Records who holds the lock, for the message a second `dev` prints.

@@ -4,6 +4,7 @@ mod bench;
 mod certs_cmd;
 mod client_cmd;
 mod dev_cmd;
+mod dir_lock;
 mod keys_cmd;
 mod ltx_cmd;
 mod node_cmd;

@@ -522,23 +522,13 @@ async fn check_cluster_record(
 /// Holds `data_dir/node.lock` for the life of the process (released by the
 /// OS when it exits, however it exits).
 fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    let path = dir.join("node.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => bail!(
+    match crate::dir_lock::try_lock(&dir.join("node.lock"))? {
+        Some(file) => Ok(file),
+        None => bail!(
             "another cellfleet node is running on data_dir {}; stop it, or give this node \
              its own data_dir (CELLFLEET_DATA_DIR)",
             dir.display()
         ),
-        Err(std::fs::TryLockError::Error(error)) => {
-            Err(error).with_context(|| format!("cannot lock {}", path.display()))
-        }
     }
 }
 

@@ -7,7 +7,7 @@ use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, Session
 use cellfleet_nodelog::lane::GroupFate;
 use cellfleet_nodelog::segment::{encode_segment, Part};
 use cellfleet_nodelog::store::{read_lane, read_records, seal_lane, LaneWriter, WriterConfig};
-use cellfleet_store::{Fault, FaultStore, LocalStore, ObjectStore, Op};
+use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -15,13 +15,7 @@ async fn backends(
     name: &str,
     dir: &std::path::Path,
 ) -> Vec<(&'static str, Arc<dyn ObjectStore>, String)> {
-    let local: Arc<dyn ObjectStore> =
-        Arc::new(LocalStore::open(dir.join("bucket")).expect("local store"));
-    let s3: Arc<dyn ObjectStore> = cellfleet_store::testkit::s3_store().await;
-    vec![
-        ("local", local, format!("{name}-local")),
-        ("s3", s3, cellfleet_store::testkit::unique_prefix(name)),
-    ]
+    cellfleet_store::testkit::local_and_s3(name, dir).await
 }
 
 fn lane(node: &str) -> LaneId {

@@ -117,6 +117,17 @@ pub fn connect_failed(status: &tonic::Status) -> bool {
     false
 }
 
+/// The channel settings every connection shares: no Nagle delay, and
+/// keep-alive pings even while idle (see [`KEEP_ALIVE_INTERVAL`]). The
+/// scheme is http because TLS is done by the connector, not by tonic.
+fn endpoint_for(uri: String) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(uri)?
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
+}
+
 /// A `host:port` endpoint: an IP address (`[..]` for IPv6) or a DNS name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostPort {
@@ -178,12 +189,7 @@ pub fn channel_to(
     });
     let connector = TlsConnector::from(config);
     let (host, port) = (endpoint.host.clone(), endpoint.port);
-    let uri = format!("http://{host}:{port}");
-    let endpoint = Endpoint::from_shared(uri)?
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true);
+    let endpoint = endpoint_for(format!("http://{host}:{port}"))?;
     Ok(
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_uri| {
             let connector = connector.clone();
@@ -237,11 +243,7 @@ pub fn channel(
     let connector = TlsConnector::from(config);
     // The scheme is http because TLS is done by the connector below, not
     // by tonic (which refuses https without its own TLS settings).
-    let endpoint = Endpoint::from_shared(format!("http://{address}"))?
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true);
+    let endpoint = endpoint_for(format!("http://{address}"))?;
     Ok(
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_uri| {
             let connector = connector.clone();
@@ -278,6 +280,17 @@ pub fn channel(
 mod connect_tests {
     use super::*;
 
+    /// A client configuration that trusts no server (handshakes fail).
+    fn untrusting_config() -> Arc<ClientConfig> {
+        Arc::new(
+            ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+    }
+
     #[test]
     fn endpoints_are_names_or_addresses_with_a_port() {
         let parse = |text: &str| text.parse::<HostPort>();
@@ -311,13 +324,9 @@ mod connect_tests {
     /// failure (never sent).
     #[tokio::test]
     async fn a_name_that_does_not_resolve_is_a_connect_failure() {
-        let config = ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+        let config = untrusting_config();
         let target: HostPort = "no-such-host.invalid:7001".parse().unwrap();
-        let channel = channel_to(&target, Arc::new(config), Duration::from_secs(2)).unwrap();
+        let channel = channel_to(&target, config, Duration::from_secs(2)).unwrap();
         let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
             .forward(cellfleet_proto::v1::ForwardRequest::default())
             .await
@@ -332,18 +341,9 @@ mod connect_tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let address = listener.local_addr().expect("address");
         drop(listener);
-        let config = ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        let channel = channel(
-            address,
-            "127.0.0.1",
-            Arc::new(config),
-            Duration::from_secs(2),
-        )
-        .expect("channel");
+        let config = untrusting_config();
+        let channel =
+            channel(address, "127.0.0.1", config, Duration::from_secs(2)).expect("channel");
         let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
             .forward(cellfleet_proto::v1::ForwardRequest::default())
             .await
@@ -363,18 +363,9 @@ mod connect_tests {
     async fn a_handshake_that_never_completes_is_a_connect_failure() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let address = listener.local_addr().expect("address");
-        let config = ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        let channel = channel(
-            address,
-            "127.0.0.1",
-            Arc::new(config),
-            Duration::from_millis(300),
-        )
-        .expect("channel");
+        let config = untrusting_config();
+        let channel =
+            channel(address, "127.0.0.1", config, Duration::from_millis(300)).expect("channel");
         let status = cellfleet_proto::v1::peer_client::PeerClient::new(channel)
             .forward(cellfleet_proto::v1::ForwardRequest::default())
             .await

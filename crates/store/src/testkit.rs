@@ -109,6 +109,22 @@ pub fn unique_prefix(name: &str) -> String {
     format!("t/{name}-{:016x}", rand::random::<u64>())
 }
 
+/// The two backends every multi-process test runs on, each with a prefix
+/// of its own: the local-directory store under `dir/bucket` (prefix
+/// `{name}-local`) and the test SeaweedFS ([`unique_prefix`]).
+pub async fn local_and_s3(
+    name: &str,
+    dir: &std::path::Path,
+) -> Vec<(&'static str, Arc<dyn crate::ObjectStore>, String)> {
+    let local: Arc<dyn crate::ObjectStore> =
+        Arc::new(crate::LocalStore::open(dir.join("bucket")).expect("local store"));
+    let s3: Arc<dyn crate::ObjectStore> = s3_store().await;
+    vec![
+        ("local", local, format!("{name}-local")),
+        ("s3", s3, unique_prefix(name)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use cellfleet_authority::{Clock, LeaseConfig, ManualClock, NodeId};
 use cellfleet_cell::{Command, Outcome, Typed};
 use cellfleet_runtime::testkit::{journal_tags, Journal, JOURNAL};
 use cellfleet_runtime::{Kinds, Node, NodeConfig, NodeHandle};
-use cellfleet_store::{LocalStore, ObjectStore};
+use cellfleet_store::ObjectStore;
 use serde_json::json;
 
 pub const START_MS: u64 = 1_700_000_000_000;
@@ -52,13 +52,7 @@ pub fn manual_clock() -> Arc<ManualClock> {
 /// The backends every multi-node test runs on: the local-directory store
 /// and real SeaweedFS.
 pub async fn backends(name: &str, dir: &Path) -> Vec<(&'static str, Arc<dyn ObjectStore>, String)> {
-    let local: Arc<dyn ObjectStore> =
-        Arc::new(LocalStore::open(dir.join("bucket")).expect("local store"));
-    let s3: Arc<dyn ObjectStore> = cellfleet_store::testkit::s3_store().await;
-    vec![
-        ("local", local, format!("{name}-local")),
-        ("s3", s3, cellfleet_store::testkit::unique_prefix(name)),
-    ]
+    cellfleet_store::testkit::local_and_s3(name, dir).await
 }
 
 pub fn command_id(n: u64) -> [u8; 16] {

@@ -1,6 +1,7 @@
 //! `cellfleet store probe`: does this bucket (or directory) honour
 //! conditional writes? A store that fails any check must not hold a
-//! cluster's data.
+//! cluster's data. `cellfleet store export`: one Cell's database, rebuilt
+//! from its authority root and LTX chain in the store, as a SQLite file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,11 +19,48 @@ pub enum StoreCommand {
     /// range reads and read-after-write, and that exactly one of N racing
     /// writers wins. Exits 1 naming the first failed check.
     Probe(ProbeArgs),
+    /// Write one Cell's published state as a SQLite file: its root and LTX
+    /// chain are read from the store (no node needed), replayed, and the
+    /// result checked against the root's TXID and checksum.
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// Probe the embedded local-directory store in DIR instead of S3.
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Key prefix under which the probe writes (and then removes) its objects.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Concurrent writers in the race checks (small: some servers delay the
+    /// losers of a contended key by seconds).
+    #[arg(long, default_value_t = probe::DEFAULT_RACE_WRITERS)]
+    writers: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The Cell's kind.
+    kind: String,
+    /// The Cell's key.
+    key: String,
+    /// The SQLite file to write (must not exist).
+    #[arg(long)]
+    out: PathBuf,
+    /// The cluster's key prefix in the store.
+    #[arg(long, default_value = "cellfleet", env = "CELLFLEET_PREFIX")]
+    prefix: String,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// Which store: a local directory, or an S3 bucket.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The embedded local-directory store in DIR instead of S3.
     #[arg(long, conflicts_with_all = ["endpoint", "bucket"])]
     dir: Option<PathBuf>,
     /// S3 endpoint URL (for RustFS, MinIO, SeaweedFS); omit for AWS S3.
@@ -44,16 +82,6 @@ pub struct ProbeArgs {
     /// default when an endpoint is given).
     #[arg(long)]
     virtual_host: bool,
-    /// Key prefix under which the probe writes (and then removes) its objects.
-    #[arg(long, default_value = "")]
-    prefix: String,
-    /// Concurrent writers in the race checks (small: some servers delay the
-    /// losers of a contended key by seconds).
-    #[arg(long, default_value_t = probe::DEFAULT_RACE_WRITERS)]
-    writers: usize,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,15 +102,18 @@ struct ReportView {
 pub fn run(command: StoreCommand) -> anyhow::Result<ExitCode> {
     match command {
         StoreCommand::Probe(args) => probe_store(&args),
+        StoreCommand::Export(args) => export_cell(&args),
     }
 }
 
-fn store_config(args: &ProbeArgs) -> anyhow::Result<StoreConfig> {
+fn store_config(args: &StoreArgs) -> anyhow::Result<StoreConfig> {
     if let Some(dir) = &args.dir {
         return Ok(StoreConfig::Local { dir: dir.clone() });
     }
     let Some(bucket) = args.bucket.clone() else {
-        bail!("say which store to probe: --dir DIR, or --bucket B (with --endpoint URL for a non-AWS server)");
+        bail!(
+            "say which store: --dir DIR, or --bucket B (with --endpoint URL for a non-AWS server)"
+        );
     };
     let mut config = S3Config::new(bucket);
     config.endpoint = args.endpoint.clone();
@@ -94,7 +125,7 @@ fn store_config(args: &ProbeArgs) -> anyhow::Result<StoreConfig> {
 }
 
 fn probe_store(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
-    let config = store_config(args)?;
+    let config = store_config(&args.store)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -136,4 +167,76 @@ fn probe_store(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    use cellfleet_authority::{CellId, Layout, RootRecord};
+    use cellfleet_cell::{ChainFile, Checksum, Position, Txid};
+    if args.out.exists() {
+        bail!("{} exists: give --out a new file", args.out.display());
+    }
+    let config = store_config(&args.store)?;
+    let layout = Layout::new(&args.prefix).map_err(|e| anyhow::anyhow!("--prefix: {e}"))?;
+    let cell = CellId::for_kind_key(&args.kind, args.key.as_bytes());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (root, files) = runtime.block_on(async {
+        let store: Arc<dyn ObjectStore> = cellfleet_store::open(&config)
+            .await
+            .with_context(|| format!("cannot open the store {config:?}"))?;
+        let key = layout.root_key(&cell);
+        let object = match store.get(&key).await {
+            Ok(object) => object,
+            Err(e) if e.is_not_found() => bail!(
+                "no Cell {}/{} under prefix {:?} ({key} is absent): check the kind, key and --prefix",
+                args.kind,
+                args.key,
+                args.prefix
+            ),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {key}")),
+        };
+        let root = RootRecord::decode(&object.body).with_context(|| format!("{key} is not a valid root"))?;
+        let mut files = Vec::with_capacity(root.chain.len());
+        for file in &root.chain {
+            let bytes = store
+                .get(&file.key)
+                .await
+                .with_context(|| format!("cannot read {}", file.key))?
+                .body;
+            files.push(bytes);
+        }
+        anyhow::Ok((root, files))
+    })?;
+    let chain = root
+        .chain
+        .iter()
+        .zip(&files)
+        .map(|(entry, bytes)| ChainFile {
+            ltx: bytes.as_ref(),
+            post: Position {
+                txid: Txid(entry.max_txid),
+                checksum: Checksum(entry.post_apply_checksum),
+            },
+        });
+    let position = cellfleet_cell::recover(chain, &args.out)
+        .with_context(|| format!("cannot rebuild {}/{}", args.kind, args.key))?;
+    if position.txid.0 != root.txid || position.checksum.0 != root.checksum {
+        let _ = std::fs::remove_file(&args.out);
+        bail!(
+            "the rebuilt database is at {position:?}, not at the root's txid {} checksum {:016x}",
+            root.txid,
+            root.checksum
+        );
+    }
+    println!(
+        "exported {}/{} (cell {cell}, epoch {}, txid {}, {} LTX files) to {}",
+        args.kind,
+        args.key,
+        root.epoch,
+        root.txid,
+        root.chain.len(),
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }

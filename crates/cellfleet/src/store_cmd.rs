@@ -60,8 +60,10 @@ pub struct ExportArgs {
 /// Which store: a local directory, or an S3 bucket.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// The embedded local-directory store in DIR instead of S3.
-    #[arg(long, conflicts_with_all = ["endpoint", "bucket"])]
+    /// The embedded local-directory store in DIR instead of S3 (it wins
+    /// over S3 settings, which may come from CELLFLEET_S3_* in the
+    /// environment).
+    #[arg(long)]
     dir: Option<PathBuf>,
     /// S3 endpoint URL (for RustFS, MinIO, SeaweedFS); omit for AWS S3.
     #[arg(long, env = "CELLFLEET_S3_ENDPOINT")]

@@ -137,16 +137,15 @@ pub(crate) fn run_named(
         columns: Vec::new(),
         rows: Vec::new(),
     };
-    check_parameters(conn, statements, args)?;
+    // Each statement is prepared once: its parameter names are checked
+    // against the arguments before the first one runs.
+    let mut prepared = Vec::with_capacity(statements.len());
     for sql in statements {
-        let mut stmt = conn.prepare_cached(sql)?;
-        run_one(conn, &mut stmt, args, &mut used, &mut output, mode)?;
+        prepared.push(conn.prepare_cached(sql)?);
     }
-    if let Some(extra) = args.keys().find(|k| !used.contains(k.as_str())) {
-        return Err(KindError::reject(
-            RejectCode::BadParameters,
-            format!("unknown parameter {extra:?}"),
-        ));
+    check_parameters(&prepared, args)?;
+    for stmt in &mut prepared {
+        run_one(conn, stmt, args, &mut used, &mut output, mode)?;
     }
     Ok(output.finish(mode))
 }
@@ -155,13 +154,11 @@ pub(crate) fn run_named(
 /// and every argument is a parameter; one rejection names all that is
 /// wrong (a misspelt `byy` is unknown *and* `by` is missing).
 fn check_parameters(
-    conn: &Connection,
-    statements: &[String],
+    statements: &[rusqlite::CachedStatement<'_>],
     args: &Map<String, Value>,
 ) -> Result<(), KindError> {
     let mut wanted = BTreeSet::new();
-    for sql in statements {
-        let stmt = conn.prepare_cached(sql)?;
+    for stmt in statements {
         for index in 1..=stmt.parameter_count() {
             if let Some(name) = stmt.parameter_name(index).and_then(|full| full.get(1..)) {
                 wanted.insert(name.to_owned());

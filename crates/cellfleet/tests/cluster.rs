@@ -974,6 +974,40 @@ async fn exec_exit_codes_tell_applied_rejected_and_failed_apart() {
             "{text}"
         );
 
+        // resolve of an id the ledger does not hold: without the command's
+        // expiry nothing is provable (NEEDS_EXPIRY, with what to send);
+        // with an open window it is ABSENT.
+        let resolve = |extra: &[&str]| {
+            let output = std::process::Command::new(cluster_common::BIN)
+                .args([
+                    "resolve",
+                    "log",
+                    "codes",
+                    "0123456789abcdef0123456789abcdef",
+                ])
+                .args(extra)
+                .arg("--config")
+                .arg(&config)
+                .arg("--node")
+                .arg(&node)
+                .output()
+                .expect("run cellfleet resolve");
+            (
+                output.status.code(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        };
+        let (code, stdout) = resolve(&[]);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(
+            stdout.starts_with("NEEDS_EXPIRY") && stdout.contains("--expires-at-ms"),
+            "{stdout}"
+        );
+        let open = (cluster_common::now_ms() + 60_000).to_string();
+        let (code, stdout) = resolve(&["--expires-at-ms", &open]);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(stdout.starts_with("ABSENT"), "{stdout}");
+
         let (code, stdout, stderr) = exec(&["nosuchkind", "codes", "append"]);
         assert_eq!(
             code,

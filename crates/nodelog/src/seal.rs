@@ -1,23 +1,27 @@
 //! How a successor ends a dead session's lane, and where a reader's log ends (pure): DESIGN.md §9 rules 1-3.
 //!
 //! A sealer lists the lane (every key left in it) and decides with [`plan`]:
-//! the lane's first seal, if there is one, already ends it; otherwise it
-//! creates a seal, create-only, at the first slot missing from the run that
-//! starts at the lowest key listed — a gap left by a PUT still in flight, or
-//! the slot after the highest. A refused create (412) is settled by reading
-//! that slot ([`after_refused`]): a seal there means another successor got
-//! there first (sealing is idempotent); a segment means the log grew, and
-//! the sealer plans again.
+//! the lane's first seal at or after the lane's floor, if there is one,
+//! already ends it; otherwise it creates a seal, create-only, at the first
+//! slot missing from the run that starts at the floor — a gap left by a PUT
+//! still in flight, or the slot after the highest. A refused create (412)
+//! is settled by reading that slot ([`after_refused`]): a seal there means
+//! another successor got there first (sealing is idempotent); a segment
+//! means the log grew, and the sealer plans again.
 //!
-//! A reader counts exactly the slots before the lane's first seal
-//! ([`log_end`]), all of them present: the sealed lane has no gap below its
-//! seal, since the seal went into the first one.
+//! A reader counts exactly the slots from the floor up to the lane's first
+//! seal ([`log_end`]), all of them present: the seal went into the first
+//! gap, so nothing below it can land later.
 //!
-//! Two duties fall to the writer and to garbage collection so that this
-//! holds: session ids are never reused, and GC deletes only a contiguous
-//! written prefix of a lane, never its highest segment and never a seal —
-//! so a listing's lowest key starts the live run, and a zombie writer that
-//! wakes after GC still finds the seal in the slot it writes next.
+//! The run starts at the **floor**, never at the lowest key listed: a slot
+//! below the lowest key may be a PUT still in flight, and a seal above it
+//! would let that PUT land, be acknowledged by its writer (the prefix below
+//! the seal is contiguous again) and be missed by a reader that listed
+//! before it landed. The floor is the session's first slot (0); garbage
+//! collection, when it deletes a lane's written prefix, must record the new
+//! floor durably before deleting, and never delete a seal — so a zombie
+//! writer that wakes after GC still finds the seal in the slot it writes
+//! next.
 
 use std::collections::BTreeMap;
 
@@ -42,13 +46,10 @@ pub enum Plan {
     SealAt(u64),
 }
 
-/// The plan for a lane whose listing is `listed` and whose session wrote
-/// its first slot at `first_seq` (used when the listing is empty).
-pub fn plan(first_seq: u64, listed: &BTreeMap<u64, Listed>) -> Plan {
-    let Some((&lowest, _)) = listed.iter().next() else {
-        return Plan::SealAt(first_seq);
-    };
-    let mut seq = lowest;
+/// The plan for a lane whose listing is `listed` and whose run starts at
+/// `floor` (see the module docs).
+pub fn plan(floor: u64, listed: &BTreeMap<u64, Listed>) -> Plan {
+    let mut seq = floor;
     loop {
         match listed.get(&seq) {
             Some(Listed::Seal) => return Plan::Sealed { at: seq },
@@ -79,12 +80,11 @@ pub enum AfterRefused {
     PlanAgain,
 }
 
-/// Where a reader's log ends: the slots that count are the listed run
-/// from the lowest key up to (not including) the returned seal. `None`
-/// while the lane is not sealed (its session may still be writing).
-pub fn log_end(listed: &BTreeMap<u64, Listed>) -> Option<u64> {
-    let (&lowest, _) = listed.iter().next()?;
-    let mut seq = lowest;
+/// Where a reader's log ends: the slots that count are the run from
+/// `floor` up to (not including) the returned seal. `None` while the lane
+/// is not sealed (its session may still be writing).
+pub fn log_end(floor: u64, listed: &BTreeMap<u64, Listed>) -> Option<u64> {
+    let mut seq = floor;
     loop {
         match listed.get(&seq)? {
             Listed::Seal => return Some(seq),
@@ -180,6 +180,7 @@ mod tests {
             steps in proptest::collection::vec(step(), 1..60),
         ) {
             let mut world = World::default();
+            let mut ends = Vec::new();
             for step in steps {
                 match step {
                     Step::Send => {
@@ -196,7 +197,17 @@ mod tests {
                         let seq = world.pending[n % world.pending.len()];
                         world.writer.insert(seq, SlotState::InDoubt);
                     }
-                    Step::Seal => world.seal(),
+                    Step::Seal => {
+                        world.seal();
+                        // A reader that lists right now must already see
+                        // every slot that will count: all present below
+                        // the seal, which never moves.
+                        let end = log_end(0, &world.store).expect("just sealed");
+                        for seq in 0..end {
+                            prop_assert_eq!(world.store.get(&seq), Some(&Listed::Segment));
+                        }
+                        ends.push(end);
+                    }
                     _ => {}
                 }
                 // Mid-run: nothing acknowledged is ever outside what a
@@ -212,7 +223,10 @@ mod tests {
                 world.land(seq);
             }
             world.seal();
-            let end = log_end(&world.store).expect("sealed");
+            let end = log_end(0, &world.store).expect("sealed");
+            for earlier in ends {
+                prop_assert_eq!(earlier, end, "a reader before the last landing saw another end");
+            }
             let verdict = verdict(0, &world.writer);
             for seq in 0..world.next {
                 let counted = seq < end;
@@ -235,8 +249,18 @@ mod tests {
         assert_eq!(plan(0, &listed(&[])), Plan::SealAt(0));
         assert_eq!(
             plan(0, &listed(&[(3, Listed::Segment), (4, Listed::Segment)])),
+            Plan::SealAt(0),
+            "slots 0..3 may still be in flight"
+        );
+        assert_eq!(
+            plan(3, &listed(&[(3, Listed::Segment), (4, Listed::Segment)])),
             Plan::SealAt(5),
-            "after GC removed 0..3"
+            "above a floor of 3"
+        );
+        assert_eq!(
+            log_end(0, &listed(&[(1, Listed::Segment), (2, Listed::Seal)])),
+            None,
+            "a seal above a gap does not end the lane"
         );
         assert_eq!(
             plan(0, &listed(&[(0, Listed::Segment), (2, Listed::Segment)])),
@@ -254,10 +278,10 @@ mod tests {
             Plan::Sealed { at: 1 }
         );
         assert_eq!(
-            log_end(&listed(&[(0, Listed::Segment), (1, Listed::Seal)])),
+            log_end(0, &listed(&[(0, Listed::Segment), (1, Listed::Seal)])),
             Some(1)
         );
-        assert_eq!(log_end(&listed(&[(0, Listed::Segment)])), None);
+        assert_eq!(log_end(0, &listed(&[(0, Listed::Segment)])), None);
         assert_eq!(
             after_refused(4, Listed::Seal),
             AfterRefused::Sealed { at: 4 }

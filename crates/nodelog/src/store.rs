@@ -11,7 +11,7 @@
 //! * [`seal_lane`] ends a dead session's lane ([`seal::plan`]), idempotent
 //!   under racing successors.
 //! * [`read_lane`] lists a sealed lane and returns what a reader counts:
-//!   the slots before its first seal ([`seal::log_end`]); [`read_records`]
+//!   the slots from the floor to its first seal ([`seal::log_end`]); [`read_records`]
 //!   fetches one Cell's records from them with ranged GETs.
 //!
 //! A listing tells keys, not what they hold: each listed slot's fixed part
@@ -146,6 +146,29 @@ impl LaneWriter {
         Some(seq)
     }
 
+    /// The slot the next [`LaneWriter::reserve`] hands out: every segment
+    /// reserved from now on goes to this slot or a later one.
+    pub fn next_seq(&self) -> u64 {
+        self.state().next_seq
+    }
+
+    /// Waits until every slot reserved so far is decided (written, or the
+    /// lane sealed); the verdict then, or `None` if still undecided after
+    /// `bound`.
+    pub async fn settled(&self, bound: Duration) -> Option<Verdict> {
+        let reserved = self.next_seq();
+        let mut verdict = self.verdict();
+        tokio::time::timeout(bound, async {
+            verdict
+                .wait_for(|v| v.acked_below >= reserved || v.sealed_at.is_some())
+                .await
+                .map(|v| *v)
+        })
+        .await
+        .ok()?
+        .ok()
+    }
+
     /// The header of the segment for slot `seq`.
     pub fn header(&self, seq: u64, written_ms: u64) -> SegmentHeader {
         SegmentHeader {
@@ -267,19 +290,20 @@ async fn listing(
     Ok(listed)
 }
 
-/// Ends `lane` (of a session whose lease has expired plus the margin):
-/// returns the slot of its first seal, creating one if needed.
+/// Ends `lane` (of a session whose lease has expired plus the margin),
+/// whose run starts at `floor` (the session's first slot): returns the slot
+/// of its first seal, creating one if needed.
 pub async fn seal_lane(
     store: &dyn ObjectStore,
     layout: &Layout,
     lane: &LaneId,
-    first_seq: u64,
+    floor: u64,
     sealer: &Holder,
     now_ms: u64,
 ) -> Result<u64> {
     let mut listed = listing(store, layout, lane).await?;
     for _ in 0..SEAL_ROUNDS_MAX {
-        let seq = match seal::plan(first_seq, &listed) {
+        let seq = match seal::plan(floor, &listed) {
             Plan::Sealed { at } => return Ok(at),
             Plan::SealAt(seq) => seq,
         };
@@ -322,7 +346,7 @@ pub async fn seal_lane(
 /// A sealed lane as a reader sees it: the slots that count, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SealedLane {
-    /// Slots that count: from the lowest listed up to (not including) `end`.
+    /// Slots that count: from the floor up to (not including) `end`.
     pub counted: Vec<u64>,
     /// The slot of the lane's first seal.
     pub end: u64,
@@ -334,10 +358,11 @@ pub async fn read_lane(
     store: &dyn ObjectStore,
     layout: &Layout,
     lane: &LaneId,
+    floor: u64,
 ) -> Result<SealedLane> {
     let listed = listing(store, layout, lane).await?;
-    let end = seal::log_end(&listed).ok_or_else(|| Error::NotSealed(lane.clone()))?;
-    let counted = listed.range(..end).map(|(seq, _)| *seq).collect();
+    let end = seal::log_end(floor, &listed).ok_or_else(|| Error::NotSealed(lane.clone()))?;
+    let counted = listed.range(floor..end).map(|(seq, _)| *seq).collect();
     Ok(SealedLane { counted, end })
 }
 

@@ -94,7 +94,7 @@ async fn pipelined_segments_are_acknowledged_and_read_back_per_cell() {
             .await
             .unwrap();
         assert_eq!(sealed, 5, "{backend}: sealed after the last segment");
-        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
         assert_eq!(
             (read.counted.clone(), read.end),
             (seqs.clone(), 5),
@@ -158,7 +158,7 @@ async fn a_put_that_times_out_and_lands_later_is_settled_by_the_same_bytes() {
             .await
             .unwrap();
         assert_eq!(sealed, 2, "{backend}");
-        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
         let records = read_records(store.as_ref(), &layout, &lane, &read.counted, &cell("a"))
             .await
             .unwrap();
@@ -215,7 +215,7 @@ async fn a_seal_fences_the_slot_in_flight_and_every_later_one() {
             Some(GroupFate::NotCommitted),
             "{backend}"
         );
-        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
         assert_eq!(
             (read.counted, read.end),
             (vec![0], 1),
@@ -259,7 +259,8 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
             .await
             .unwrap();
         assert_eq!(keys.len(), 4, "{backend}: three segments and one seal");
-        // Collection removes the written prefix below the highest segment;
+        // Collection removes the written prefix below the highest segment
+        // and records the lane's new floor (2) for sealers and readers;
         // seals stay. A zombie of the session resumes at its next slot.
         for seq in 0..2 {
             store.delete(&layout.segment_key(&lane, seq)).await.unwrap();
@@ -272,7 +273,7 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
             Some(GroupFate::NotCommitted),
             "{backend}"
         );
-        let again = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+        let again = seal_lane(store.as_ref(), &layout, &lane, 2, &successor(), 1)
             .await
             .unwrap();
         assert_eq!(

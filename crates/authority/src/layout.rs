@@ -13,7 +13,10 @@
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
 
 /// One lane of a node session's log (DESIGN.md §9).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(deny_unknown_fields)]
 pub struct LaneId {
     /// The node.
     pub node: NodeId,

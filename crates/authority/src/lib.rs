@@ -39,6 +39,6 @@ pub use layout::{LaneId, Layout, LtxKey, SegmentKey};
 pub use lease::{Endpoints, LeaseConfig, LeaseRecord, LeaseState, Liveness};
 pub use node_lease::{HeldLease, NodeLeases};
 pub use reconcile::{reconcile, Reconciliation};
-pub use root::{InvalidRecord, LtxRef, RootRecord, RootState};
+pub use root::{InvalidRecord, LogPointer, LtxRef, RootRecord, RootState};
 pub use roots::{Activated, OwnedHow, Roots, Versioned, RESENDS_MAX};
 pub use transition::{Activation, Holder, NewCell};

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
+use crate::layout::LaneId;
 
 /// The root format version this code writes and reads.
 pub const ROOT_FORMAT_VERSION: u32 = 1;
@@ -60,6 +61,19 @@ pub struct LtxRef {
     pub post_apply_checksum: u64,
 }
 
+/// Where a Cell's records beyond its chain live (DESIGN.md §9): the Cell's
+/// state is its chain plus its records in `lane` from slot `from_seq` up to
+/// the end of that lane's log (its first seal, once the session is dead).
+/// Records at or below the root's TXID are already in the chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogPointer {
+    /// The lane (node, session, number).
+    pub lane: LaneId,
+    /// The first slot that may hold a record of this Cell past the chain.
+    pub from_seq: u64,
+}
+
 /// The authority root of one Cell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,6 +109,10 @@ pub struct RootRecord {
     pub schema_version: u32,
     /// Wall-clock ms of the last write (informational only).
     pub updated_at_ms: u64,
+    /// Records past the chain in a node log (log publication mode); absent
+    /// when the chain is the whole state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogPointer>,
 }
 
 /// A record failed validation or decoding.
@@ -135,6 +153,9 @@ impl RootRecord {
             (RootState::Released, _, _) => {
                 return invalid("a released root has no owner or session")
             }
+        }
+        if self.state == RootState::Released && self.log.is_some() {
+            return invalid("a released root has no log pointer (checkpoint first)");
         }
         if !self.page_size.is_power_of_two() || !(512..=65536).contains(&self.page_size) {
             return invalid(format!(
@@ -261,6 +282,7 @@ mod tests {
             epoch: Epoch::FIRST,
             revision: 3,
             state: RootState::Active,
+            log: None,
             chain: vec![
                 LtxRef {
                     key: format!("p/cells/{cell_id}/ltx/0000000000000001/a.ltx"),

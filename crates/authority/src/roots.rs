@@ -44,7 +44,7 @@ pub const RESENDS_MAX: usize = 3;
 /// What a re-read after an unknown outcome settled.
 enum Settled {
     /// Committed: the root as stored.
-    Done(Versioned<RootRecord>),
+    Done(Box<Versioned<RootRecord>>),
     /// Still the base: send the same write again (the attempt's error).
     NotYet(cellfleet_store::Error),
 }
@@ -225,7 +225,7 @@ impl Roots {
                 error
             };
             match self.after_ambiguity(base, &proposal, cause).await? {
-                Settled::Done(root) => return Ok(root),
+                Settled::Done(root) => return Ok(*root),
                 Settled::NotYet(cause) => in_doubt = Some(cause),
             }
         }
@@ -276,7 +276,9 @@ impl Roots {
         );
         match verdict {
             Reconciliation::Committed => match observed {
-                Some(observed) if observed.record == *proposal => Ok(Settled::Done(observed)),
+                Some(observed) if observed.record == *proposal => {
+                    Ok(Settled::Done(Box::new(observed)))
+                }
                 // Committed, then superseded by a later owner: we are fenced
                 // now, but the proposal's content is durable.
                 _ => Err(Error::Superseded {

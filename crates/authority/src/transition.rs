@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
 use crate::lease::Liveness;
-use crate::root::{LtxRef, RootRecord, RootState, CHAIN_LEN_MAX, ROOT_FORMAT_VERSION};
+use crate::root::{LogPointer, LtxRef, RootRecord, RootState, CHAIN_LEN_MAX, ROOT_FORMAT_VERSION};
 
 /// The node session proposing a transition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +78,7 @@ pub fn create(new: &NewCell, me: &Holder, now_ms: u64) -> RootRecord {
         page_size: new.page_size,
         schema_version: new.schema_version,
         updated_at_ms: now_ms,
+        log: None,
     }
 }
 
@@ -198,13 +199,64 @@ pub fn compact_and_publish(
     Ok(next)
 }
 
-/// Releases the Cell (drain or passivation for good): no owner, same epoch.
+/// One publication or checkpoint by the owner, decided in one place: the
+/// new root for `delta` (a file starting right after the root's TXID, or a
+/// snapshot from TXID 1, which replaces the whole chain), an optional
+/// `compaction` folded into the same CAS, and the log pointer the root
+/// carries afterwards (`None`: the chain is the whole state).
+///
+/// Rules: only the owner's session at `epoch` proposes; a pointer names
+/// the proposer's own session (a checkpoint never points into another
+/// session's log; only a takeover keeps the previous owner's pointer until
+/// its records are checkpointed); with no delta and no compaction only the
+/// pointer changes.
+pub fn propose(
+    current: &RootRecord,
+    me: &Holder,
+    epoch: Epoch,
+    delta: Option<LtxRef>,
+    compaction: Option<LtxRef>,
+    log: Option<LogPointer>,
+    now_ms: u64,
+) -> Result<RootRecord> {
+    check_owner(current, me, epoch)?;
+    if let Some(pointer) = &log {
+        if pointer.lane.node != me.node || pointer.lane.session != me.session {
+            return Err(Error::invalid(
+                "a log pointer must name the proposing session's own lane",
+            ));
+        }
+    }
+    let mut next = match (delta, compaction) {
+        (Some(delta), _) if delta.min_txid == 1 && current.txid > 0 => {
+            // A snapshot holds the whole state: it replaces the chain.
+            let mut next = successor(current, now_ms)?;
+            next.txid = delta.max_txid;
+            next.checksum = delta.post_apply_checksum;
+            next.chain = vec![delta];
+            next
+        }
+        (delta, Some(compacted)) => {
+            compact_and_publish(current, me, epoch, compacted, delta, now_ms)?
+        }
+        (Some(delta), None) => publish(current, me, epoch, delta, now_ms)?,
+        (None, None) => successor(current, now_ms)?,
+    };
+    next.log = log;
+    next.validate().map_err(|e| Error::invalid(e.0))?;
+    Ok(next)
+}
+
+/// Releases the Cell (drain or passivation for good): no owner, same epoch,
+/// no log pointer. The caller must have checkpointed every acknowledged
+/// record first (a released root's chain is its whole state).
 pub fn release(current: &RootRecord, me: &Holder, epoch: Epoch, now_ms: u64) -> Result<RootRecord> {
     check_owner(current, me, epoch)?;
     Ok(RootRecord {
         owner: None,
         owner_session: None,
         state: RootState::Released,
+        log: None,
         ..successor(current, now_ms)?
     })
 }

@@ -22,7 +22,8 @@ use clap::Args;
 
 use crate::client_cmd::{ClientFile, DEFAULT_CLIENT_CONFIG};
 use crate::node_cmd::{
-    EnvelopeFile, KeysFile, KindsFile, LeaseFile, ListenFile, NodeFile, StoreFile, TlsFile,
+    EnvelopeFile, KeysFile, KindsFile, LeaseFile, ListenFile, NodeFile, PublicationFile, StoreFile,
+    TlsFile,
 };
 
 /// How long `dev` waits for every node to report ready.
@@ -193,6 +194,7 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 drift_margin_ms: 500.min(args.lease_ms / 4),
             },
             envelope: EnvelopeFile::default(),
+            publication: PublicationFile::default(),
             ingress_only: false,
         };
         endpoints.push(file.listen.client.clone());

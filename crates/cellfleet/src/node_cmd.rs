@@ -38,6 +38,12 @@
 //! [envelope]                 # optional
 //! skew_ms = 500
 //! max_window_ms = 600000
+//!
+//! [publication]              # optional
+//! mode = "log"               # "log": the node log (default); "cell": one root CAS per group
+//! lanes = 4                  # log lanes per node session
+//! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
+//! checkpoint_idle_ms = 1000  # ... or this long without a new record
 //! ```
 //!
 //! A top-level `ingress_only = true` (or `CELLFLEET_INGRESS_ONLY=1`) makes
@@ -49,8 +55,9 @@
 //! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_LISTEN_STREAMS` (empty: off),
 //! `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
 //! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
-//! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`, and
-//! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`.
+//! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
+//! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
+//! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`).
 //!
 //! Cluster record: at start, after the store probe, the node compares its
 //! prefix, page size and kinds manifest digest (no manifest: the empty
@@ -84,7 +91,7 @@ use cellfleet_router::registry::KeyRegistry;
 use cellfleet_router::server::{Listeners, NodeServer};
 use cellfleet_router::service_admin::DrainState;
 use cellfleet_router::tls::{self, TlsIdentity};
-use cellfleet_runtime::{Kinds, Node, NodeConfig};
+use cellfleet_runtime::{Kinds, LogSettings, Node, NodeConfig, PublicationMode};
 use cellfleet_store::{S3Config, StoreConfig};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -202,6 +209,42 @@ impl Default for EnvelopeFile {
     }
 }
 
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublicationFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_records: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_idle_ms: Option<u64>,
+}
+
+impl PublicationFile {
+    fn mode(&self) -> anyhow::Result<PublicationMode> {
+        self.mode
+            .as_deref()
+            .map_or(Ok(PublicationMode::default()), str::parse)
+            .map_err(|e| anyhow::anyhow!("[publication] {e}"))
+    }
+
+    fn log_settings(&self) -> LogSettings {
+        let mut log = LogSettings::default();
+        if let Some(lanes) = self.lanes {
+            log.lanes = lanes;
+        }
+        if let Some(records) = self.checkpoint_records {
+            log.checkpoint_records = records;
+        }
+        if let Some(idle) = self.checkpoint_idle_ms {
+            log.checkpoint_idle_ms = idle;
+        }
+        log
+    }
+}
+
 /// The node config file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -220,6 +263,8 @@ pub struct NodeFile {
     pub lease: LeaseFile,
     #[serde(default)]
     pub envelope: EnvelopeFile,
+    #[serde(default)]
+    pub publication: PublicationFile,
     /// Serve and forward requests but take no Cells: the lease says so and
     /// every router leaves this node out of placement.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -316,6 +361,9 @@ impl NodeFile {
         if let Some(v) = env_u64("CELLFLEET_RENEW_EVERY_MS")? {
             self.lease.renew_every_ms = v;
         }
+        if let Some(v) = env("CELLFLEET_PUBLICATION_MODE") {
+            self.publication.mode = Some(v);
+        }
         Ok(())
     }
 
@@ -370,6 +418,10 @@ impl NodeFile {
             .map_err(|e| anyhow::anyhow!("[lease]: {e}"))?;
         if self.envelope.max_window_ms == 0 {
             bail!("envelope.max_window_ms must be positive");
+        }
+        self.publication.mode()?;
+        if self.publication.lanes == Some(0) {
+            bail!("publication.lanes must be at least 1");
         }
         for (name, path) in [
             ("tls.ca", &self.tls.ca),
@@ -611,6 +663,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.lease = file.lease_config();
     config.endpoints = endpoints;
     config.ingress_only = file.ingress_only;
+    config.publication = file.publication.mode()?;
+    config.log = file.publication.log_settings();
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     // Two processes on one data_dir would write the same SQLite files.

@@ -183,7 +183,7 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (root, files) = runtime.block_on(async {
+    let (root, files, records) = runtime.block_on(async {
         let store: Arc<dyn ObjectStore> = cellfleet_store::open(&config)
             .await
             .with_context(|| format!("cannot open the store {config:?}"))?;
@@ -208,7 +208,38 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 .body;
             files.push(bytes);
         }
-        anyhow::Ok((root, files))
+        // Log mode: the records past the chain, in the lane the root
+        // points at, up to the end of its written run (a sealed lane ends
+        // at its seal, a live one at its first missing slot).
+        let mut records = Vec::new();
+        if let Some(pointer) = &root.log {
+            use cellfleet_nodelog::store::{read_records, read_written_run};
+            let seqs: Vec<u64> = read_written_run(store.as_ref(), &layout, &pointer.lane, 0)
+                .await
+                .context("cannot list the Cell's node log lane")?
+                .into_iter()
+                .filter(|seq| *seq >= pointer.from_seq)
+                .collect();
+            let mut next = root.txid + 1;
+            for (_, entry, bytes) in read_records(store.as_ref(), &layout, &pointer.lane, &seqs, &cell)
+                .await
+                .context("cannot read the Cell's node log records")?
+            {
+                if entry.max_txid < next {
+                    continue;
+                }
+                if entry.min_txid != next {
+                    bail!(
+                        "the node log holds txids {}..={} of this Cell where {next} was expected: the log is damaged",
+                        entry.min_txid,
+                        entry.max_txid
+                    );
+                }
+                next = entry.max_txid + 1;
+                records.push((entry, bytes));
+            }
+        }
+        anyhow::Ok((root, files, records))
     })?;
     let chain = root
         .chain
@@ -220,24 +251,34 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 txid: Txid(entry.max_txid),
                 checksum: Checksum(entry.post_apply_checksum),
             },
-        });
+        })
+        .chain(records.iter().map(|(entry, bytes)| ChainFile {
+            ltx: bytes.as_ref(),
+            post: Position {
+                txid: Txid(entry.max_txid),
+                checksum: Checksum(entry.post_apply_checksum),
+            },
+        }));
     let position = cellfleet_cell::recover(chain, &args.out)
         .with_context(|| format!("cannot rebuild {}/{}", args.kind, args.key))?;
-    if position.txid.0 != root.txid || position.checksum.0 != root.checksum {
+    let (txid, checksum) = records
+        .last()
+        .map_or((root.txid, root.checksum), |(entry, _)| {
+            (entry.max_txid, entry.post_apply_checksum)
+        });
+    if position.txid.0 != txid || (txid > 0 && position.checksum.0 != checksum) {
         let _ = std::fs::remove_file(&args.out);
         bail!(
-            "the rebuilt database is at {position:?}, not at the root's txid {} checksum {:016x}",
-            root.txid,
-            root.checksum
+            "the rebuilt database is at {position:?}, not at txid {txid} checksum {checksum:016x} (the root and its log records)"
         );
     }
     println!(
-        "exported {}/{} (cell {cell}, epoch {}, txid {}, {} LTX files) to {}",
+        "exported {}/{} (cell {cell}, epoch {}, txid {txid}, {} LTX files, {} log records) to {}",
         args.kind,
         args.key,
         root.epoch,
-        root.txid,
         root.chain.len(),
+        records.len(),
         args.out.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -366,6 +366,27 @@ pub async fn read_lane(
     Ok(SealedLane { counted, end })
 }
 
+/// The slots of a lane that may still be written to (its session live),
+/// as of one listing: the run of segments from `floor` up to the first
+/// slot missing or sealed. Each of them is written by the session and,
+/// being contiguous from the floor, acknowledged or about to be; the
+/// writer may have more in flight past them.
+pub async fn read_written_run(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    floor: u64,
+) -> Result<Vec<u64>> {
+    let listed = listing(store, layout, lane).await?;
+    let mut seqs = Vec::new();
+    let mut seq = floor;
+    while listed.get(&seq) == Some(&Listed::Segment) {
+        seqs.push(seq);
+        seq += 1;
+    }
+    Ok(seqs)
+}
+
 /// One Cell's records in the slots `seqs` of `lane` (from [`read_lane`]),
 /// in order: each entry and its checked bytes, fetched by ranged GETs.
 pub async fn read_records(

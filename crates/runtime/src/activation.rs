@@ -10,7 +10,15 @@
 //!    rebuild with [`cellfleet_cell::recover`] (each file's post-apply
 //!    position checked against the root's record), and open again — which
 //!    re-verifies the full rolling checksum.
-//! 4. Only then does the Cell serve. A migration the kind needs is returned
+//! 4. When the root points into a node log (DESIGN.md §9), the Cell's
+//!    records past its chain are read first ([`crate::replay`]: a dead
+//!    session's lane is sealed before it is read) and applied after the
+//!    chain; they are then checkpointed into the chain by one CAS that also
+//!    moves the pointer to this session's lane (log mode) or clears it
+//!    (cell mode). A Cell whose root does not point at this session's lane
+//!    gets that pointer before it serves, so no record of it is ever
+//!    acknowledged that a successor would not find.
+//! 5. Only then does the Cell serve. A migration the kind needs is returned
 //!    pending and published by the actor through the normal pipeline before
 //!    any command.
 
@@ -24,6 +32,9 @@ use cellfleet_cell::{Cell, CellConfig, ChainFile, Checksum, Kind, Position, Publ
 use cellfleet_store::ObjectStore;
 
 use crate::error::{Error, Result};
+use crate::log::NodeLog;
+use crate::publication::{LtxFile, PublishFailure, PublishRequest, Publisher};
+use crate::replay::{self, Tail};
 
 /// A Cell ready to serve.
 #[derive(Debug)]
@@ -42,6 +53,10 @@ pub struct Ready {
     pub how: OwnedHow,
     /// Whether the chain was downloaded and replayed.
     pub recovered: bool,
+    /// Records replayed from a node log (then checkpointed).
+    pub replayed: usize,
+    /// Whether a dead session's lane was sealed (or found sealed) first.
+    pub sealed: bool,
 }
 
 /// The result of an activation attempt.
@@ -75,6 +90,12 @@ pub struct Activator {
     pub chain_cache_bytes_max: u64,
     /// Wall clock for engine timestamps.
     pub clock: Arc<dyn cellfleet_authority::Clock>,
+    /// Uploads and CASes the activation checkpoint.
+    pub publisher: Arc<dyn Publisher>,
+    /// This session's node log (log mode), else `None`.
+    pub log: Option<Arc<NodeLog>>,
+    /// Longest activation waits for this session's own lane to settle.
+    pub settle_ms: u64,
 }
 
 /// The published position a root names.
@@ -117,6 +138,7 @@ impl Activator {
         key: &[u8],
         parked: Option<Versioned<RootRecord>>,
     ) -> Result<Activation> {
+        let parked_root = parked.is_some();
         let (root, how) = match parked {
             Some(root) => (root, OwnedHow::Adopted),
             None => match self.win(cell_id, kind.name(), key).await? {
@@ -126,10 +148,32 @@ impl Activator {
         };
         let epoch = root.record.epoch;
         let path = self.path(cell_id);
-        let position = root_position(&root.record);
         if how == OwnedHow::Created {
             remove_local_files(&path);
         }
+        // A parked root was checkpointed by this session's passivation:
+        // nothing of it is past the chain.
+        let tail = if parked_root {
+            Tail::default()
+        } else {
+            replay::records_past_chain(
+                self.store.as_ref(),
+                self.roots.layout(),
+                &self.me,
+                self.log.as_deref(),
+                &root.record,
+                std::time::Duration::from_millis(self.settle_ms),
+                self.clock.now_wall_ms(),
+            )
+            .await?
+        };
+        let position = tail
+            .records
+            .last()
+            .map_or(root_position(&root.record), |(entry, _)| Position {
+                txid: Txid(entry.max_txid),
+                checksum: Checksum(entry.post_apply_checksum),
+            });
         let now_ms = self.now_ms();
         let first = open_blocking(
             path.clone(),
@@ -139,14 +183,27 @@ impl Activator {
             now_ms,
         )
         .await?;
-        let (opened, chain_bytes, recovered) = match first {
+        let (opened, mut chain_bytes, recovered) = match first {
             Ok(opened) => (opened, vec![None; root.record.chain.len()], false),
             Err(error) => {
-                tracing::debug!(cell = %cell_id, %error, "local file not at the root's position; recovering");
+                tracing::debug!(cell = %cell_id, %error, "local file not at the cell's position; recovering");
                 let chain = self.download(&root.record).await?;
                 let chain_bytes = chain.clone();
                 let target = path.clone();
                 let record = root.record.clone();
+                let records: Vec<(Position, bytes::Bytes)> = tail
+                    .records
+                    .iter()
+                    .map(|(entry, bytes)| {
+                        (
+                            Position {
+                                txid: Txid(entry.max_txid),
+                                checksum: Checksum(entry.post_apply_checksum),
+                            },
+                            bytes.clone(),
+                        )
+                    })
+                    .collect();
                 tokio::task::spawn_blocking(move || {
                     let files: Vec<ChainFile<&[u8]>> = record
                         .chain
@@ -159,6 +216,10 @@ impl Activator {
                                 checksum: Checksum(entry.post_apply_checksum),
                             },
                         })
+                        .chain(records.iter().map(|(post, bytes)| ChainFile {
+                            ltx: bytes.as_ref(),
+                            post: *post,
+                        }))
                         .collect();
                     cellfleet_cell::recover(files, &target)
                 })
@@ -176,6 +237,18 @@ impl Activator {
                 (opened, cache, true)
             }
         };
+        let replayed = tail.records.len();
+        let root = match self.checkpoint_at_activation(&root, tail.records).await? {
+            Some((next, merged)) => {
+                if next.record.chain.len() == chain_bytes.len() + 1 {
+                    chain_bytes.push(merged);
+                } else {
+                    chain_bytes = vec![None; next.record.chain.len()];
+                }
+                next
+            }
+            None => root,
+        };
         Ok(Activation::Ready(Box::new(Ready {
             cell: opened.cell,
             root,
@@ -184,7 +257,56 @@ impl Activator {
             chain_bytes,
             how,
             recovered,
+            replayed,
+            sealed: tail.sealed,
         })))
+    }
+
+    /// The pointer this activation leaves in the root, and the CAS that
+    /// puts it there with the replayed records checkpointed; `None` when
+    /// the root is right as it is.
+    async fn checkpoint_at_activation(
+        &self,
+        root: &Versioned<RootRecord>,
+        records: Vec<(cellfleet_nodelog::Entry, bytes::Bytes)>,
+    ) -> Result<Option<(Versioned<RootRecord>, Option<Arc<Vec<u8>>>)>> {
+        let lane = self
+            .log
+            .as_ref()
+            .map(|log| log.lane_of(&root.record.cell_id));
+        let points_here = match (&root.record.log, lane) {
+            (Some(pointer), Some(lane)) => pointer.lane == *lane.writer().lane(),
+            (None, None) => true,
+            _ => false,
+        };
+        if records.is_empty() && points_here {
+            return Ok(None);
+        }
+        let epoch = root.record.epoch;
+        let delta = if records.is_empty() {
+            None
+        } else {
+            let file = merge_records(records).await?;
+            let bytes = file.bytes.clone();
+            let uploaded = self
+                .publisher
+                .upload(&root.record.cell_id, epoch, file)
+                .await
+                .map_err(|failure| failure_error(&root.record.cell_id, failure))?;
+            Some((uploaded, bytes))
+        };
+        let next = self
+            .publisher
+            .commit(PublishRequest {
+                base: root.clone(),
+                epoch,
+                delta: delta.as_ref().map(|(file, _)| file.clone()),
+                compaction: None,
+                log: lane.map(|lane| lane.pointer_here()),
+            })
+            .await
+            .map_err(|failure| failure_error(&root.record.cell_id, failure))?;
+        Ok(Some((next, delta.map(|(_, bytes)| bytes))))
     }
 
     fn now_ms(&self) -> i64 {
@@ -241,6 +363,58 @@ impl Activator {
             files.push(Arc::new(object.body.to_vec()));
         }
         Ok(files)
+    }
+}
+
+/// One LTX file holding `records` (consecutive deltas of one Cell): the
+/// record itself when there is one, else their merge.
+pub(crate) async fn merge_records(
+    records: Vec<(cellfleet_nodelog::Entry, bytes::Bytes)>,
+) -> Result<LtxFile> {
+    if let [(entry, bytes)] = records.as_slice() {
+        return Ok(LtxFile {
+            bytes: Arc::new(bytes.to_vec()),
+            min_txid: entry.min_txid,
+            max_txid: entry.max_txid,
+            file_checksum: entry.file_checksum,
+            post_apply_checksum: entry.post_apply_checksum,
+        });
+    }
+    tokio::task::spawn_blocking(move || {
+        let files: Vec<ChainFile<&[u8]>> = records
+            .iter()
+            .map(|(entry, bytes)| ChainFile {
+                ltx: bytes.as_ref(),
+                post: Position {
+                    txid: Txid(entry.max_txid),
+                    checksum: Checksum(entry.post_apply_checksum),
+                },
+            })
+            .collect();
+        let merged = cellfleet_cell::compact(&files).map_err(|e| Error::cell(&e))?;
+        Ok(LtxFile {
+            min_txid: merged.header.min_txid.0,
+            max_txid: merged.post.txid.0,
+            file_checksum: merged.trailer.file_checksum.0,
+            post_apply_checksum: merged.post.checksum.0,
+            bytes: Arc::new(merged.ltx),
+        })
+    })
+    .await
+    .map_err(|e| Error::Closed(format!("merge task failed: {e}")))?
+}
+
+/// The runtime error for a publication that failed at activation.
+pub(crate) fn failure_error(cell: &CellId, failure: PublishFailure) -> Error {
+    match failure {
+        PublishFailure::Fenced(reason) | PublishFailure::CommittedThenFenced(reason) => {
+            Error::Fenced {
+                cell: cell.clone(),
+                reason,
+            }
+        }
+        PublishFailure::NotCommitted(reason) => Error::NotCommitted { reason },
+        PublishFailure::Unknown(reason) => Error::Unknown { reason },
     }
 }
 

@@ -45,9 +45,13 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
 use crate::activation::Activator;
+use crate::config::LogSettings;
 use crate::error::{Error, Result};
+use crate::log::{NodeLog, Record};
 use crate::metrics::Metrics;
 use crate::publication::{LtxFile, PublishFailure, PublishRequest, Publisher};
+use cellfleet_authority::LogPointer;
+use cellfleet_nodelog::lane::GroupFate;
 
 /// A committed (or stored) command's proof: read-your-writes fence.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,6 +245,9 @@ pub(crate) struct ActorContext {
     pub query_wait_ms_max: u64,
     pub query_waiters_max: usize,
     pub skew_margin_ms: i64,
+    /// The node log (log mode); `None` in cell mode.
+    pub log: Option<Arc<NodeLog>>,
+    pub log_settings: LogSettings,
 }
 
 #[derive(Debug)]
@@ -264,6 +271,38 @@ struct InFlight {
     bytes: Arc<Vec<u8>>,
     started: Instant,
     commands: usize,
+    /// The group's command ids (resolve answers UNKNOWN for them).
+    ids: Vec<CommandId>,
+    /// The group's file (log mode: the record, later checkpointed).
+    file: LtxFile,
+    /// Log mode: the slot the committer assigns, until it is known.
+    slot: Option<oneshot::Receiver<Option<u64>>>,
+    /// Log mode: the slot, once known.
+    seq: Option<u64>,
+    /// Log mode: the replies were answered UNKNOWN after the wait bound;
+    /// the group is still waited for (its PUT may land).
+    answered: bool,
+}
+
+/// A record acknowledged in the log and not yet in the root's chain.
+#[derive(Debug)]
+struct Unckpt {
+    file: LtxFile,
+    seq: u64,
+}
+
+struct LogDone {
+    seq: Option<u64>,
+    slot: Option<oneshot::Receiver<Option<u64>>>,
+    /// `None`: not decided within the bound.
+    fate: Option<GroupFate>,
+}
+
+struct CkDone {
+    result: std::result::Result<Versioned<RootRecord>, PublishFailure>,
+    covered: usize,
+    merged: Option<(LtxRef, Arc<Vec<u8>>)>,
+    compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
 }
 
 #[derive(Debug)]
@@ -284,6 +323,8 @@ struct CasDone {
 
 enum Event {
     Cas(std::result::Result<CasDone, tokio::task::JoinError>),
+    Log(std::result::Result<LogDone, tokio::task::JoinError>),
+    Checkpoint(std::result::Result<CkDone, tokio::task::JoinError>),
     Msg(Option<Msg>),
     Tick,
     Idle,
@@ -314,6 +355,19 @@ pub(crate) struct Actor {
     stopping: Option<StopHow>,
     stop_done: Vec<oneshot::Sender<Result<()>>>,
     failed: Option<String>,
+    /// Log mode: the TXID acknowledged (durable in the log); the root's
+    /// TXID trails it until the next checkpoint.
+    acked_txid: u64,
+    /// Log mode: acknowledged records past the root, oldest first.
+    unckpt: Vec<Unckpt>,
+    /// Log mode: the wait for the oldest in-flight group's slot.
+    logwait: Option<JoinHandle<LogDone>>,
+    /// Log mode: the checkpoint in progress.
+    ckpt: Option<JoinHandle<CkDone>>,
+    /// Log mode: when records past the root are checkpointed though no
+    /// size trigger fired.
+    ckpt_due: Option<tokio::time::Instant>,
+    ckpt_failures: u32,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -363,13 +417,31 @@ impl Actor {
             stopping: None,
             stop_done: Vec::new(),
             failed: None,
+            acked_txid: 0,
+            unckpt: Vec::new(),
+            logwait: None,
+            ckpt: None,
+            ckpt_due: None,
+            ckpt_failures: 0,
             _permit: start.permit,
         };
+        let mut actor = actor;
+        actor.acked_txid = actor.root.record.txid;
         (actor, start.migration)
     }
 
+    /// The TXID replies and queries may rely on: the root's in cell mode,
+    /// the log's acknowledged one in log mode.
     fn published_txid(&self) -> u64 {
-        self.root.record.txid
+        if self.ctx.log.is_some() {
+            self.acked_txid
+        } else {
+            self.root.record.txid
+        }
+    }
+
+    fn log_mode(&self) -> bool {
+        self.ctx.log.is_some()
     }
 
     fn receipt(&self, txid: u64) -> Receipt {
@@ -384,14 +456,27 @@ impl Actor {
     pub(crate) async fn run(mut self, migration: Option<Publication>) -> Exit {
         if let Some(migration) = migration {
             self.queries_from_txid = migration.txid.0;
-            self.start_publication(migration, 0);
+            self.start_publication(migration, 0, Vec::new());
         }
         // A chain left long by an earlier owner (or by compactions that
         // failed) is compacted from the start, not only after a commit.
         self.maybe_prepare_compaction().await;
         loop {
             self.try_execute().await;
-            self.try_start_cas().await;
+            if self.log_mode() {
+                self.try_wait_log();
+                let stopping = matches!(self.stopping, Some(StopHow::Passivate | StopHow::Drain));
+                let due = self
+                    .ckpt_due
+                    .is_some_and(|due| due <= tokio::time::Instant::now());
+                if (stopping && self.inflight.is_empty() && self.batch.is_empty()) || due {
+                    self.maybe_checkpoint(true).await;
+                } else {
+                    self.maybe_checkpoint(false).await;
+                }
+            } else {
+                self.try_start_cas().await;
+            }
             if self.finished() {
                 break;
             }
@@ -415,6 +500,16 @@ impl Actor {
                         FailKind::Unknown,
                     )
                     .await;
+                }
+                Event::Log(Ok(done)) => self.on_log(done).await,
+                Event::Log(Err(join)) => {
+                    self.fail(format!("log wait failed: {join}"), FailKind::Unknown)
+                        .await;
+                }
+                Event::Checkpoint(Ok(done)) => self.on_checkpoint(done).await,
+                Event::Checkpoint(Err(join)) => {
+                    self.fail(format!("checkpoint task failed: {join}"), FailKind::Unknown)
+                        .await;
                 }
                 Event::Msg(Some(msg)) => self.on_msg(msg).await,
                 Event::Msg(None) => {
@@ -440,15 +535,32 @@ impl Actor {
 
     async fn next_event(&mut self) -> Event {
         let cas_active = self.cas.is_some();
+        let log_active = self.logwait.is_some();
+        let ckpt_active = self.ckpt.is_some();
         let accept = !self.rx_done && self.batch.len() < self.ctx.group_commands_max;
-        let deadline = self.waiters.iter().map(|w| w.deadline).min();
+        let deadline = self
+            .waiters
+            .iter()
+            .map(|w| w.deadline)
+            .chain(self.ckpt_due.filter(|_| !ckpt_active))
+            .min();
         let cas = &mut self.cas;
+        let logwait = &mut self.logwait;
+        let ckpt = &mut self.ckpt;
         let rx = &mut self.rx;
         tokio::select! {
             biased;
             done = async { cas.as_mut().expect("guarded by cas_active").await }, if cas_active => {
                 *cas = None;
                 Event::Cas(done)
+            }
+            done = async { logwait.as_mut().expect("guarded by log_active").await }, if log_active => {
+                *logwait = None;
+                Event::Log(done)
+            }
+            done = async { ckpt.as_mut().expect("guarded by ckpt_active").await }, if ckpt_active => {
+                *ckpt = None;
+                Event::Checkpoint(done)
             }
             msg = rx.recv(), if accept => Event::Msg(msg),
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => Event::Tick,
@@ -465,7 +577,10 @@ impl Actor {
                     || (self.rx_done
                         && self.batch.is_empty()
                         && self.inflight.is_empty()
-                        && self.cas.is_none())
+                        && self.cas.is_none()
+                        && self.logwait.is_none()
+                        && self.ckpt.is_none()
+                        && self.unckpt.is_empty())
             }
         }
     }
@@ -658,6 +773,7 @@ impl Actor {
     async fn resolve(&mut self, id: CommandId, expires_at_ms: Option<i64>) -> Result<Resolution> {
         if self.held.iter().any(|h| h.result.id == id)
             || self.batch.iter().any(|q| q.command.id == id)
+            || self.inflight.iter().any(|f| f.ids.contains(&id))
         {
             return Ok(Resolution::Unknown);
         }
@@ -744,6 +860,7 @@ impl Actor {
             Some(Ok(result)) => result,
         };
         let commands = group.len();
+        let ids: Vec<CommandId> = group.iter().map(|q| q.command.id).collect();
         for (queued, result) in group.into_iter().zip(result.results) {
             match result.depends_on_txid {
                 None => {
@@ -762,11 +879,16 @@ impl Actor {
             }
         }
         if let Some(publication) = result.publication {
-            self.start_publication(publication, commands);
+            self.start_publication(publication, commands, ids);
         }
     }
 
-    fn start_publication(&mut self, publication: Publication, commands: usize) {
+    fn start_publication(
+        &mut self,
+        publication: Publication,
+        commands: usize,
+        ids: Vec<CommandId>,
+    ) {
         let bytes = Arc::new(publication.ltx);
         let file = LtxFile {
             bytes: bytes.clone(),
@@ -775,13 +897,40 @@ impl Actor {
             file_checksum: publication.trailer.file_checksum.0,
             post_apply_checksum: publication.post.checksum.0,
         };
+        if let Some(log) = &self.ctx.log {
+            // Log mode: the group goes into the next segment of its lane.
+            let slot = log.submit(Record {
+                cell_id: self.cell_id.clone(),
+                epoch: self.epoch,
+                min_txid: file.min_txid,
+                max_txid: file.max_txid,
+                file_checksum: file.file_checksum,
+                post_apply_checksum: file.post_apply_checksum,
+                command_ids: ids.iter().map(|id| id.0).collect(),
+                bytes: bytes.clone(),
+            });
+            self.inflight.push_back(InFlight {
+                txid: publication.txid.0,
+                upload: None,
+                bytes,
+                started: Instant::now(),
+                commands,
+                ids,
+                file,
+                slot: Some(slot),
+                seq: None,
+                answered: false,
+            });
+            return;
+        }
         let publisher = self.ctx.publisher.clone();
         let cell = self.cell_id.clone();
         let epoch = self.epoch;
         let metrics = self.ctx.metrics.clone();
+        let upload_file = file.clone();
         let upload = tokio::spawn(async move {
             let started = Instant::now();
-            let uploaded = publisher.upload(&cell, epoch, file).await;
+            let uploaded = publisher.upload(&cell, epoch, upload_file).await;
             metrics
                 .publication_upload_seconds
                 .observe_duration(started.elapsed());
@@ -793,6 +942,11 @@ impl Actor {
             bytes,
             started: Instant::now(),
             commands,
+            ids,
+            file,
+            slot: None,
+            seq: None,
+            answered: false,
         });
     }
 
@@ -888,8 +1042,9 @@ impl Actor {
                 .commit(PublishRequest {
                     base,
                     epoch,
-                    delta,
+                    delta: Some(delta),
                     compaction: compaction.as_ref().map(|(c, _)| c.clone()),
+                    log: None,
                 })
                 .await;
             metrics
@@ -1099,6 +1254,339 @@ impl Actor {
         }));
     }
 
+    /// Log mode: waits for the oldest in-flight group's slot to be decided
+    /// (groups of one Cell go into its lane in order, so their fates come
+    /// in order too).
+    fn try_wait_log(&mut self) {
+        if self.logwait.is_some() || self.failed.is_some() {
+            return;
+        }
+        let Some(log) = self.ctx.log.clone() else {
+            return;
+        };
+        let Some(front) = self.inflight.front_mut() else {
+            return;
+        };
+        let writer = log.lane_of(&self.cell_id).writer().clone();
+        // Replies wait up to the bound; after it they are answered UNKNOWN
+        // and the group is still waited for, as long as it takes.
+        let bound = if front.answered {
+            std::time::Duration::from_secs(24 * 3600)
+        } else {
+            std::time::Duration::from_millis(self.ctx.log_settings.reply_wait_ms)
+        };
+        let known = front.seq;
+        let mut slot = front.slot.take();
+        self.logwait = Some(tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + bound;
+            let seq = match (known, slot.as_mut()) {
+                (Some(seq), _) => seq,
+                (None, Some(rx)) => match tokio::time::timeout_at(deadline, rx).await {
+                    Ok(Ok(Some(seq))) => seq,
+                    // The lane was sealed (or the node stopped) before the
+                    // group was written: it is in no segment.
+                    Ok(Ok(None)) | Ok(Err(_)) => {
+                        return LogDone {
+                            seq: None,
+                            slot: None,
+                            fate: Some(GroupFate::NotCommitted),
+                        }
+                    }
+                    Err(_) => {
+                        return LogDone {
+                            seq: None,
+                            slot,
+                            fate: None,
+                        }
+                    }
+                },
+                (None, None) => {
+                    return LogDone {
+                        seq: None,
+                        slot: None,
+                        fate: Some(GroupFate::NotCommitted),
+                    }
+                }
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let fate = writer.fate(seq, left).await;
+            LogDone {
+                seq: Some(seq),
+                slot: None,
+                fate,
+            }
+        }));
+    }
+
+    async fn on_log(&mut self, done: LogDone) {
+        match done.fate {
+            Some(GroupFate::Acknowledged) => {
+                let Some(front) = self.inflight.pop_front() else {
+                    return;
+                };
+                let seq = done.seq.expect("an acknowledged group has a slot");
+                self.committed_log(front, seq).await;
+            }
+            Some(GroupFate::NotCommitted) => {
+                // The lane ended at a seal at or before this group's slot:
+                // this group and every later one never count.
+                self.ctx
+                    .metrics
+                    .fences_total
+                    .fetch_add(1, Ordering::Relaxed);
+                let reason = "this node's log lane was sealed by a successor".to_owned();
+                tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, "log lane sealed");
+                for held in std::mem::take(&mut self.held) {
+                    held.reply.send(Err(Error::NotCommitted {
+                        reason: reason.clone(),
+                    }));
+                }
+                self.fail(reason, FailKind::Fenced).await;
+            }
+            Some(GroupFate::Waiting) | None => {
+                let Some(front) = self.inflight.front_mut() else {
+                    return;
+                };
+                front.seq = front.seq.or(done.seq);
+                if front.slot.is_none() {
+                    front.slot = done.slot;
+                }
+                if !front.answered {
+                    front.answered = true;
+                    let txid = front.txid;
+                    self.ctx
+                        .metrics
+                        .publications_unknown_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cell = %self.cell_id, txid, "segment not decided within the reply bound; answering unknown and still waiting");
+                    let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+                        .into_iter()
+                        .partition(|h| h.txid == txid);
+                    self.held = kept;
+                    for held in unknown {
+                        held.reply.send(Err(Error::Unknown {
+                            reason: "the node log's segment was not written within the reply bound; resolve the command later".into(),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn committed_log(&mut self, front: InFlight, seq: u64) {
+        let metrics = &self.ctx.metrics;
+        metrics.publications_total.fetch_add(1, Ordering::Relaxed);
+        metrics.group_commands.observe(front.commands as f64);
+        metrics
+            .publication_total_seconds
+            .observe_duration(front.started.elapsed());
+        metrics
+            .checkpoint_lag_records
+            .fetch_add(1, Ordering::Relaxed);
+        let txid = front.txid;
+        let confirmed = self.with_cell(move |cell| cell.confirm(Txid(txid))).await;
+        // The log holds the group now: its replies are true whatever the
+        // local engine does next.
+        self.acked_txid = txid;
+        self.unckpt.push(Unckpt {
+            file: front.file,
+            seq,
+        });
+        if self.ckpt_due.is_none() {
+            self.ckpt_due = Some(
+                tokio::time::Instant::now()
+                    + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
+            );
+        }
+        self.release_held(txid);
+        match confirmed {
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                self.fail(format!("confirm failed: {error}"), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+            None => {
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+        }
+        self.serve_waiters().await;
+    }
+
+    /// Log mode: merges the acknowledged records past the root into one
+    /// LTX file and CASes the root (chain + file, pointer advanced), when a
+    /// trigger fired or `force` (stopping, idle).
+    async fn maybe_checkpoint(&mut self, force: bool) {
+        if self.ckpt.is_some() || self.failed.is_some() || self.unckpt.is_empty() {
+            if self.unckpt.is_empty() {
+                self.ckpt_due = None;
+            }
+            return;
+        }
+        let settings = &self.ctx.log_settings;
+        let bytes: u64 = self.unckpt.iter().map(|u| u.file.bytes.len() as u64).sum();
+        if !force
+            && self.unckpt.len() < settings.checkpoint_records.max(1)
+            && bytes < settings.checkpoint_bytes
+        {
+            return;
+        }
+        let Some(log) = self.ctx.log.clone() else {
+            return;
+        };
+        let lane = log.lane_of(&self.cell_id);
+        let last_seq = self.unckpt.last().map_or(0, |u| u.seq);
+        // Every record past this checkpoint lands in a later slot than the
+        // last one it covers (a Cell's groups go into its lane in order),
+        // or, with nothing in flight, at or after the lane's next slot.
+        let pointer = if self.inflight.is_empty() {
+            lane.pointer_here()
+        } else {
+            LogPointer {
+                lane: lane.writer().lane().clone(),
+                from_seq: last_seq,
+            }
+        };
+        let at_bound = self.root.record.chain.len() >= hard_chain_bound(self.ctx.chain_files_max);
+        if at_bound && self.compaction.is_none() {
+            self.maybe_prepare_compaction().await;
+        }
+        let compaction = self.ready_compaction().await;
+        if self.failed.is_some() {
+            return;
+        }
+        if at_bound && compaction.is_none() {
+            tracing::warn!(cell = %self.cell_id, "chain at its bound and no compaction ready; checkpoint postponed");
+            self.ckpt_due = Some(
+                tokio::time::Instant::now()
+                    + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
+            );
+            return;
+        }
+        self.ckpt_due = None;
+        let covered = self.unckpt.len();
+        let files: Vec<LtxFile> = self.unckpt.iter().map(|u| u.file.clone()).collect();
+        let publisher = self.ctx.publisher.clone();
+        let base = self.root.clone();
+        let epoch = self.epoch;
+        let cell = self.cell_id.clone();
+        self.ckpt = Some(tokio::spawn(async move {
+            let merged = match merge_files(files).await {
+                Ok(file) => file,
+                Err(failure) => {
+                    return CkDone {
+                        result: Err(failure),
+                        covered,
+                        merged: None,
+                        compaction,
+                    }
+                }
+            };
+            let bytes = merged.bytes.clone();
+            let delta = match publisher.upload(&cell, epoch, merged).await {
+                Ok(delta) => delta,
+                Err(failure) => {
+                    return CkDone {
+                        result: Err(failure),
+                        covered,
+                        merged: None,
+                        compaction,
+                    }
+                }
+            };
+            let result = publisher
+                .commit(PublishRequest {
+                    base,
+                    epoch,
+                    delta: Some(delta.clone()),
+                    compaction: compaction.as_ref().map(|(c, _)| c.clone()),
+                    log: Some(pointer),
+                })
+                .await;
+            CkDone {
+                result,
+                covered,
+                merged: Some((delta, bytes)),
+                compaction,
+            }
+        }));
+    }
+
+    async fn on_checkpoint(&mut self, done: CkDone) {
+        match done.result {
+            Ok(root) => {
+                let metrics = &self.ctx.metrics;
+                metrics.checkpoints_total.fetch_add(1, Ordering::Relaxed);
+                metrics.checkpoint_records.observe(done.covered as f64);
+                metrics
+                    .checkpoint_lag_records
+                    .fetch_sub(done.covered as i64, Ordering::Relaxed);
+                if done.compaction.is_some() {
+                    metrics.compactions_total.fetch_add(1, Ordering::Relaxed);
+                }
+                self.chain_bytes = cache_for(
+                    &self.root.record,
+                    &self.chain_bytes,
+                    &root.record,
+                    &[
+                        done.merged.as_ref().map(|(_, b)| b.clone()),
+                        done.compaction.as_ref().map(|(_, b)| b.clone()),
+                    ],
+                    &[
+                        done.merged.as_ref().map(|(c, _)| c.key.clone()),
+                        done.compaction.as_ref().map(|(c, _)| c.key.clone()),
+                    ],
+                    self.ctx.chain_cache_bytes_max,
+                );
+                self.root = root;
+                self.unckpt.drain(..done.covered.min(self.unckpt.len()));
+                self.ckpt_failures = 0;
+                if !self.unckpt.is_empty() {
+                    self.ckpt_due = Some(
+                        tokio::time::Instant::now()
+                            + std::time::Duration::from_millis(
+                                self.ctx.log_settings.checkpoint_idle_ms,
+                            ),
+                    );
+                }
+                self.maybe_prepare_compaction().await;
+            }
+            Err(PublishFailure::Fenced(reason) | PublishFailure::CommittedThenFenced(reason)) => {
+                self.ctx
+                    .metrics
+                    .fences_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, %reason, "checkpoint fenced");
+                self.fail(reason, FailKind::Fenced).await;
+            }
+            Err(PublishFailure::NotCommitted(reason)) => {
+                // The records stay in the log (acknowledged and durable);
+                // the checkpoint is tried again.
+                self.ckpt_failures += 1;
+                tracing::warn!(cell = %self.cell_id, %reason, failures = self.ckpt_failures, "checkpoint not committed; will retry");
+                if self.stopping.is_some() && self.ckpt_failures >= CHECKPOINT_ATTEMPTS_AT_STOP {
+                    // Stop without it: the next activation replays the
+                    // records from this session's lane.
+                    self.fail(
+                        format!("checkpoint failed {} times: {reason}", self.ckpt_failures),
+                        FailKind::NotCommitted,
+                    )
+                    .await;
+                    return;
+                }
+                let backoff = 50u64 << self.ckpt_failures.min(6);
+                self.ckpt_due =
+                    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(backoff));
+            }
+            Err(PublishFailure::Unknown(reason)) => {
+                tracing::error!(cell = %self.cell_id, %reason, "checkpoint fate unknown");
+                self.fail(reason, FailKind::Unknown).await;
+            }
+        }
+    }
+
     /// Ends the actor's work after a failure: every held reply not already
     /// answered gets `NotCommitted`, queued commands get `Closed` (they
     /// never ran), pending publications are aborted.
@@ -1112,10 +1600,32 @@ impl Actor {
             // group's replies before the rest are answered.
             self.settle_abandoned_cas(cas).await;
         }
+        let log_mode = self.log_mode();
         for held in std::mem::take(&mut self.held) {
-            held.reply.send(Err(Error::NotCommitted {
-                reason: reason.clone(),
+            // In log mode a held group's segment may still land (and then
+            // counts): never call it not committed.
+            held.reply.send(Err(if log_mode {
+                Error::Unknown {
+                    reason: format!("{reason}; the group's segment may still land"),
+                }
+            } else {
+                Error::NotCommitted {
+                    reason: reason.clone(),
+                }
             }));
+        }
+        if let Some(wait) = self.logwait.take() {
+            wait.abort();
+        }
+        if let Some(ckpt) = self.ckpt.take() {
+            ckpt.abort();
+        }
+        if !self.unckpt.is_empty() {
+            self.ctx
+                .metrics
+                .checkpoint_lag_records
+                .fetch_sub(self.unckpt.len() as i64, Ordering::Relaxed);
+            self.unckpt.clear();
         }
         for queued in std::mem::take(&mut self.batch) {
             queued.reply.send(Err(Error::Closed(reason.clone())));
@@ -1247,6 +1757,40 @@ enum FailKind {
     Fenced,
     /// The root's content is uncertain: local files are discarded.
     Unknown,
+}
+
+/// Checkpoint attempts while stopping before the actor stops without one.
+const CHECKPOINT_ATTEMPTS_AT_STOP: u32 = 3;
+
+/// One LTX file for consecutive deltas of one Cell: the file itself when
+/// there is one, else their merge.
+async fn merge_files(files: Vec<LtxFile>) -> std::result::Result<LtxFile, PublishFailure> {
+    if files.len() == 1 {
+        return Ok(files.into_iter().next().expect("one file"));
+    }
+    tokio::task::spawn_blocking(move || {
+        let chain: Vec<ChainFile<&[u8]>> = files
+            .iter()
+            .map(|f| ChainFile {
+                ltx: f.bytes.as_slice(),
+                post: Position {
+                    txid: Txid(f.max_txid),
+                    checksum: Checksum(f.post_apply_checksum),
+                },
+            })
+            .collect();
+        let merged = cellfleet_cell::compact(&chain)
+            .map_err(|e| PublishFailure::NotCommitted(format!("merging records: {e}")))?;
+        Ok(LtxFile {
+            min_txid: merged.header.min_txid.0,
+            max_txid: merged.post.txid.0,
+            file_checksum: merged.trailer.file_checksum.0,
+            post_apply_checksum: merged.post.checksum.0,
+            bytes: Arc::new(merged.ltx),
+        })
+    })
+    .await
+    .map_err(|e| PublishFailure::NotCommitted(format!("merge task failed: {e}")))?
 }
 
 /// The chain length at which a CAS waits for the compaction in progress

@@ -84,6 +84,66 @@ impl NodeLimits {
     }
 }
 
+/// How a node makes a group of commands durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PublicationMode {
+    /// The node log (DESIGN.md §9): one segment PUT per lane group commit,
+    /// across Cells; roots are checkpointed lazily.
+    #[default]
+    Log,
+    /// One publication per Cell group: LTX upload, then a fenced root CAS.
+    Cell,
+}
+
+impl std::str::FromStr for PublicationMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text {
+            "log" => Ok(PublicationMode::Log),
+            "cell" => Ok(PublicationMode::Cell),
+            other => Err(format!(
+                "publication mode {other:?} is neither \"log\" nor \"cell\""
+            )),
+        }
+    }
+}
+
+/// Settings of the node log (used in [`PublicationMode::Log`]).
+#[derive(Clone, Debug)]
+pub struct LogSettings {
+    /// Lanes per session (a Cell's lane is fixed by its id).
+    pub lanes: u16,
+    /// Largest segment body; a lane's group commit splits past it.
+    pub segment_bytes_max: usize,
+    /// Segment PUTs of one lane in flight at once (the pipeline).
+    pub segments_inflight_max: u64,
+    /// A Cell checkpoints once this many records are past its root.
+    pub checkpoint_records: usize,
+    /// A Cell checkpoints once this many record bytes are past its root.
+    pub checkpoint_bytes: u64,
+    /// A Cell with records past its root checkpoints after this long
+    /// without a new record.
+    pub checkpoint_idle_ms: u64,
+    /// Longest a reply waits for its segment before it is answered
+    /// UNKNOWN (the PUT goes on until it lands or finds a seal).
+    pub reply_wait_ms: u64,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            lanes: 4,
+            segment_bytes_max: 8 << 20,
+            segments_inflight_max: 8,
+            checkpoint_records: 256,
+            checkpoint_bytes: 4 << 20,
+            checkpoint_idle_ms: 1_000,
+            reply_wait_ms: 10_000,
+        }
+    }
+}
+
 /// Settings of one node.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -104,6 +164,10 @@ pub struct NodeConfig {
     pub limits: NodeLimits,
     /// Settings of each Cell engine (group size is taken from `limits`).
     pub cell: cellfleet_cell::CellConfig,
+    /// The node log or one publication per Cell group.
+    pub publication: PublicationMode,
+    /// Settings of the node log.
+    pub log: LogSettings,
 }
 
 impl NodeConfig {
@@ -118,6 +182,8 @@ impl NodeConfig {
             ingress_only: false,
             limits: NodeLimits::default(),
             cell: cellfleet_cell::CellConfig::default(),
+            publication: PublicationMode::default(),
+            log: LogSettings::default(),
         }
     }
 }

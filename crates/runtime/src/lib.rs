@@ -47,12 +47,14 @@ mod config;
 mod error;
 mod kinds;
 pub mod lease;
+pub mod log;
 mod metrics;
 pub mod node;
 pub mod publication;
+mod replay;
 pub mod testkit;
 
-pub use config::{NodeConfig, NodeLimits};
+pub use config::{LogSettings, NodeConfig, NodeLimits, PublicationMode};
 pub use error::{Error, Result};
 pub use kinds::{DuplicateKind, Kinds};
 pub use metrics::Metrics;

@@ -11,6 +11,12 @@ const SECONDS_BUCKETS: [f64; 12] = [
 /// Upper bounds of the group-size histogram, in commands.
 const COMMANDS_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
+/// Upper bounds of the segment-size histogram, in bytes.
+const BYTES_BUCKETS: [f64; 10] = [
+    1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 8388608.0, 16777216.0,
+    67108864.0,
+];
+
 /// A cumulative histogram with fixed buckets.
 #[derive(Debug)]
 pub struct Histogram {
@@ -116,6 +122,24 @@ pub struct Metrics {
     pub lease_renewals_total: AtomicU64,
     /// Renewals answered after the deadline they replaced (a new term).
     pub lease_lapses_total: AtomicU64,
+    /// Node-log segments written (log mode).
+    pub log_segments_total: AtomicU64,
+    /// Cell groups per segment.
+    pub log_segment_records: Histogram,
+    /// Encoded bytes per segment.
+    pub log_segment_bytes: Histogram,
+    /// From a segment's first PUT to its slot being decided.
+    pub log_segment_put_seconds: Histogram,
+    /// Checkpoints (a Cell's records merged into its root's chain).
+    pub checkpoints_total: AtomicU64,
+    /// Records a checkpoint moved into the chain (the lag it cleared).
+    pub checkpoint_records: Histogram,
+    /// Records past their roots on open Cells now (checkpoint lag).
+    pub checkpoint_lag_records: AtomicI64,
+    /// Cell records replayed from a node log at activation.
+    pub log_replayed_records_total: AtomicU64,
+    /// Lanes of dead sessions this node sealed or found sealed.
+    pub log_seals_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -141,6 +165,15 @@ impl Default for Metrics {
             authority_reads_total: AtomicU64::new(0),
             lease_renewals_total: AtomicU64::new(0),
             lease_lapses_total: AtomicU64::new(0),
+            log_segments_total: AtomicU64::new(0),
+            log_segment_records: Histogram::new(&COMMANDS_BUCKETS),
+            log_segment_bytes: Histogram::new(&BYTES_BUCKETS),
+            log_segment_put_seconds: Histogram::new(&SECONDS_BUCKETS),
+            checkpoints_total: AtomicU64::new(0),
+            checkpoint_records: Histogram::new(&COMMANDS_BUCKETS),
+            checkpoint_lag_records: AtomicI64::new(0),
+            log_replayed_records_total: AtomicU64::new(0),
+            log_seals_total: AtomicU64::new(0),
         }
     }
 }
@@ -224,6 +257,60 @@ impl Metrics {
                 load(value)
             );
         }
+        counter(
+            &mut out,
+            "cellfleet_runtime_log_segments_total",
+            "Node-log segments written.",
+            &braces,
+            load(&self.log_segments_total),
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_records Cell groups per node-log segment.\n# TYPE cellfleet_runtime_log_segment_records histogram");
+        self.log_segment_records.render(
+            &mut out,
+            "cellfleet_runtime_log_segment_records",
+            &node_label,
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_bytes Encoded bytes per node-log segment.\n# TYPE cellfleet_runtime_log_segment_bytes histogram");
+        self.log_segment_bytes
+            .render(&mut out, "cellfleet_runtime_log_segment_bytes", &node_label);
+        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_put_seconds From a segment's first PUT until its slot is decided.\n# TYPE cellfleet_runtime_log_segment_put_seconds histogram");
+        self.log_segment_put_seconds.render(
+            &mut out,
+            "cellfleet_runtime_log_segment_put_seconds",
+            &node_label,
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_checkpoints_total",
+            "Checkpoints: a Cell's log records merged into its root's chain.",
+            &braces,
+            load(&self.checkpoints_total),
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_checkpoint_records Records one checkpoint moved into the chain.\n# TYPE cellfleet_runtime_checkpoint_records histogram");
+        self.checkpoint_records.render(
+            &mut out,
+            "cellfleet_runtime_checkpoint_records",
+            &node_label,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_checkpoint_lag_records Records past their roots on open cells.\n# TYPE cellfleet_runtime_checkpoint_lag_records gauge\ncellfleet_runtime_checkpoint_lag_records{braces} {}",
+            self.checkpoint_lag_records.load(Ordering::Relaxed).max(0)
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_log_replayed_records_total",
+            "Cell records replayed from a node log at activation.",
+            &braces,
+            load(&self.log_replayed_records_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_log_seals_total",
+            "Lanes of dead sessions sealed (or found sealed) before a takeover.",
+            &braces,
+            load(&self.log_seals_total),
+        );
         counter(
             &mut out,
             "cellfleet_runtime_passivations_total",

@@ -38,9 +38,11 @@ use crate::activation::{Activation, Activator};
 use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, Reply, StopHow};
 pub use crate::actor::{CellDescription, Executed, Queried, Receipt, Resolution};
 use crate::config::NodeConfig;
+use crate::config::PublicationMode;
 use crate::error::{Error, Result};
 use crate::kinds::Kinds;
 use crate::lease::{cell_mode, LeaseKeeper, ServingMode};
+use crate::log::NodeLog;
 use crate::metrics::Metrics;
 use crate::publication::{Publisher, StorePublisher};
 
@@ -160,6 +162,24 @@ impl Node {
         let limits = &config.limits;
         let mut cell_config = config.cell.clone();
         cell_config.group_commands_max = limits.group_commands_max;
+        let publisher: Arc<dyn Publisher> = Arc::new(StorePublisher::new(
+            store.clone(),
+            roots.clone(),
+            clock.clone(),
+            me.clone(),
+            limits.upload_attempts_max,
+        ));
+        let log = match config.publication {
+            PublicationMode::Log => Some(NodeLog::start(
+                store.clone(),
+                roots.layout().clone(),
+                me.clone(),
+                &config.log,
+                clock.clone(),
+                metrics.clone(),
+            )),
+            PublicationMode::Cell => None,
+        };
         let activator = Activator {
             store: store.clone(),
             roots: roots.clone(),
@@ -169,14 +189,10 @@ impl Node {
             attempts_max: limits.activation_attempts_max,
             chain_cache_bytes_max: limits.chain_cache_bytes_max,
             clock: clock.clone(),
+            publisher: publisher.clone(),
+            log: log.clone(),
+            settle_ms: config.log.reply_wait_ms,
         };
-        let publisher: Arc<dyn Publisher> = Arc::new(StorePublisher::new(
-            store.clone(),
-            roots.clone(),
-            clock.clone(),
-            me.clone(),
-            limits.upload_attempts_max,
-        ));
         let actor_context = Arc::new(ActorContext {
             publisher,
             activator: activator.clone(),
@@ -189,6 +205,8 @@ impl Node {
             query_wait_ms_max: limits.query_wait_ms_max,
             query_waiters_max: limits.mailbox_commands_max,
             skew_margin_ms: i64::try_from(config.lease.drift_margin_ms).unwrap_or(i64::MAX),
+            log,
+            log_settings: config.log.clone(),
         });
         let shared = Arc::new(Shared {
             open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),
@@ -436,6 +454,12 @@ impl Shared {
             metrics
                 .activations_recovered_total
                 .fetch_add(1, Ordering::Relaxed);
+        }
+        metrics
+            .log_replayed_records_total
+            .fetch_add(ready.replayed as u64, Ordering::Relaxed);
+        if ready.sealed {
+            metrics.log_seals_total.fetch_add(1, Ordering::Relaxed);
         }
         metrics.cells_open.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));

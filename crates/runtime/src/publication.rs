@@ -30,7 +30,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use cellfleet_authority::{
-    transition, CellId, Clock, Epoch, Holder, Layout, LtxRef, RootRecord, Roots, Versioned,
+    transition, CellId, Clock, Epoch, Holder, Layout, LogPointer, LtxRef, RootRecord, Roots,
+    Versioned,
 };
 use cellfleet_store::{ObjectStore, PutCondition};
 use sha2::{Digest, Sha256};
@@ -58,10 +59,14 @@ pub struct PublishRequest {
     pub base: Versioned<RootRecord>,
     /// The actor's epoch.
     pub epoch: Epoch,
-    /// The group's file.
-    pub delta: LtxRef,
+    /// The group's file (or, in log mode, a checkpoint's merged records);
+    /// `None` when only the log pointer moves.
+    pub delta: Option<LtxRef>,
     /// A compaction to publish in the same CAS.
     pub compaction: Option<LtxRef>,
+    /// The log pointer the root carries afterwards (always `None` in cell
+    /// mode).
+    pub log: Option<LogPointer>,
 }
 
 /// Why a publication did not (provably) commit.
@@ -102,49 +107,6 @@ pub trait Publisher: Send + Sync + Debug {
         base: Versioned<RootRecord>,
         epoch: Epoch,
     ) -> Result<Versioned<RootRecord>, PublishFailure>;
-}
-
-/// Decides the proposal for a publication (pure): a snapshot delta
-/// replaces the whole chain; a compaction is folded in with the delta;
-/// otherwise the delta is appended.
-pub fn propose(
-    base: &RootRecord,
-    me: &Holder,
-    epoch: Epoch,
-    delta: LtxRef,
-    compaction: Option<LtxRef>,
-    now_ms: u64,
-) -> cellfleet_authority::Result<RootRecord> {
-    if delta.min_txid == 1 && base.txid > 0 {
-        if !base.is_owned_by(&me.node, me.session, epoch) {
-            return Err(cellfleet_authority::Error::Fenced {
-                reason: format!(
-                    "cell {} is at epoch {} owned by {:?}",
-                    base.cell_id, base.epoch, base.owner
-                ),
-            });
-        }
-        let mut next = base.clone();
-        next.revision =
-            base.revision
-                .checked_add(1)
-                .ok_or_else(|| cellfleet_authority::Error::Invalid {
-                    reason: "revision overflow".to_owned(),
-                })?;
-        next.updated_at_ms = now_ms;
-        next.txid = delta.max_txid;
-        next.checksum = delta.post_apply_checksum;
-        next.chain = vec![delta];
-        next.validate()
-            .map_err(|e| cellfleet_authority::Error::Invalid { reason: e.0 })?;
-        return Ok(next);
-    }
-    match compaction {
-        Some(compacted) => {
-            transition::compact_and_publish(base, me, epoch, compacted, Some(delta), now_ms)
-        }
-        None => transition::publish(base, me, epoch, delta, now_ms),
-    }
 }
 
 /// Publishes to the object store through the authority's [`Roots`].
@@ -260,12 +222,13 @@ impl Publisher for StorePublisher {
         &self,
         request: PublishRequest,
     ) -> Result<Versioned<RootRecord>, PublishFailure> {
-        let proposal = propose(
+        let proposal = transition::propose(
             &request.base.record,
             &self.me,
             request.epoch,
             request.delta,
             request.compaction,
+            request.log,
             self.clock.now_wall_ms(),
         )
         .map_err(|e| {
@@ -293,6 +256,17 @@ impl Publisher for StorePublisher {
 mod tests {
     use super::*;
     use cellfleet_authority::{NewCell, NodeId, SessionId};
+
+    fn propose(
+        base: &RootRecord,
+        me: &Holder,
+        epoch: Epoch,
+        delta: LtxRef,
+        compaction: Option<LtxRef>,
+        now_ms: u64,
+    ) -> cellfleet_authority::Result<RootRecord> {
+        transition::propose(base, me, epoch, Some(delta), compaction, None, now_ms)
+    }
 
     fn me() -> Holder {
         Holder {

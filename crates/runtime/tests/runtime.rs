@@ -269,7 +269,7 @@ async fn a_lost_cas_reply_commits_exactly_once() {
         let store = Arc::new(FaultStore::new(inner));
         let clock = manual_clock();
         let node = start(
-            node_config("n1", &dir.path().join(backend), &prefix),
+            cell_node_config("n1", &dir.path().join(backend), &prefix),
             store.clone(),
             clock.clone(),
         )
@@ -305,7 +305,7 @@ async fn a_retry_after_unknown_returns_the_stored_outcome() {
         let store = Arc::new(FaultStore::new(inner));
         let clock = manual_clock();
         let node = start(
-            node_config("n1", &dir.path().join(backend), &prefix),
+            cell_node_config("n1", &dir.path().join(backend), &prefix),
             store.clone(),
             clock.clone(),
         )
@@ -386,7 +386,7 @@ async fn compaction_under_write_load_keeps_the_chain_bounded() {
     for (backend, store, prefix) in backends("compaction", dir.path()).await {
         let dir = dir.path().join(backend);
         let clock = manual_clock();
-        let mut config = node_config("a", &dir, &prefix);
+        let mut config = cell_node_config("a", &dir, &prefix);
         config.limits.chain_files_max = 4;
         let a = start(config, store.clone(), clock.clone()).await;
         let log = AckLog::default();
@@ -427,7 +427,7 @@ async fn compaction_under_write_load_keeps_the_chain_bounded() {
         let before = journal(&a, KEY).await;
         a.drain().await.unwrap();
         let b = start(
-            node_config("b", &dir, &prefix),
+            cell_node_config("b", &dir, &prefix),
             store.clone(),
             clock.clone(),
         )
@@ -732,7 +732,7 @@ async fn a_root_cas_that_lands_after_its_timeout_is_never_called_not_committed()
         let store = Arc::new(FaultStore::new(inner));
         let clock = manual_clock();
         let node = start(
-            node_config("n1", &dir.path().join(backend), &prefix),
+            cell_node_config("n1", &dir.path().join(backend), &prefix),
             store.clone(),
             clock.clone(),
         )
@@ -783,7 +783,7 @@ async fn a_cell_whose_compactions_failed_recovers_once_uploads_work() {
         Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
     let store = Arc::new(FaultStore::new(store));
     let clock = manual_clock();
-    let mut config = node_config("a", dir.path(), "chain-full");
+    let mut config = cell_node_config("a", dir.path(), "chain-full");
     config.limits.chain_files_max = 2;
     let node = start(config, store.clone(), clock.clone()).await;
     let log = AckLog::default();

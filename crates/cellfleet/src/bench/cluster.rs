@@ -125,7 +125,7 @@ pub struct BenchCluster {
 impl BenchCluster {
     /// Writes the cluster files and starts `nodes` nodes; returns once every
     /// node printed its ready line.
-    pub fn start(nodes: usize, store: StoreSetup) -> anyhow::Result<Self> {
+    pub fn start(nodes: usize, store: StoreSetup, publication: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("cellfleet-bench-")
             .tempdir()
@@ -145,7 +145,8 @@ impl BenchCluster {
             lease_ms: LEASE_MS,
             no_start: true,
         })?;
-        let env = node_env(&store);
+        let mut env = node_env(&store);
+        env.push(("CELLFLEET_PUBLICATION_MODE".into(), publication.to_owned()));
         let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
         let mut cluster = BenchCluster {
             dir,

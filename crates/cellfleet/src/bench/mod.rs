@@ -124,6 +124,28 @@ pub struct BenchArgs {
     /// Keep the run's objects in the bucket (default: deleted at the end).
     #[arg(long)]
     keep_objects: bool,
+    /// How the nodes make groups durable: `log` (the node log, the
+    /// default) or `cell` (one root CAS per Cell group, the reference).
+    #[arg(long, value_enum, default_value_t = Publication::Log)]
+    publication: Publication,
+}
+
+/// The nodes' publication mode (`[publication] mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Publication {
+    /// The node log: one segment PUT per lane group commit, across Cells.
+    Log,
+    /// One LTX upload and root CAS per Cell group.
+    Cell,
+}
+
+impl Publication {
+    fn name(self) -> &'static str {
+        match self {
+            Publication::Log => "log",
+            Publication::Cell => "cell",
+        }
+    }
 }
 
 /// Bound on `--fleet-cells` (a node owns at most 100k Cells).
@@ -200,12 +222,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     eprintln!(
-        "bench: starting {} nodes on the {} store",
+        "bench: starting {} nodes on the {} store, publication mode {}",
         args.nodes,
-        args.store.name()
+        args.store.name(),
+        args.publication.name()
     );
     let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
-    let mut cluster = BenchCluster::start(args.nodes, store)?;
+    let mut cluster = BenchCluster::start(args.nodes, store, args.publication.name())?;
     let plan = Plan {
         workloads: workloads.clone(),
         levels: args.concurrency.clone(),
@@ -245,6 +268,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "nodes": args.nodes,
         "store": args.store.name(),
         "store_detail": cluster.store_description(),
+        "publication": args.publication.name(),
         "duration_s": window.duration.as_secs_f64(),
         "warmup_s": window.warmup.as_secs_f64(),
         "concurrency": args.concurrency,

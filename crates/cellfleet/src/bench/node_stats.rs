@@ -126,6 +126,13 @@ pub struct Phases {
     pub execute_ms: f64,
     pub upload_ms: f64,
     pub cas_ms: f64,
+    /// Log mode: node-log segments written, Cell groups per segment, and a
+    /// segment's mean PUT time (first PUT until its slot was decided).
+    pub segments: f64,
+    pub commands_per_segment: f64,
+    pub segment_ms: f64,
+    /// Log mode: checkpoints (records merged into roots).
+    pub checkpoints: f64,
     /// Execution start to released replies (the three above and the rest
     /// of the publication's bookkeeping).
     pub publication_ms: f64,
@@ -154,6 +161,13 @@ impl Phases {
         };
         let commands = delta("cellfleet_runtime_group_commands_sum");
         let publications = delta("cellfleet_runtime_publications_total");
+        let segments = delta("cellfleet_runtime_log_segments_total");
+        let segment_count = delta("cellfleet_runtime_log_segment_put_seconds_count");
+        let segment_ms = if segment_count > 0.0 {
+            delta("cellfleet_runtime_log_segment_put_seconds_sum") / segment_count * 1e3
+        } else {
+            0.0
+        };
         let activations = ["created", "adopted", "took_over", "recovered"]
             .iter()
             .map(|how| {
@@ -173,6 +187,14 @@ impl Phases {
             execute_ms: mean_ms("execute"),
             upload_ms: mean_ms("upload"),
             cas_ms: mean_ms("cas"),
+            segments,
+            commands_per_segment: if segments > 0.0 {
+                commands / segments
+            } else {
+                0.0
+            },
+            segment_ms,
+            checkpoints: delta("cellfleet_runtime_checkpoints_total"),
             publication_ms: mean_ms("total"),
             activations,
             passivations: delta("cellfleet_runtime_passivations_total"),
@@ -192,6 +214,22 @@ impl Phases {
 
     /// One line: `queueing 3.1 | execute 0.4 | upload 2.0 | cas 2.2 | other 0.1 | reply 0.3 (ms, mean)`.
     pub fn line(&self) -> String {
+        if self.segments > 0.0 {
+            let other = (self.publication_ms - self.execute_ms - self.segment_ms).max(0.0);
+            return format!(
+                "client {:.2} = queueing {:.2} + execute+capture {:.2} + segment PUT {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per segment, {:.0} segments, {:.0} checkpoints, {:.0} activations)",
+                self.client_mean_ms,
+                self.queueing_ms,
+                self.execute_ms,
+                self.segment_ms,
+                other,
+                self.reply_ms,
+                self.commands_per_segment,
+                self.segments,
+                self.checkpoints,
+                self.activations
+            );
+        }
         let other = (self.publication_ms - self.execute_ms - self.upload_ms - self.cas_ms).max(0.0);
         format!(
             "client {:.2} = queueing {:.2} + execute+capture {:.2} + upload {:.2} + cas {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per publication, {:.0} activations)",

@@ -457,8 +457,8 @@ impl Report {
         let config = &self.config;
         let _ = writeln!(
             out,
-            "\ncellfleet bench: {} nodes, store {}, {} s measured after {} s warm-up per row",
-            config["nodes"], config["store_detail"], config["duration_s"], config["warmup_s"]
+            "\ncellfleet bench: {} nodes, store {}, publication {}, {} s measured after {} s warm-up per row",
+            config["nodes"], config["store_detail"], config["publication"].as_str().unwrap_or("log"), config["duration_s"], config["warmup_s"]
         );
         let _ = writeln!(
             out,

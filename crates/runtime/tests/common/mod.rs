@@ -9,7 +9,7 @@ use std::time::Duration;
 use cellfleet_authority::{Clock, LeaseConfig, ManualClock, NodeId};
 use cellfleet_cell::{Command, Outcome, Typed};
 use cellfleet_runtime::testkit::{journal_tags, Journal, JOURNAL};
-use cellfleet_runtime::{Kinds, Node, NodeConfig, NodeHandle};
+use cellfleet_runtime::{Kinds, Node, NodeConfig, NodeHandle, PublicationMode};
 use cellfleet_store::ObjectStore;
 use serde_json::json;
 
@@ -32,6 +32,13 @@ pub fn node_config(name: &str, dir: &Path, prefix: &str) -> NodeConfig {
     let mut config = NodeConfig::new(NodeId::new(name).unwrap(), dir.join(name), prefix);
     config.lease = lease_config();
     config.endpoints.grpc = format!("https://{name}:7000");
+    config
+}
+
+/// A node that publishes one root CAS per Cell group (the reference mode).
+pub fn cell_node_config(name: &str, dir: &Path, prefix: &str) -> NodeConfig {
+    let mut config = node_config(name, dir, prefix);
+    config.publication = PublicationMode::Cell;
     config
 }
 

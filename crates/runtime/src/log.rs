@@ -1,0 +1,261 @@
+//! The node log's runtime side (DESIGN.md §9): one committer per lane that turns every Cell group pending on the lane into one segment PUT.
+//!
+//! A Cell actor hands its group's LTX delta to its lane ([`NodeLog::submit`])
+//! and gets the slot the group went into; it then waits for the lane's
+//! verdict on that slot ([`cellfleet_nodelog::store::LaneWriter::fate`]):
+//! a reply leaves only once the slot and every earlier slot of the lane,
+//! from the session's first, hold this session's bytes.
+//!
+//! The committer takes whatever is pending on its lane when the pipeline
+//! has room (at most `segments_inflight_max` segments in flight), bounded
+//! by `segment_bytes_max`, so groups batch while segments are in flight
+//! and a lone group is written at once. Each segment PUT runs in a task of
+//! its own and is resent with the same bytes until it lands or finds a
+//! seal: a slot is never abandoned while its PUT could still land.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer};
+use cellfleet_nodelog::segment::{encode_segment, Part};
+use cellfleet_nodelog::store::{LaneWriter, WriterConfig};
+use cellfleet_store::ObjectStore;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::LogSettings;
+use crate::metrics::Metrics;
+
+/// One Cell group for the log.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// The Cell.
+    pub cell_id: CellId,
+    /// The epoch that wrote it.
+    pub epoch: Epoch,
+    /// First TXID in the delta.
+    pub min_txid: u64,
+    /// Last TXID in the delta.
+    pub max_txid: u64,
+    /// The delta's own checksum (LTX trailer).
+    pub file_checksum: u64,
+    /// The Cell's rolling checksum after applying it.
+    pub post_apply_checksum: u64,
+    /// The group's command ids.
+    pub command_ids: Vec<[u8; 16]>,
+    /// The encoded LTX delta.
+    pub bytes: Arc<Vec<u8>>,
+}
+
+struct Submitted {
+    record: Record,
+    /// The slot the record went into, or `None` once the lane is sealed.
+    slot: oneshot::Sender<Option<u64>>,
+}
+
+/// One lane of this session.
+#[derive(Debug)]
+pub struct Lane {
+    writer: Arc<LaneWriter>,
+    tx: mpsc::UnboundedSender<Submitted>,
+}
+
+impl std::fmt::Debug for Submitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submitted")
+            .field("cell", &self.record.cell_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lane {
+    /// The lane's writer (its verdict, its next slot).
+    pub fn writer(&self) -> &Arc<LaneWriter> {
+        &self.writer
+    }
+
+    /// The pointer a root gets for a Cell of this lane with no record in
+    /// flight: every record submitted from now on lands at or after it.
+    pub fn pointer_here(&self) -> LogPointer {
+        LogPointer {
+            lane: self.writer.lane().clone(),
+            from_seq: self.writer.next_seq(),
+        }
+    }
+}
+
+/// This session's lanes.
+#[derive(Debug)]
+pub struct NodeLog {
+    me: Holder,
+    lanes: Vec<Lane>,
+}
+
+impl NodeLog {
+    /// Starts one committer per lane for session `me`.
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        layout: Layout,
+        me: Holder,
+        settings: &LogSettings,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let config = WriterConfig {
+            // Never give up on a slot while the session lives: its PUT may
+            // still land, so it is resent until it does or finds a seal.
+            attempts_max: u32::MAX,
+            ..WriterConfig::default()
+        };
+        let lanes = (0..settings.lanes.max(1))
+            .map(|number| {
+                let lane = LaneId {
+                    node: me.node.clone(),
+                    session: me.session,
+                    lane: number,
+                };
+                let writer = LaneWriter::new(store.clone(), layout.clone(), lane, 0, config);
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(commit_lane(
+                    writer.clone(),
+                    rx,
+                    settings.clone(),
+                    clock.clone(),
+                    metrics.clone(),
+                ));
+                Lane { writer, tx }
+            })
+            .collect();
+        Arc::new(NodeLog { me, lanes })
+    }
+
+    /// This session.
+    pub fn holder(&self) -> &Holder {
+        &self.me
+    }
+
+    /// The lane of `cell` (fixed for this session).
+    pub fn lane_of(&self, cell: &CellId) -> &Lane {
+        let digest = cell
+            .as_str()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        &self.lanes[(digest % self.lanes.len() as u64) as usize]
+    }
+
+    /// The lane named `lane`, if it is one of this session's.
+    pub fn lane(&self, lane: &LaneId) -> Option<&Lane> {
+        self.lanes.iter().find(|l| l.writer.lane() == lane)
+    }
+
+    /// Hands `record` to its lane; the receiver gets its slot (`None` if
+    /// the lane is sealed or the node stopped).
+    pub fn submit(&self, record: Record) -> oneshot::Receiver<Option<u64>> {
+        let (slot, rx) = oneshot::channel();
+        let lane = self.lane_of(&record.cell_id);
+        if let Err(refused) = lane.tx.send(Submitted { record, slot }) {
+            let _ = refused.0.slot.send(None);
+        }
+        rx
+    }
+}
+
+async fn commit_lane(
+    writer: Arc<LaneWriter>,
+    mut rx: mpsc::UnboundedReceiver<Submitted>,
+    settings: LogSettings,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+) {
+    let mut verdict = writer.verdict();
+    let mut carried: Option<Submitted> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match rx.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        // Room in the pipeline: groups arriving meanwhile join this segment.
+        let inflight_max = settings.segments_inflight_max.max(1);
+        let room = verdict
+            .wait_for(|v| {
+                v.sealed_at.is_some()
+                    || writer.next_seq().saturating_sub(v.acked_below) < inflight_max
+            })
+            .await
+            .map(|v| v.sealed_at.is_none())
+            .unwrap_or(false);
+        let mut batch = vec![first];
+        let mut bytes = batch[0].record.bytes.len();
+        while let Ok(next) = rx.try_recv() {
+            if bytes + next.record.bytes.len() > settings.segment_bytes_max {
+                carried = Some(next);
+                break;
+            }
+            bytes += next.record.bytes.len();
+            batch.push(next);
+        }
+        let seq = if room { writer.reserve() } else { None };
+        let Some(seq) = seq else {
+            for submitted in batch {
+                let _ = submitted.slot.send(None);
+            }
+            continue;
+        };
+        let header = writer.header(seq, clock.now_wall_ms());
+        let parts: Vec<Part<'_>> = batch
+            .iter()
+            .map(|s| Part {
+                cell_id: s.record.cell_id.clone(),
+                epoch: s.record.epoch,
+                min_txid: s.record.min_txid,
+                max_txid: s.record.max_txid,
+                file_checksum: s.record.file_checksum,
+                post_apply_checksum: s.record.post_apply_checksum,
+                command_ids: s.record.command_ids.clone(),
+                bytes: s.record.bytes.as_slice(),
+            })
+            .collect();
+        let encoded = match encode_segment(&header, &parts) {
+            Ok(encoded) => encoded,
+            Err(error) => {
+                // Only a bound can refuse (checked above): the slot stays
+                // reserved and is written empty so the lane has no gap.
+                tracing::error!(%error, seq, "segment encoding failed; writing it empty");
+                drop(parts);
+                for submitted in batch {
+                    let _ = submitted.slot.send(None);
+                }
+                let empty = encode_segment(&header, &[]).expect("an empty segment encodes");
+                writer.write(seq, empty);
+                continue;
+            }
+        };
+        drop(parts);
+        metrics.log_segments_total.fetch_add(1, Ordering::Relaxed);
+        metrics.log_segment_records.observe(batch.len() as f64);
+        metrics.log_segment_bytes.observe(encoded.len() as f64);
+        let started = Instant::now();
+        writer.write(seq, encoded);
+        for submitted in batch {
+            let _ = submitted.slot.send(Some(seq));
+        }
+        let writer_for_timing = writer.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if writer_for_timing
+                .fate(seq, Duration::from_secs(3600))
+                .await
+                .is_some()
+            {
+                metrics
+                    .log_segment_put_seconds
+                    .observe_duration(started.elapsed());
+            }
+        });
+    }
+}

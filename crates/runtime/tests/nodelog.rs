@@ -1,0 +1,350 @@
+//! The node log in the runtime (DESIGN.md §9), on the local-directory store and real SeaweedFS: replies on durable segments, checkpoints, takeover by sealing and replay, and the same state as the per-Cell mode.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellfleet_authority::{CellId, Layout, RootRecord};
+use cellfleet_runtime::{Error, NodeConfig};
+use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
+use common::*;
+
+const KEY: &[u8] = b"acct-1";
+
+fn logs_prefix(prefix: &str) -> String {
+    format!("{}/logs/", Layout::new(prefix).unwrap().prefix())
+}
+
+async fn root_of(store: &dyn ObjectStore, prefix: &str, key: &[u8]) -> RootRecord {
+    let cell = CellId::for_kind_key(KIND, key);
+    let object = store
+        .get(&Layout::new(prefix).unwrap().root_key(&cell))
+        .await
+        .unwrap();
+    RootRecord::decode(&object.body).unwrap()
+}
+
+/// No checkpoint unless stopping: every record stays in the log.
+fn lazy(mut config: NodeConfig) -> NodeConfig {
+    config.log.checkpoint_records = 1_000_000;
+    config.log.checkpoint_bytes = u64::MAX;
+    config.log.checkpoint_idle_ms = 3_600_000;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_segment_reply_is_settled_by_sending_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-lost-reply", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        // The segment lands but its reply is lost: the resend finds this
+        // session's bytes in the slot, so the group is acknowledged once.
+        store.inject(
+            Fault::lose_reply(Op::PutIfNoneMatch)
+                .key_prefix(logs_prefix(&prefix))
+                .times(1),
+        );
+        let executed = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(!executed.duplicate, "{backend}");
+        log.ack(1, executed.outcome.clone());
+        let retry = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(retry.duplicate, "{backend}");
+        assert_eq!(retry.outcome, executed.outcome);
+        log.verify(&node, KEY).await;
+        assert_eq!(journal(&node, KEY).await, vec!["t0", "t1"], "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_in_doubt_answers_unknown_and_is_never_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-in-doubt", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let mut config = node_config("n1", &dir.path().join(backend), &prefix);
+        config.log.reply_wait_ms = 150;
+        let node = start(config, store.clone(), clock.clone()).await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        // The store refuses segment writes for longer than the reply bound.
+        store.inject(
+            Fault::unavailable(Op::PutIfNoneMatch)
+                .key_prefix(logs_prefix(&prefix))
+                .times(5),
+        );
+        match node.execute(KIND, KEY, append(clock.as_ref(), 1)).await {
+            Err(Error::Unknown { .. }) => {}
+            other => panic!("{backend}: expected Unknown, got {other:?}"),
+        }
+        // The writer keeps sending the same bytes; once they land the
+        // retry of the same command gets the stored outcome.
+        let retry = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert!(retry.duplicate, "{backend}: the ledger answers the retry");
+        log.ack(1, retry.outcome);
+        log.verify(&node, KEY).await;
+        assert_eq!(journal(&node, KEY).await, vec!["t0", "t1"], "{backend}");
+    }
+}
+
+/// The dead owner never checkpointed: its records live only in its lane.
+/// The successor seals the lane, replays them, checkpoints them into the
+/// chain in the takeover, and the paused owner's later writes find the
+/// seal and are not committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_seals_the_dead_lane_and_replays_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-takeover", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock_a = manual_clock();
+        let clock_b = manual_clock();
+        let a = start(
+            lazy(node_config("a", &dir, &prefix)),
+            store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let b = start(
+            lazy(node_config("b", &dir, &prefix)),
+            store.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let tasks: Vec<_> = (0..12)
+            .map(|n| {
+                let (a, clock) = (a.clone(), clock_a.clone());
+                tokio::spawn(
+                    async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) },
+                )
+            })
+            .collect();
+        for task in tasks {
+            let (n, result) = task.await.unwrap();
+            log.ack(n, result.expect("acknowledged").outcome);
+        }
+        let before = root_of(store.as_ref(), &prefix, KEY).await;
+        assert!(
+            before.log.is_some(),
+            "{backend}: the root points into a's lane"
+        );
+        let described = a.describe_cell(KIND, KEY).await.unwrap();
+        assert!(
+            described.txid > before.txid,
+            "{backend}: acknowledged {} is past the root's {}",
+            described.txid,
+            before.txid
+        );
+        a.lease().pause_renewals(true);
+        clock_b.advance(lease_expiry());
+        let executed = b
+            .execute(KIND, KEY, append(clock_b.as_ref(), 100))
+            .await
+            .unwrap();
+        assert_eq!(executed.receipt.epoch.get(), 2, "{backend}");
+        log.ack(100, executed.outcome);
+        let metrics = b.metrics();
+        assert!(metrics.log_seals_total.load(Ordering::Relaxed) >= 1);
+        assert!(
+            metrics.log_replayed_records_total.load(Ordering::Relaxed) >= 1,
+            "{backend}: records replayed"
+        );
+        let after = root_of(store.as_ref(), &prefix, KEY).await;
+        assert_eq!(
+            after.log.as_ref().map(|p| p.lane.node.as_str().to_owned()),
+            Some("b".to_owned()),
+            "{backend}: the pointer moved to b's lane"
+        );
+        assert!(
+            after.txid >= described.txid,
+            "{backend}: replay checkpointed"
+        );
+        // The paused owner still believes its lease: its lane is sealed.
+        match a.execute(KIND, KEY, append(clock_a.as_ref(), 200)).await {
+            Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => log.not_committed(200),
+            other => panic!("{backend}: the old owner acknowledged after the seal: {other:?}"),
+        }
+        log.verify(&b, KEY).await;
+    }
+}
+
+/// The same command sequence leaves the same database, page for page (the
+/// rolling checksum covers every page), in either publication mode, and a
+/// drained log-mode Cell's released root holds everything in its chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_modes_recover_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-identical", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let mut roots = Vec::new();
+        for (mode, config) in [
+            (
+                "cell",
+                cell_node_config("c", &dir, &format!("{prefix}-cell")),
+            ),
+            (
+                "log",
+                lazy(node_config("l", &dir, &format!("{prefix}-log"))),
+            ),
+        ] {
+            let clock = manual_clock();
+            let node = start(config, store.clone(), clock.clone()).await;
+            for n in 0..20 {
+                node.execute(KIND, KEY, append(clock.as_ref(), n))
+                    .await
+                    .unwrap();
+            }
+            node.drain().await.unwrap();
+            let root = root_of(store.as_ref(), &format!("{prefix}-{mode}"), KEY).await;
+            assert!(
+                root.log.is_none(),
+                "{backend} {mode}: a released root has no pointer"
+            );
+            roots.push(root);
+        }
+        assert_eq!(roots[0].txid, roots[1].txid, "{backend}");
+        assert_eq!(
+            roots[0].checksum, roots[1].checksum,
+            "{backend}: same pages in both modes"
+        );
+        // And a node of the other mode recovers the log-mode Cell exactly.
+        let clock = manual_clock();
+        let reader = start(
+            cell_node_config("r", &dir, &format!("{prefix}-log")),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let tags: Vec<String> = (0..20).map(|n| format!("t{n}")).collect();
+        assert_eq!(journal(&reader, KEY).await, tags, "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_bound_the_records_past_the_root_and_compaction_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-checkpoint", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir, &prefix);
+        config.log.checkpoint_records = 3;
+        config.limits.chain_files_max = 4;
+        let a = start(config, store.clone(), clock.clone()).await;
+        let log = AckLog::default();
+        for n in 0..40 {
+            let executed = a
+                .execute(KIND, KEY, append(clock.as_ref(), n))
+                .await
+                .unwrap();
+            log.ack(n, executed.outcome);
+        }
+        // Let the last checkpoint finish.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let root = root_of(store.as_ref(), &prefix, KEY).await;
+        let acked = a.describe_cell(KIND, KEY).await.unwrap().txid;
+        assert!(
+            acked - root.txid < 3 + 1,
+            "{backend}: root at {} trails the log's {acked} by at most the trigger",
+            root.txid
+        );
+        let metrics = a.metrics();
+        assert!(metrics.checkpoints_total.load(Ordering::Relaxed) >= 10);
+        assert!(
+            metrics.compactions_total.load(Ordering::Relaxed) >= 1,
+            "{backend}: compaction rides on checkpoints"
+        );
+        assert!(
+            root.chain.len() <= 8,
+            "{backend}: chain {}",
+            root.chain.len()
+        );
+        log.verify(&a, KEY).await;
+    }
+}
+
+/// The crash/seal race: the owner's segment PUT is still on its way when
+/// its lease expires and a successor takes over. The successor's seal goes
+/// into that very slot; the late PUT finds it, and the old owner answers
+/// not committed — and the command is nowhere in the Cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_that_arrives_after_the_seal_is_never_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-seal-race", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let a_store = Arc::new(FaultStore::new(inner.clone()));
+        let clock_a = manual_clock();
+        let clock_b = manual_clock();
+        let a = start(
+            lazy(node_config("a", &dir, &prefix)),
+            a_store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let b = start(
+            lazy(node_config("b", &dir, &prefix)),
+            inner.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        for n in 0..3 {
+            let executed = a
+                .execute(KIND, KEY, append(clock_a.as_ref(), n))
+                .await
+                .unwrap();
+            log.ack(n, executed.outcome);
+        }
+        a.lease().pause_renewals(true);
+        let late = Duration::from_millis(1_500);
+        a_store
+            .inject(Fault::delay(Some(Op::PutIfNoneMatch), late).key_prefix(logs_prefix(&prefix)));
+        let pending = {
+            let (a, clock) = (a.clone(), clock_a.clone());
+            tokio::spawn(async move { a.execute(KIND, KEY, append(clock.as_ref(), 50)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        clock_b.advance(lease_expiry());
+        let executed = b
+            .execute(KIND, KEY, append(clock_b.as_ref(), 60))
+            .await
+            .unwrap();
+        log.ack(60, executed.outcome);
+        match pending.await.unwrap() {
+            Err(Error::NotCommitted { .. }) => log.not_committed(50),
+            other => panic!("{backend}: a segment written after the seal was answered {other:?}"),
+        }
+        assert_eq!(
+            journal(&b, KEY).await,
+            vec!["t0", "t1", "t2", "t60"],
+            "{backend}"
+        );
+        log.verify(&b, KEY).await;
+    }
+}

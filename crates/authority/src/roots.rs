@@ -362,6 +362,21 @@ impl Roots {
     /// owner. A lost race is [`Error::Conflict`] (re-run) or
     /// [`Error::Fenced`].
     pub async fn activate(&self, new: &NewCell, me: &Holder) -> Result<Activated> {
+        self.activate_with_log(new, me, None).await
+    }
+
+    /// [`Roots::activate`] for a session that writes a node log: a root
+    /// created, or taken over while it points into no log, points at
+    /// `log` (this session's lane) from the activation CAS on
+    /// ([`transition::point_if_unpointed`]), so the Cell needs no second CAS
+    /// before it serves. A root that points into another session's log
+    /// keeps its pointer until that log's records are checkpointed.
+    pub async fn activate_with_log(
+        &self,
+        new: &NewCell,
+        me: &Holder,
+        log: Option<crate::root::LogPointer>,
+    ) -> Result<Activated> {
         let current = self.read(&new.cell_id).await?;
         let liveness = match &current {
             Some(current)
@@ -383,7 +398,10 @@ impl Roots {
         )?;
         match (decision, current) {
             (Activation::Create(proposal), _) => Ok(Activated::Owned {
-                root: Box::new(self.create(proposal).await?),
+                root: Box::new(
+                    self.create(transition::point_if_unpointed(proposal, me, log)?)
+                        .await?,
+                ),
                 how: OwnedHow::Created,
             }),
             (Activation::Adopt, Some(current)) => Ok(Activated::Owned {
@@ -391,7 +409,10 @@ impl Roots {
                 how: OwnedHow::Adopted,
             }),
             (Activation::Takeover(proposal), Some(current)) => Ok(Activated::Owned {
-                root: Box::new(self.replace(&current, proposal).await?),
+                root: Box::new(
+                    self.replace(&current, transition::point_if_unpointed(proposal, me, log)?)
+                        .await?,
+                ),
                 how: OwnedHow::TookOver,
             }),
             (Activation::OwnerLive { owner, until_ms }, _) => {

@@ -247,6 +247,29 @@ pub fn propose(
     Ok(next)
 }
 
+/// A create or takeover proposal made to point at `log` (the proposing
+/// session's own lane) when it points into no log yet: its chain is then
+/// the whole state, so any record of the Cell from now on is found from the
+/// pointer. A proposal that points into another session's log keeps that
+/// pointer (its records are not in the chain yet).
+pub fn point_if_unpointed(
+    mut proposal: RootRecord,
+    me: &Holder,
+    log: Option<LogPointer>,
+) -> Result<RootRecord> {
+    if let Some(pointer) = log {
+        if pointer.lane.node != me.node || pointer.lane.session != me.session {
+            return Err(Error::invalid(
+                "a log pointer must name the proposing session's own lane",
+            ));
+        }
+        if proposal.log.is_none() {
+            proposal.log = Some(pointer);
+        }
+    }
+    Ok(proposal)
+}
+
 /// Releases the Cell (drain or passivation for good): no owner, same epoch,
 /// no log pointer. The caller must have checkpointed every acknowledged
 /// record first (a released root's chain is its whole state).

@@ -41,9 +41,10 @@
 //!
 //! [publication]              # optional
 //! mode = "log"               # "log": the node log (default); "cell": one root CAS per group
-//! lanes = 4                  # log lanes per node session
+//! lanes = 2                  # log lanes per node session
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
-//! checkpoint_idle_ms = 1000  # ... or this long without a new record
+//! checkpoint_idle_ms = 5000  # ... or this long without a new record
+//! segments_inflight_max = 2  # segment PUTs of one lane in flight at once
 //! ```
 //!
 //! A top-level `ingress_only = true` (or `CELLFLEET_INGRESS_ONLY=1`) makes
@@ -57,7 +58,8 @@
 //! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
-//! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`).
+//! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
+//! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
 //! prefix, page size and kinds manifest digest (no manifest: the empty
@@ -220,6 +222,8 @@ pub struct PublicationFile {
     pub checkpoint_records: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_idle_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments_inflight_max: Option<u64>,
 }
 
 impl PublicationFile {
@@ -240,6 +244,9 @@ impl PublicationFile {
         }
         if let Some(idle) = self.checkpoint_idle_ms {
             log.checkpoint_idle_ms = idle;
+        }
+        if let Some(inflight) = self.segments_inflight_max {
+            log.segments_inflight_max = inflight;
         }
         log
     }
@@ -364,6 +371,15 @@ impl NodeFile {
         if let Some(v) = env("CELLFLEET_PUBLICATION_MODE") {
             self.publication.mode = Some(v);
         }
+        if let Some(v) = env_u64("CELLFLEET_LOG_LANES")? {
+            self.publication.lanes = Some(
+                u16::try_from(v)
+                    .map_err(|_| anyhow::anyhow!("CELLFLEET_LOG_LANES={v} is over 65535"))?,
+            );
+        }
+        if let Some(v) = env_u64("CELLFLEET_LOG_SEGMENTS_INFLIGHT")? {
+            self.publication.segments_inflight_max = Some(v);
+        }
         Ok(())
     }
 
@@ -422,6 +438,9 @@ impl NodeFile {
         self.publication.mode()?;
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
+        }
+        if self.publication.segments_inflight_max == Some(0) {
+            bail!("publication.segments_inflight_max must be at least 1");
         }
         for (name, path) in [
             ("tls.ca", &self.tls.ca),

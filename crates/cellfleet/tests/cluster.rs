@@ -178,10 +178,67 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
     }
 }
 
+/// A node's counter from its `/metrics`, summed over label sets.
+fn metric(node: &cluster_common::NodeProcess, name: &str) -> f64 {
+    let (status, text) = cluster_common::http_get(node.http, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
     let cluster = Cluster::start(3, s3("cluster-route"), 5_000);
     routes_to_the_owner_exactly_once(&cluster).await;
+    // The default publication mode is the node log.
+    let segments: f64 = cluster
+        .nodes
+        .iter()
+        .map(|node| metric(node, "cellfleet_runtime_log_segments_total"))
+        .sum();
+    assert!(segments > 0.0, "no node-log segment was written");
+}
+
+/// `[publication] mode = "cell"` (here via `CELLFLEET_PUBLICATION_MODE`)
+/// serves the same way with one root CAS per group and no log; a mode that
+/// is neither is refused at start with the two names it accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
+    let mut cluster = Cluster::start_with_env(
+        3,
+        Store::Local,
+        5_000,
+        &[("CELLFLEET_PUBLICATION_MODE", "cell")],
+    );
+    routes_to_the_owner_exactly_once(&cluster).await;
+    for node in &cluster.nodes {
+        assert_eq!(
+            metric(node, "cellfleet_runtime_log_segments_total"),
+            0.0,
+            "{}: cell mode writes no log",
+            node.id
+        );
+    }
+    let publications: f64 = cluster
+        .nodes
+        .iter()
+        .map(|node| metric(node, "cellfleet_runtime_publications_total"))
+        .sum();
+    assert!(publications > 0.0);
+    assert!(cluster.terminate(2), "n3 drains");
+    let output = cluster
+        .node_command(&cluster.path("n3.toml"), &[])
+        .env("CELLFLEET_PUBLICATION_MODE", "fast")
+        .output()
+        .expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("publication mode \"fast\" is neither \"log\" nor \"cell\""),
+        "{stderr}"
+    );
 }
 
 fn signed(client: &cluster_common::TestClient, body: v1::CommandBody) -> v1::ExecuteRequest {

@@ -80,6 +80,20 @@ pub fn verdict(first_seq: u64, slots: &BTreeMap<u64, SlotState>) -> Verdict {
     }
 }
 
+/// The later of two verdicts over the same slots (pure): verdicts only
+/// move forward — the acknowledged prefix grows and a seal, once found,
+/// stays — so merging two of them, in whichever order they arrive, keeps
+/// the furthest of each.
+pub fn later(a: Verdict, b: Verdict) -> Verdict {
+    Verdict {
+        acked_below: a.acked_below.max(b.acked_below),
+        sealed_at: match (a.sealed_at, b.sealed_at) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +109,35 @@ mod tests {
     }
 
     proptest! {
+        /// Publishing verdicts out of order never moves one back: merging
+        /// the verdicts of every prefix of a run of answers, in any order,
+        /// gives the verdict of the whole run.
+        #[test]
+        fn merged_verdicts_arrive_at_the_final_one_in_any_order(
+            states in proptest::collection::vec(state(), 1..16),
+            order in proptest::collection::vec(any::<u8>(), 1..16),
+        ) {
+            let mut slots = BTreeMap::new();
+            let mut seen = Vec::new();
+            for (seq, state) in states.iter().enumerate() {
+                slots.insert(seq as u64, *state);
+                seen.push(verdict(0, &slots));
+            }
+            let last = *seen.last().unwrap();
+            // Deliver them shuffled (by the order bytes), merging.
+            let mut delivered = seen.clone();
+            for (i, o) in order.iter().enumerate() {
+                let n = delivered.len();
+                delivered.swap(i % n, *o as usize % n);
+            }
+            let mut published = verdict(0, &BTreeMap::new());
+            for v in delivered {
+                published = later(published, v);
+            }
+            prop_assert_eq!(published, last);
+            prop_assert_eq!(later(last, seen[0]), later(seen[0], last));
+        }
+
         /// Acknowledged exactly on the contiguous written prefix; not
         /// committed exactly from the first seal on; never both; a slot in
         /// flight or in doubt below the first seal is never not committed.

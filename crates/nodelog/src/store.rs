@@ -194,7 +194,16 @@ impl LaneWriter {
             state.floor = verdict.acked_below;
             verdict
         };
-        self.verdict.send_replace(verdict);
+        // Two answers may publish in either order once the lock is
+        // released: only ever move the published verdict forward, or a
+        // later, older verdict would hide an acknowledgement until the
+        // lane's next write (forever, on a quiet lane).
+        self.verdict.send_if_modified(|current| {
+            let merged = lane::later(*current, verdict);
+            let changed = merged != *current;
+            *current = merged;
+            changed
+        });
     }
 
     /// Writes `bytes` (a segment encoded for slot `seq`, reserved with

@@ -333,7 +333,11 @@ impl Activator {
         };
         let mut last = None;
         for _ in 0..self.attempts_max.max(1) {
-            match self.roots.activate(&new, &self.me).await {
+            let pointer = self
+                .log
+                .as_ref()
+                .map(|log| log.lane_of(cell_id).pointer_here());
+            match self.roots.activate_with_log(&new, &self.me, pointer).await {
                 Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how))),
                 Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
                 Err(error) if error.is_retryable() && !error.is_ambiguous() => last = Some(error),

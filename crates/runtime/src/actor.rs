@@ -1228,6 +1228,12 @@ impl Actor {
             return;
         }
         self.snapshot_compaction = false;
+        if self.log_mode() && self.acked_txid != self.root.record.txid {
+            // The engine's state is past the root's chain: its snapshot
+            // would sit on no chain boundary. At the bound the checkpoint
+            // itself is a snapshot (maybe_checkpoint).
+            return;
+        }
         let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
         let snapshot = match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
             Some(Ok(snapshot)) => snapshot,
@@ -1392,12 +1398,12 @@ impl Actor {
             file: front.file,
             seq,
         });
-        if self.ckpt_due.is_none() {
-            self.ckpt_due = Some(
-                tokio::time::Instant::now()
-                    + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
-            );
-        }
+        // Idle means no new record for that long: the deadline moves with
+        // every record.
+        self.ckpt_due = Some(
+            tokio::time::Instant::now()
+                + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
+        );
         self.release_held(txid);
         match confirmed {
             Some(Ok(_)) => {}
@@ -1427,16 +1433,26 @@ impl Actor {
         }
         let settings = &self.ctx.log_settings;
         let bytes: u64 = self.unckpt.iter().map(|u| u.file.bytes.len() as u64).sum();
-        if !force
-            && self.unckpt.len() < settings.checkpoint_records.max(1)
-            && bytes < settings.checkpoint_bytes
-        {
-            return;
-        }
         let Some(log) = self.ctx.log.clone() else {
             return;
         };
         let lane = log.lane_of(&self.cell_id);
+        // The replay budget: a successor reads the lane from the root's
+        // pointer on, so the pointer may not fall too far behind the lane.
+        let behind = self.root.record.log.as_ref().map_or(0, |pointer| {
+            lane.writer()
+                .verdict()
+                .borrow()
+                .acked_below
+                .saturating_sub(pointer.from_seq)
+        });
+        if !force
+            && self.unckpt.len() < settings.checkpoint_records.max(1)
+            && bytes < settings.checkpoint_bytes
+            && behind <= settings.replay_segments_max
+        {
+            return;
+        }
         let last_seq = self.unckpt.last().map_or(0, |u| u.seq);
         // Every record past this checkpoint lands in a later slot than the
         // last one it covers (a Cell's groups go into its lane in order),
@@ -1457,17 +1473,50 @@ impl Actor {
         if self.failed.is_some() {
             return;
         }
+        let covered = self.unckpt.len();
+        let mut files: Vec<LtxFile> = self.unckpt.iter().map(|u| u.file.clone()).collect();
         if at_bound && compaction.is_none() {
-            tracing::warn!(cell = %self.cell_id, "chain at its bound and no compaction ready; checkpoint postponed");
-            self.ckpt_due = Some(
-                tokio::time::Instant::now()
-                    + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
-            );
-            return;
+            // No merge of the chain is ready: a snapshot of the acknowledged
+            // state is the checkpoint instead, and replaces the whole chain.
+            let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+            match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
+                Some(Ok(snapshot)) if snapshot.post.txid.0 == self.acked_txid => {
+                    files = vec![LtxFile {
+                        bytes: Arc::new(snapshot.ltx),
+                        min_txid: 1,
+                        max_txid: snapshot.post.txid.0,
+                        file_checksum: snapshot.trailer.file_checksum.0,
+                        post_apply_checksum: snapshot.post.checksum.0,
+                    }];
+                }
+                Some(Ok(snapshot)) => {
+                    tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");
+                    self.ckpt_due = Some(
+                        tokio::time::Instant::now()
+                            + std::time::Duration::from_millis(
+                                self.ctx.log_settings.checkpoint_idle_ms,
+                            ),
+                    );
+                    return;
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(cell = %self.cell_id, %error, "snapshot for a checkpoint failed; postponed");
+                    self.ckpt_due = Some(
+                        tokio::time::Instant::now()
+                            + std::time::Duration::from_millis(
+                                self.ctx.log_settings.checkpoint_idle_ms,
+                            ),
+                    );
+                    return;
+                }
+                None => {
+                    self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                        .await;
+                    return;
+                }
+            }
         }
         self.ckpt_due = None;
-        let covered = self.unckpt.len();
-        let files: Vec<LtxFile> = self.unckpt.iter().map(|u| u.file.clone()).collect();
         let publisher = self.ctx.publisher.clone();
         let base = self.root.clone();
         let epoch = self.epoch;

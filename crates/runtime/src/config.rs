@@ -125,6 +125,10 @@ pub struct LogSettings {
     /// A Cell with records past its root checkpoints after this long
     /// without a new record.
     pub checkpoint_idle_ms: u64,
+    /// A Cell with records past its root checkpoints once its lane has
+    /// grown this many segments past the root's pointer (a successor's
+    /// replay reads at most about this many segments per Cell).
+    pub replay_segments_max: u64,
     /// Longest a reply waits for its segment before it is answered
     /// UNKNOWN (the PUT goes on until it lands or finds a seal).
     pub reply_wait_ms: u64,
@@ -133,12 +137,15 @@ pub struct LogSettings {
 impl Default for LogSettings {
     fn default() -> Self {
         LogSettings {
-            lanes: 4,
+            lanes: 2,
             segment_bytes_max: 8 << 20,
-            segments_inflight_max: 8,
+            segments_inflight_max: 2,
             checkpoint_records: 256,
-            checkpoint_bytes: 4 << 20,
-            checkpoint_idle_ms: 1_000,
+            // Records wait for their checkpoint in memory: 512 KiB per
+            // open Cell at most.
+            checkpoint_bytes: 512 << 10,
+            checkpoint_idle_ms: 5_000,
+            replay_segments_max: 4_096,
             reply_wait_ms: 10_000,
         }
     }

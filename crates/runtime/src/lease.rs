@@ -109,6 +109,9 @@ pub struct LeaseKeeper {
     /// True once the lease was replaced (the node must stop serving).
     replaced: watch::Sender<bool>,
     metrics: Arc<Metrics>,
+    /// Held across a renewal's write and across retirement, so a retire
+    /// never writes against an ETag that a renewal in flight replaces.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl LeaseKeeper {
@@ -130,6 +133,7 @@ impl LeaseKeeper {
             stop: watch::channel(false).0,
             replaced: watch::channel(false).0,
             metrics,
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -174,6 +178,7 @@ impl LeaseKeeper {
 
     /// Renews once now (unless paused or stopped). Returns the new status.
     pub async fn renew_now(&self) -> LeaseStatus {
+        let _writing = self.writing.lock().await;
         let held = {
             let state = self.state();
             if state.status != LeaseStatus::Held || self.paused.load(Ordering::SeqCst) {
@@ -244,6 +249,9 @@ impl LeaseKeeper {
     /// Retires the lease (after every Cell was released) and stops renewing.
     pub async fn retire(&self) -> crate::Result<()> {
         let _ = self.stop.send(true);
+        // A renewal in flight finishes first: its new ETag is the one to
+        // retire.
+        let _writing = self.writing.lock().await;
         let held = self.held();
         self.leases.retire(&held).await?;
         self.state_mut().status = LeaseStatus::Retired;

@@ -144,7 +144,7 @@ fn log_error(error: cellfleet_nodelog::store::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellfleet_authority::{transition, CellId, Epoch, NewCell, NodeId, SessionId};
+    use cellfleet_authority::{transition, CellId, Epoch, Liveness, NewCell, NodeId, SessionId};
     use proptest::prelude::*;
 
     fn root_at(txid: u64) -> RootRecord {
@@ -183,6 +183,300 @@ mod tests {
             },
             Bytes::new(),
         )
+    }
+
+    mod model {
+        //! A model of one Cell across node sessions over a create-only key
+        //! space (DESIGN.md §9): writers with pipelined, possibly lost
+        //! segment PUTs, other Cells' segments in the same lane, lazy
+        //! checkpoints with the actor's pointer rule, crashes (also between
+        //! the takeover CAS and its checkpoint), successors that seal and
+        //! replay with [`check_tail`], and zombies whose PUTs land late.
+        use super::*;
+        use cellfleet_authority::{LaneId, LogPointer, LtxRef};
+        use cellfleet_nodelog::lane::{verdict, SlotState};
+        use cellfleet_nodelog::seal::{log_end, plan, Listed, Plan};
+        use std::collections::{BTreeMap, BTreeSet};
+
+        #[derive(Clone, Copy, Debug)]
+        enum Slot {
+            /// A segment, with this Cell's record (txids) if it holds one.
+            Segment(Option<(u64, u64)>),
+            Seal,
+        }
+
+        #[derive(Clone, Debug)]
+        enum Step {
+            /// The owner executes a group of the Cell (1-2 TXIDs).
+            Write(u64),
+            /// Another Cell's group goes into the owner's lane.
+            Other,
+            /// A PUT in flight (any session's) lands, its reply heard or lost.
+            Land(usize, bool),
+            /// The owner checkpoints what its writer acknowledged.
+            Checkpoint,
+            /// The owner dies; a successor takes over (crashing before its
+            /// checkpoint when the flag says so).
+            Takeover(bool),
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                4 => (1u64..3).prop_map(Step::Write),
+                2 => Just(Step::Other),
+                5 => (0..16usize, any::<bool>()).prop_map(|(i, heard)| Step::Land(i, heard)),
+                2 => Just(Step::Checkpoint),
+                1 => any::<bool>().prop_map(Step::Takeover),
+            ]
+        }
+
+        struct Session {
+            me: Holder,
+            lane: LaneId,
+            next_seq: u64,
+            /// What the writer knows of its slots.
+            known: BTreeMap<u64, SlotState>,
+            /// The Cell's groups it wrote: (slot, min, max).
+            groups: Vec<(u64, u64, u64)>,
+            /// PUTs not landed yet: (slot, content).
+            inflight: Vec<(u64, Option<(u64, u64)>)>,
+            /// The next TXID its engine assigns.
+            exec: u64,
+        }
+
+        impl Session {
+            fn new(n: u128, exec: u64) -> Self {
+                let me = Holder {
+                    node: NodeId::new(format!("n{n}")).unwrap(),
+                    session: SessionId::from_u128(n + 1),
+                };
+                let lane = LaneId {
+                    node: me.node.clone(),
+                    session: me.session,
+                    lane: 0,
+                };
+                Session {
+                    me,
+                    lane,
+                    next_seq: 0,
+                    known: BTreeMap::new(),
+                    groups: Vec::new(),
+                    inflight: Vec::new(),
+                    exec,
+                }
+            }
+
+            fn acked_below(&self) -> u64 {
+                verdict(0, &self.known).acked_below
+            }
+
+            /// The highest TXID this writer acknowledged.
+            fn acked_txid(&self) -> u64 {
+                let below = self.acked_below();
+                self.groups
+                    .iter()
+                    .filter(|g| g.0 < below)
+                    .map(|g| g.2)
+                    .max()
+                    .unwrap_or(0)
+            }
+        }
+
+        fn file(root: &RootRecord, min: u64, max: u64) -> LtxRef {
+            LtxRef {
+                key: format!(
+                    "p/cells/{}/ltx/{:016x}/{min:016x}-{max:016x}-ab.ltx",
+                    root.cell_id,
+                    root.epoch.get()
+                ),
+                min_txid: min,
+                max_txid: max,
+                size: 1,
+                file_checksum: max,
+                post_apply_checksum: 0x1000 + max,
+            }
+        }
+
+        fn entry_of(cell: &CellId, (min, max): (u64, u64)) -> (Entry, Bytes) {
+            let (mut entry, bytes) = super::entry(cell, min, max);
+            entry.post_apply_checksum = 0x1000 + max;
+            (entry, bytes)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            /// No acknowledged record is ever lost, nothing written after a
+            /// seal counts, every replay continues the chain, and a root's
+            /// pointer never skips a record it does not cover.
+            #[test]
+            fn acknowledged_records_survive_every_takeover(steps in proptest::collection::vec(step(), 1..80)) {
+                let cell = CellId::for_kind_key("kv", b"k");
+                let mut lanes: BTreeMap<u128, BTreeMap<u64, Slot>> = BTreeMap::new();
+                let mut sessions = vec![Session::new(0, 1)];
+                lanes.insert(0, BTreeMap::new());
+                let mut root = transition::create(
+                    &NewCell { cell_id: cell.clone(), kind: "kv".into(), key: None, page_size: 4096, schema_version: 0 },
+                    &sessions[0].me,
+                    1,
+                );
+                root.log = Some(LogPointer { lane: sessions[0].lane.clone(), from_seq: 0 });
+                // The highest TXID any writer acknowledged so far.
+                let mut acked_ever = 0u64;
+                // Whether the current owner may serve (its pointer is in place).
+                let mut serving = true;
+                // Groups (session, min, max) in a root's chain: checkpointed
+                // by their writer or replayed by a successor.
+                let mut durable: BTreeSet<(usize, u64, u64)> = BTreeSet::new();
+                for step in steps {
+                    let cur = sessions.len() - 1;
+                    match step {
+                        Step::Write(n) if serving => {
+                            let s = &mut sessions[cur];
+                            let (min, max) = (s.exec, s.exec + n - 1);
+                            s.exec = max + 1;
+                            let seq = s.next_seq;
+                            s.next_seq += 1;
+                            s.known.insert(seq, SlotState::InFlight);
+                            s.groups.push((seq, min, max));
+                            s.inflight.push((seq, Some((min, max))));
+                        }
+                        Step::Other if serving => {
+                            let s = &mut sessions[cur];
+                            let seq = s.next_seq;
+                            s.next_seq += 1;
+                            s.known.insert(seq, SlotState::InFlight);
+                            s.inflight.push((seq, None));
+                        }
+                        Step::Land(i, heard) => {
+                            let candidates: Vec<(usize, usize)> = sessions
+                                .iter()
+                                .enumerate()
+                                .flat_map(|(si, s)| (0..s.inflight.len()).map(move |pi| (si, pi)))
+                                .collect();
+                            if candidates.is_empty() {
+                                continue;
+                            }
+                            let (si, pi) = candidates[i % candidates.len()];
+                            let (seq, content) = sessions[si].inflight.remove(pi);
+                            let lane = lanes.get_mut(&(si as u128)).unwrap();
+                            let state = match lane.get(&seq) {
+                                None => {
+                                    lane.insert(seq, Slot::Segment(content));
+                                    SlotState::Written
+                                }
+                                Some(Slot::Seal) => SlotState::Sealed,
+                                Some(Slot::Segment(_)) => SlotState::Written,
+                            };
+                            if heard {
+                                sessions[si].known.insert(seq, state);
+                            } else {
+                                // Lost reply: the writer resends later
+                                // (same bytes); model the resend's answer.
+                                sessions[si].known.insert(seq, SlotState::InDoubt);
+                                sessions[si].inflight.push((seq, content));
+                            }
+                        }
+                        Step::Checkpoint if serving => {
+                            let s = &sessions[cur];
+                            let below = s.acked_below();
+                            let covered: Vec<_> = s.groups.iter().filter(|g| g.0 < below && g.2 > root.txid).collect();
+                            let Some(last) = covered.last() else { continue };
+                            for g in &covered {
+                                durable.insert((cur, g.1, g.2));
+                            }
+                            let nothing_after = s.groups.iter().all(|g| g.0 < below);
+                            // The actor's rule (maybe_checkpoint).
+                            let from_seq = if nothing_after { s.next_seq } else { last.0 };
+                            let delta = file(&root, root.txid + 1, last.2);
+                            root = transition::propose(&root, &s.me, root.epoch, Some(delta), None,
+                                Some(LogPointer { lane: s.lane.clone(), from_seq }), 2).unwrap();
+                        }
+                        Step::Takeover(crash_between) => {
+                            acked_ever = acked_ever.max(sessions[cur].acked_txid());
+                            let n = sessions.len() as u128;
+                            let mut next = Session::new(n, 0);
+                            lanes.insert(n, BTreeMap::new());
+                            root = transition::takeover(&root, Liveness::Dead, &next.me, 3).unwrap();
+                            root = transition::point_if_unpointed(root, &next.me, Some(LogPointer { lane: next.lane.clone(), from_seq: 0 })).unwrap();
+                            let pointer = root.log.clone().unwrap();
+                            let pointed = lanes.keys().copied().find(|k| {
+                                sessions.get(*k as usize).is_some_and(|s| s.lane == pointer.lane) || (*k == n && next.lane == pointer.lane)
+                            }).unwrap();
+                            // Seal the pointed lane (idempotent), then read it.
+                            let lane = lanes.get_mut(&pointed).unwrap();
+                            let listed: BTreeMap<u64, Listed> = lane.iter().map(|(q, s)| (*q, match s { Slot::Seal => Listed::Seal, Slot::Segment(_) => Listed::Segment })).collect();
+                            if pointed != n {
+                                if let Plan::SealAt(seq) = plan(0, &listed) {
+                                    lane.insert(seq, Slot::Seal);
+                                }
+                            }
+                            let listed: BTreeMap<u64, Listed> = lane.iter().map(|(q, s)| (*q, match s { Slot::Seal => Listed::Seal, Slot::Segment(_) => Listed::Segment })).collect();
+                            let end = if pointed == n { 0 } else { log_end(0, &listed).unwrap() };
+                            let records: Vec<_> = (pointer.from_seq..end)
+                                .filter_map(|q| match lane.get(&q) { Some(Slot::Segment(Some(r))) => Some(entry_of(&cell, *r)), _ => None })
+                                .collect();
+                            let writer = pointed as usize;
+                            let tail = check_tail(&root, records);
+                            prop_assert!(tail.is_ok(), "replay refused: {:?}", tail.err());
+                            let tail = tail.unwrap();
+                            let recovered = tail.last().map_or(root.txid, |(e, _)| e.max_txid);
+                            for (e, _) in &tail {
+                                durable.insert((writer, e.min_txid, e.max_txid));
+                            }
+                            prop_assert!(recovered >= acked_ever,
+                                "acknowledged txid {} lost: recovered {}", acked_ever, recovered);
+                            next.exec = recovered + 1;
+                            if crash_between {
+                                // Died after the takeover CAS, before its
+                                // checkpoint: it served nothing.
+                                sessions.push(next);
+                                serving = false;
+                                continue;
+                            }
+                            if recovered > root.txid {
+                                let delta = file(&root, root.txid + 1, recovered);
+                                root = transition::propose(&root, &next.me, root.epoch, Some(delta), None,
+                                    Some(LogPointer { lane: next.lane.clone(), from_seq: next.next_seq }), 4).unwrap();
+                            } else {
+                                root = transition::propose(&root, &next.me, root.epoch, None, None,
+                                    Some(LogPointer { lane: next.lane.clone(), from_seq: next.next_seq }), 4).unwrap();
+                            }
+                            acked_ever = recovered.max(acked_ever);
+                            sessions.push(next);
+                            serving = true;
+                        }
+                        _ => {}
+                    }
+                }
+                // Every zombie's PUTs land at last, every reply heard: what
+                // any replaced session acknowledged is in a chain.
+                let last = sessions.len() - 1;
+                for (si, s) in sessions.iter_mut().enumerate().take(last) {
+                    let lane = lanes.get_mut(&(si as u128)).unwrap();
+                    for (seq, content) in std::mem::take(&mut s.inflight) {
+                        let state = match lane.get(&seq) {
+                            None => {
+                                lane.insert(seq, Slot::Segment(content));
+                                SlotState::Written
+                            }
+                            Some(Slot::Seal) => SlotState::Sealed,
+                            Some(Slot::Segment(_)) => SlotState::Written,
+                        };
+                        s.known.insert(seq, state);
+                    }
+                    let below = s.acked_below();
+                    for g in s.groups.iter().filter(|g| g.0 < below) {
+                        // Replaced sessions only count once a successor
+                        // served (a crash before any checkpoint leaves the
+                        // last owner's records to the next takeover).
+                        if si + 1 < last || serving {
+                            prop_assert!(durable.contains(&(si, g.1, g.2)),
+                                "session {} acknowledged txids {}..={} that no chain holds", si, g.1, g.2);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

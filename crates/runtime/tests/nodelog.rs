@@ -348,3 +348,63 @@ async fn a_segment_that_arrives_after_the_seal_is_never_acknowledged() {
         log.verify(&b, KEY).await;
     }
 }
+
+/// A chain whose files cannot be merged from memory (no chain cache),
+/// checkpointed on every record while more records are acknowledged: the
+/// chain stays bounded and drain completes. (In the bench a hot Cell's
+/// chain reached its bound with only a snapshot prepared, which in log mode
+/// sits on no chain boundary; its checkpoint was postponed forever and its
+/// node never drained. At the bound the checkpoint is now a snapshot of the
+/// acknowledged state. This test did not reproduce that stall on the old
+/// code; the bench run in BENCHMARKS.md did.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_at_its_bound_checkpoints_by_snapshot_and_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-snapshot", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir, &prefix);
+        config.log.checkpoint_records = 1;
+        config.limits.chain_files_max = 2;
+        config.limits.chain_cache_bytes_max = 0;
+        // One command per group: many records, acknowledged back to back.
+        config.limits.group_commands_max = 1;
+        let a = start(config, store.clone(), clock.clone()).await;
+        let log = AckLog::default();
+        // Concurrent commands: records are acknowledged while checkpoints
+        // are in flight, so the engine is past the root when a compaction
+        // is prepared.
+        for round in 0..6u64 {
+            let tasks: Vec<_> = (0..16)
+                .map(|i| {
+                    let (a, clock) = (a.clone(), clock.clone());
+                    let n = round * 100 + i;
+                    tokio::spawn(async move {
+                        (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await)
+                    })
+                })
+                .collect();
+            for task in tasks {
+                let (n, result) = task.await.unwrap();
+                log.ack(n, result.unwrap().outcome);
+            }
+        }
+        tokio::time::timeout(Duration::from_secs(30), a.drain())
+            .await
+            .unwrap_or_else(|_| panic!("{backend}: drain did not finish"))
+            .unwrap();
+        let root = root_of(store.as_ref(), &prefix, KEY).await;
+        assert!(
+            root.chain.len() <= 4,
+            "{backend}: chain {}",
+            root.chain.len()
+        );
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        log.verify(&b, KEY).await;
+    }
+}

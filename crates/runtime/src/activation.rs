@@ -33,7 +33,7 @@ use cellfleet_store::ObjectStore;
 
 use crate::error::{Error, Result};
 use crate::log::NodeLog;
-use crate::publication::{LtxFile, PublishFailure, PublishRequest, Publisher};
+use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher};
 use crate::replay::{self, Tail};
 
 /// A Cell ready to serve.
@@ -375,37 +375,23 @@ impl Activator {
 pub(crate) async fn merge_records(
     records: Vec<(cellfleet_nodelog::Entry, bytes::Bytes)>,
 ) -> Result<LtxFile> {
-    if let [(entry, bytes)] = records.as_slice() {
-        return Ok(LtxFile {
+    let files = records
+        .into_iter()
+        .map(|(entry, bytes)| LtxFile {
             bytes: Arc::new(bytes.to_vec()),
             min_txid: entry.min_txid,
             max_txid: entry.max_txid,
             file_checksum: entry.file_checksum,
             post_apply_checksum: entry.post_apply_checksum,
-        });
-    }
-    tokio::task::spawn_blocking(move || {
-        let files: Vec<ChainFile<&[u8]>> = records
-            .iter()
-            .map(|(entry, bytes)| ChainFile {
-                ltx: bytes.as_ref(),
-                post: Position {
-                    txid: Txid(entry.max_txid),
-                    checksum: Checksum(entry.post_apply_checksum),
-                },
-            })
-            .collect();
-        let merged = cellfleet_cell::compact(&files).map_err(|e| Error::cell(&e))?;
-        Ok(LtxFile {
-            min_txid: merged.header.min_txid.0,
-            max_txid: merged.post.txid.0,
-            file_checksum: merged.trailer.file_checksum.0,
-            post_apply_checksum: merged.post.checksum.0,
-            bytes: Arc::new(merged.ltx),
         })
+        .collect();
+    merge_files(files).await.map_err(|failure| match failure {
+        PublishFailure::NotCommitted(reason) => Error::Cell {
+            message: reason,
+            retryable: false,
+        },
+        other => Error::Closed(format!("{other:?}")),
     })
-    .await
-    .map_err(|e| Error::Closed(format!("merge task failed: {e}")))?
 }
 
 /// The runtime error for a publication that failed at activation.

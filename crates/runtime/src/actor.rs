@@ -49,7 +49,7 @@ use crate::config::LogSettings;
 use crate::error::{Error, Result};
 use crate::log::{NodeLog, Record};
 use crate::metrics::Metrics;
-use crate::publication::{LtxFile, PublishFailure, PublishRequest, Publisher};
+use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher};
 use cellfleet_authority::LogPointer;
 use cellfleet_nodelog::lane::GroupFate;
 
@@ -1139,21 +1139,29 @@ impl Actor {
         // The root holds the group now: its replies are true whatever the
         // local engine does next.
         self.release_held(txid);
+        if !self.confirmed(confirmed).await {
+            return;
+        }
+        self.serve_waiters().await;
+        self.maybe_prepare_compaction().await;
+    }
+
+    /// Whether the engine confirmed a durable group; else the actor fails
+    /// (the replies are out already: the group is durable either way).
+    async fn confirmed<T>(&mut self, confirmed: Option<cellfleet_cell::Result<T>>) -> bool {
         match confirmed {
-            Some(Ok(_)) => {}
+            Some(Ok(_)) => true,
             Some(Err(error)) => {
                 self.fail(format!("confirm failed: {error}"), FailKind::NotCommitted)
                     .await;
-                return;
+                false
             }
             None => {
                 self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
                     .await;
-                return;
+                false
             }
         }
-        self.serve_waiters().await;
-        self.maybe_prepare_compaction().await;
     }
 
     /// Releases held replies published at or before `txid`.
@@ -1405,18 +1413,8 @@ impl Actor {
                 + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
         );
         self.release_held(txid);
-        match confirmed {
-            Some(Ok(_)) => {}
-            Some(Err(error)) => {
-                self.fail(format!("confirm failed: {error}"), FailKind::NotCommitted)
-                    .await;
-                return;
-            }
-            None => {
-                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
-                    .await;
-                return;
-            }
+        if !self.confirmed(confirmed).await {
+            return;
         }
         self.serve_waiters().await;
     }
@@ -1810,37 +1808,6 @@ enum FailKind {
 
 /// Checkpoint attempts while stopping before the actor stops without one.
 const CHECKPOINT_ATTEMPTS_AT_STOP: u32 = 3;
-
-/// One LTX file for consecutive deltas of one Cell: the file itself when
-/// there is one, else their merge.
-async fn merge_files(files: Vec<LtxFile>) -> std::result::Result<LtxFile, PublishFailure> {
-    if files.len() == 1 {
-        return Ok(files.into_iter().next().expect("one file"));
-    }
-    tokio::task::spawn_blocking(move || {
-        let chain: Vec<ChainFile<&[u8]>> = files
-            .iter()
-            .map(|f| ChainFile {
-                ltx: f.bytes.as_slice(),
-                post: Position {
-                    txid: Txid(f.max_txid),
-                    checksum: Checksum(f.post_apply_checksum),
-                },
-            })
-            .collect();
-        let merged = cellfleet_cell::compact(&chain)
-            .map_err(|e| PublishFailure::NotCommitted(format!("merging records: {e}")))?;
-        Ok(LtxFile {
-            min_txid: merged.header.min_txid.0,
-            max_txid: merged.post.txid.0,
-            file_checksum: merged.trailer.file_checksum.0,
-            post_apply_checksum: merged.post.checksum.0,
-            bytes: Arc::new(merged.ltx),
-        })
-    })
-    .await
-    .map_err(|e| PublishFailure::NotCommitted(format!("merge task failed: {e}")))?
-}
 
 /// The chain length at which a CAS waits for the compaction in progress
 /// instead of appending one more file (well below the root's hard limit).

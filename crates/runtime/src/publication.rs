@@ -159,6 +159,39 @@ impl StorePublisher {
     }
 }
 
+/// One LTX file for consecutive deltas of one Cell: the file itself when
+/// there is one, else their merge.
+pub(crate) async fn merge_files(
+    files: Vec<LtxFile>,
+) -> std::result::Result<LtxFile, PublishFailure> {
+    if files.len() == 1 {
+        return Ok(files.into_iter().next().expect("one file"));
+    }
+    tokio::task::spawn_blocking(move || {
+        let chain: Vec<cellfleet_cell::ChainFile<&[u8]>> = files
+            .iter()
+            .map(|f| cellfleet_cell::ChainFile {
+                ltx: f.bytes.as_slice(),
+                post: cellfleet_cell::Position {
+                    txid: cellfleet_cell::Txid(f.max_txid),
+                    checksum: cellfleet_cell::Checksum(f.post_apply_checksum),
+                },
+            })
+            .collect();
+        let merged = cellfleet_cell::compact(&chain)
+            .map_err(|e| PublishFailure::NotCommitted(format!("merging records: {e}")))?;
+        Ok(LtxFile {
+            min_txid: merged.header.min_txid.0,
+            max_txid: merged.post.txid.0,
+            file_checksum: merged.trailer.file_checksum.0,
+            post_apply_checksum: merged.post.checksum.0,
+            bytes: Arc::new(merged.ltx),
+        })
+    })
+    .await
+    .map_err(|e| PublishFailure::NotCommitted(format!("merge task failed: {e}")))?
+}
+
 /// Lowercase hex SHA-256 of `bytes` (the digest in LTX keys).
 pub fn content_digest(bytes: &[u8]) -> String {
     Sha256::digest(bytes)

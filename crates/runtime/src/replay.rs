@@ -297,6 +297,19 @@ mod tests {
             }
         }
 
+        /// What a listing of `lane` shows.
+        fn listing(lane: &BTreeMap<u64, Slot>) -> BTreeMap<u64, Listed> {
+            lane.iter()
+                .map(|(q, s)| {
+                    let listed = match s {
+                        Slot::Seal => Listed::Seal,
+                        Slot::Segment(_) => Listed::Segment,
+                    };
+                    (*q, listed)
+                })
+                .collect()
+        }
+
         fn entry_of(cell: &CellId, (min, max): (u64, u64)) -> (Entry, Bytes) {
             let (mut entry, bytes) = super::entry(cell, min, max);
             entry.post_apply_checksum = 0x1000 + max;
@@ -404,13 +417,12 @@ mod tests {
                             }).unwrap();
                             // Seal the pointed lane (idempotent), then read it.
                             let lane = lanes.get_mut(&pointed).unwrap();
-                            let listed: BTreeMap<u64, Listed> = lane.iter().map(|(q, s)| (*q, match s { Slot::Seal => Listed::Seal, Slot::Segment(_) => Listed::Segment })).collect();
                             if pointed != n {
-                                if let Plan::SealAt(seq) = plan(0, &listed) {
+                                if let Plan::SealAt(seq) = plan(0, &listing(lane)) {
                                     lane.insert(seq, Slot::Seal);
                                 }
                             }
-                            let listed: BTreeMap<u64, Listed> = lane.iter().map(|(q, s)| (*q, match s { Slot::Seal => Listed::Seal, Slot::Segment(_) => Listed::Segment })).collect();
+                            let listed = listing(lane);
                             let end = if pointed == n { 0 } else { log_end(0, &listed).unwrap() };
                             let records: Vec<_> = (pointer.from_seq..end)
                                 .filter_map(|q| match lane.get(&q) { Some(Slot::Segment(Some(r))) => Some(entry_of(&cell, *r)), _ => None })

@@ -916,7 +916,7 @@ pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
             .collect();
         println!(
             "{}",
-            serde_json::json!({"ok": true, "summary": summary_json(&summary), "revision": response.revision, "checksum": response.checksum, "chain": chain})
+            serde_json::json!({"ok": true, "summary": summary_json(&summary), "revision": response.revision, "checksum": response.checksum, "chain": chain, "log": response.log.as_ref().map(|p| serde_json::json!({"node_id": p.node_id, "session": p.session, "lane": p.lane, "from_seq": p.from_seq}))})
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -945,6 +945,13 @@ pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
             "  {:>6}..{:<6} {:>8} B  {}",
             f.min_txid, f.max_txid, f.size_bytes, f.object_key
         );
+    }
+    match &response.log {
+        Some(pointer) => println!(
+            "log       node {} session {} lane {} from slot {}: records past txid {} are in the node log until the next checkpoint",
+            pointer.node_id, pointer.session, pointer.lane, pointer.from_seq, summary.txid
+        ),
+        None => println!("log       - (the chain is the whole state)"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -242,6 +242,9 @@ fn quickstart_runs_as_written() {
     let out = ran.shell("cellfleet cell show todo groceries --json");
     let root: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(root["summary"]["epoch"], 2, "{root}");
+    // The takeover replayed the dead owner's log and moved the root's
+    // pointer to the new owner's own lane.
+    assert_eq!(root["log"]["node_id"], root["summary"]["owner"], "{root}");
 }
 
 #[test]

@@ -232,6 +232,12 @@ impl v1::admin_server::Admin for AdminService {
                     object_key: file.key.clone(),
                 })
                 .collect(),
+            log: root.log.as_ref().map(|pointer| v1::LogPointer {
+                node_id: pointer.lane.node.as_str().to_owned(),
+                session: pointer.lane.session.to_string(),
+                lane: u32::from(pointer.lane.lane),
+                from_seq: pointer.from_seq,
+            }),
         }))
     }
 

@@ -1423,10 +1423,11 @@ impl Actor {
     /// LTX file and CASes the root (chain + file, pointer advanced), when a
     /// trigger fired or `force` (stopping, idle).
     async fn maybe_checkpoint(&mut self, force: bool) {
-        if self.ckpt.is_some() || self.failed.is_some() || self.unckpt.is_empty() {
-            if self.unckpt.is_empty() {
-                self.ckpt_due = None;
-            }
+        if self.ckpt.is_some() || self.failed.is_some() {
+            return;
+        }
+        if self.unckpt.is_empty() {
+            self.move_idle_pointer();
             return;
         }
         let settings = &self.ctx.log_settings;
@@ -1561,12 +1562,64 @@ impl Actor {
         }));
     }
 
+    /// Log mode, nothing past the root: every `checkpoint_idle_ms`, if the
+    /// lane has grown more than the replay budget past the root's pointer
+    /// and nothing of this Cell is in flight, moves the pointer to the
+    /// lane's head with a pointer-only CAS, so a successor's replay of an
+    /// idle Cell stays bounded too.
+    fn move_idle_pointer(&mut self) {
+        let (Some(log), Some(pointer)) = (self.ctx.log.clone(), self.root.record.log.clone())
+        else {
+            self.ckpt_due = None;
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if self.ckpt_due.is_some_and(|due| due > now) {
+            return;
+        }
+        let settings = &self.ctx.log_settings;
+        let lane = log.lane_of(&self.cell_id);
+        let behind = lane
+            .writer()
+            .verdict()
+            .borrow()
+            .acked_below
+            .saturating_sub(pointer.from_seq);
+        if behind <= settings.replay_segments_max
+            || !self.inflight.is_empty()
+            || self.stopping.is_some()
+        {
+            self.ckpt_due =
+                Some(now + std::time::Duration::from_millis(settings.checkpoint_idle_ms));
+            return;
+        }
+        self.ckpt_due = None;
+        let publisher = self.ctx.publisher.clone();
+        let request = PublishRequest {
+            base: self.root.clone(),
+            epoch: self.epoch,
+            delta: None,
+            compaction: None,
+            log: Some(lane.pointer_here()),
+        };
+        self.ckpt = Some(tokio::spawn(async move {
+            CkDone {
+                result: publisher.commit(request).await,
+                covered: 0,
+                merged: None,
+                compaction: None,
+            }
+        }));
+    }
+
     async fn on_checkpoint(&mut self, done: CkDone) {
         match done.result {
             Ok(root) => {
                 let metrics = &self.ctx.metrics;
-                metrics.checkpoints_total.fetch_add(1, Ordering::Relaxed);
-                metrics.checkpoint_records.observe(done.covered as f64);
+                if done.covered > 0 {
+                    metrics.checkpoints_total.fetch_add(1, Ordering::Relaxed);
+                    metrics.checkpoint_records.observe(done.covered as f64);
+                }
                 metrics
                     .checkpoint_lag_records
                     .fetch_sub(done.covered as i64, Ordering::Relaxed);

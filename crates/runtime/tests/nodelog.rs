@@ -408,3 +408,41 @@ async fn a_chain_at_its_bound_checkpoints_by_snapshot_and_drains() {
         log.verify(&b, KEY).await;
     }
 }
+
+/// An idle Cell whose records are all checkpointed still has its pointer
+/// moved along a busy lane, so a successor's replay of it stays within the
+/// replay budget instead of scanning everything the lane wrote since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cell_s_pointer_follows_its_busy_lane() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-idle-pointer", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir, &prefix);
+        config.log.lanes = 1;
+        config.log.checkpoint_records = 1;
+        config.log.checkpoint_idle_ms = 50;
+        config.log.replay_segments_max = 4;
+        let a = start(config, store.clone(), clock.clone()).await;
+        a.execute(KIND, b"idle", append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = root_of(store.as_ref(), &prefix, b"idle").await;
+        let from = before.log.as_ref().expect("a pointer").from_seq;
+        for n in 1..40 {
+            a.execute(KIND, b"busy", append(clock.as_ref(), n))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = root_of(store.as_ref(), &prefix, b"idle").await;
+        let moved = after.log.as_ref().expect("a pointer").from_seq;
+        assert!(
+            moved > from + 20,
+            "{backend}: the idle Cell's pointer stayed at {moved} (was {from}) while its lane grew by 39 segments"
+        );
+        assert_eq!(after.txid, before.txid, "{backend}: only the pointer moved");
+        assert_eq!(journal(&a, b"idle").await, vec!["t0"], "{backend}");
+    }
+}

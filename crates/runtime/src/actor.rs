@@ -485,15 +485,7 @@ impl Actor {
                 Event::Cas(Ok(done)) => self.on_cas(done).await,
                 Event::Cas(Err(join)) => {
                     if let Some(front) = self.inflight.pop_front() {
-                        let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-                            .into_iter()
-                            .partition(|h| h.txid == front.txid);
-                        self.held = kept;
-                        for held in unknown {
-                            held.reply.send(Err(Error::Unknown {
-                                reason: format!("publication task failed: {join}"),
-                            }));
-                        }
+                        self.answer_unknown(front.txid, format!("publication task failed: {join}"));
                     }
                     self.fail(
                         format!("publication task failed: {join}"),
@@ -1164,6 +1156,20 @@ impl Actor {
         }
     }
 
+    /// Answers UNKNOWN to the held replies of the group at `txid`.
+    fn answer_unknown(&mut self, txid: u64, reason: impl Into<String>) {
+        let reason = reason.into();
+        let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.txid == txid);
+        self.held = kept;
+        for held in unknown {
+            held.reply.send(Err(Error::Unknown {
+                reason: reason.clone(),
+            }));
+        }
+    }
+
     /// Releases held replies published at or before `txid`.
     fn release_held(&mut self, txid: u64) {
         let (ready, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
@@ -1373,15 +1379,7 @@ impl Actor {
                         .publications_unknown_total
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(cell = %self.cell_id, txid, "segment not decided within the reply bound; answering unknown and still waiting");
-                    let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-                        .into_iter()
-                        .partition(|h| h.txid == txid);
-                    self.held = kept;
-                    for held in unknown {
-                        held.reply.send(Err(Error::Unknown {
-                            reason: "the node log's segment was not written within the reply bound; resolve the command later".into(),
-                        }));
-                    }
+                    self.answer_unknown(txid, "the node log's segment was not written within the reply bound; resolve the command later");
                 }
             }
         }
@@ -1775,27 +1773,11 @@ impl Actor {
                 result: Err(PublishFailure::Unknown(reason)),
                 ..
             }) => {
-                let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-                    .into_iter()
-                    .partition(|h| h.txid == front.txid);
-                self.held = kept;
-                for held in unknown {
-                    held.reply.send(Err(Error::Unknown {
-                        reason: reason.clone(),
-                    }));
-                }
+                self.answer_unknown(front.txid, reason);
             }
             Ok(CasDone { result: Err(_), .. }) => {}
             Err(error) => {
-                let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-                    .into_iter()
-                    .partition(|h| h.txid == front.txid);
-                self.held = kept;
-                for held in unknown {
-                    held.reply.send(Err(Error::Unknown {
-                        reason: format!("publication task failed: {error}"),
-                    }));
-                }
+                self.answer_unknown(front.txid, format!("publication task failed: {error}"));
             }
         }
     }

@@ -297,6 +297,22 @@ mod tests {
             }
         }
 
+        /// A PUT of `content` reaching slot `seq`: create-only.
+        fn land(
+            lane: &mut BTreeMap<u64, Slot>,
+            seq: u64,
+            content: Option<(u64, u64)>,
+        ) -> SlotState {
+            match lane.get(&seq) {
+                None => {
+                    lane.insert(seq, Slot::Segment(content));
+                    SlotState::Written
+                }
+                Some(Slot::Seal) => SlotState::Sealed,
+                Some(Slot::Segment(_)) => SlotState::Written,
+            }
+        }
+
         /// What a listing of `lane` shows.
         fn listing(lane: &BTreeMap<u64, Slot>) -> BTreeMap<u64, Listed> {
             lane.iter()
@@ -371,15 +387,7 @@ mod tests {
                             }
                             let (si, pi) = candidates[i % candidates.len()];
                             let (seq, content) = sessions[si].inflight.remove(pi);
-                            let lane = lanes.get_mut(&(si as u128)).unwrap();
-                            let state = match lane.get(&seq) {
-                                None => {
-                                    lane.insert(seq, Slot::Segment(content));
-                                    SlotState::Written
-                                }
-                                Some(Slot::Seal) => SlotState::Sealed,
-                                Some(Slot::Segment(_)) => SlotState::Written,
-                            };
+                            let state = land(lanes.get_mut(&(si as u128)).unwrap(), seq, content);
                             if heard {
                                 sessions[si].known.insert(seq, state);
                             } else {
@@ -466,14 +474,7 @@ mod tests {
                 for (si, s) in sessions.iter_mut().enumerate().take(last) {
                     let lane = lanes.get_mut(&(si as u128)).unwrap();
                     for (seq, content) in std::mem::take(&mut s.inflight) {
-                        let state = match lane.get(&seq) {
-                            None => {
-                                lane.insert(seq, Slot::Segment(content));
-                                SlotState::Written
-                            }
-                            Some(Slot::Seal) => SlotState::Sealed,
-                            Some(Slot::Segment(_)) => SlotState::Written,
-                        };
+                        let state = land(lane, seq, content);
                         s.known.insert(seq, state);
                     }
                     let below = s.acked_below();

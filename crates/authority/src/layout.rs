@@ -166,6 +166,12 @@ impl Layout {
         format!("{}{seq:016x}.seg", self.lane_prefix(lane))
     }
 
+    /// `{prefix}/logs/{node}/{session}/{lane:04x}/floor`: the lane's floor
+    /// marker (slots below it were collected); never parsed as a slot.
+    pub fn lane_floor_key(&self, lane: &LaneId) -> String {
+        format!("{}floor", self.lane_prefix(lane))
+    }
+
     /// Parses a key made by [`Layout::segment_key`].
     pub fn parse_segment_key(&self, key: &str) -> Option<SegmentKey> {
         let rest = key.strip_prefix(&self.join("logs/"))?;
@@ -276,6 +282,12 @@ mod tests {
             "prod/eu/logs/n1/00000000000000000000000000000abc/0003/000000000000002a.seg"
         );
         assert!(segment.starts_with(&layout.lane_prefix(&lane)));
+        let floor = layout.lane_floor_key(&lane);
+        assert_eq!(
+            floor,
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/floor"
+        );
+        assert!(layout.parse_segment_key(&floor).is_none());
         assert_eq!(
             layout.parse_segment_key(&segment),
             Some(SegmentKey { lane, seq: 0x2a })

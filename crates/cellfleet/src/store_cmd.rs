@@ -214,7 +214,7 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         let mut records = Vec::new();
         if let Some(pointer) = &root.log {
             use cellfleet_nodelog::store::{read_records, read_written_run};
-            let seqs: Vec<u64> = read_written_run(store.as_ref(), &layout, &pointer.lane, 0)
+            let seqs: Vec<u64> = read_written_run(store.as_ref(), &layout, &pointer.lane)
                 .await
                 .context("cannot list the Cell's node log lane")?
                 .into_iter()

@@ -17,11 +17,13 @@
 //! below the lowest key may be a PUT still in flight, and a seal above it
 //! would let that PUT land, be acknowledged by its writer (the prefix below
 //! the seal is contiguous again) and be missed by a reader that listed
-//! before it landed. The floor is the session's first slot (0); garbage
-//! collection, when it deletes a lane's written prefix, must record the new
-//! floor durably before deleting, and never delete a seal — so a zombie
-//! writer that wakes after GC still finds the seal in the slot it writes
-//! next.
+//! before it landed. The floor is the session's first slot (0) until
+//! garbage collection deletes a written prefix of the lane: it raises the
+//! lane's floor marker first and deletes below it afterwards, and a lister
+//! reads the marker *after* listing, so a slot missing from its listing
+//! because it was collected is always below the floor it uses. Seals are
+//! never deleted, so a zombie writer that wakes after GC still finds the
+//! seal in the slot it writes next.
 
 use std::collections::BTreeMap;
 
@@ -110,9 +112,18 @@ mod tests {
         /// The writer's `n`-th pending PUT is answered "unknown" without
         /// landing; the writer will send the same bytes again.
         LoseAttempt(usize),
-        /// A sealer lists the lane and performs its plan (a refused create
-        /// reads the slot and plans again, as many times as needed).
-        Seal,
+        /// A sealer lists the lane, then `n` steps of collection happen, then
+        /// it reads the floor marker and performs its plan (a refused
+        /// create reads the slot and plans again, as many times as needed).
+        Seal(usize),
+        /// Every acknowledged slot becomes collectable (its records
+        /// checkpointed into their roots).
+        Checkpoint,
+        /// Collection raises the floor marker to the collectable point and
+        /// queues the deletion of every slot below it.
+        Collect,
+        /// The oldest queued deletion happens.
+        Delete,
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -120,7 +131,10 @@ mod tests {
             3 => Just(Step::Send),
             4 => (0..8usize).prop_map(Step::Land),
             1 => (0..8usize).prop_map(Step::LoseAttempt),
-            1 => Just(Step::Seal),
+            2 => (0..4usize).prop_map(Step::Seal),
+            1 => Just(Step::Checkpoint),
+            1 => Just(Step::Collect),
+            2 => Just(Step::Delete),
         ]
     }
 
@@ -133,6 +147,12 @@ mod tests {
         /// Slots sent and not answered yet.
         pending: Vec<u64>,
         next: u64,
+        /// The lane's floor marker.
+        marker: u64,
+        /// Slots below this may be collected.
+        collectable: u64,
+        /// Deletions queued by collection, oldest first.
+        deleting: std::collections::VecDeque<u64>,
     }
 
     impl World {
@@ -149,9 +169,47 @@ mod tests {
             self.writer.insert(seq, state);
         }
 
-        fn seal(&mut self) {
+        fn collect(&mut self) {
+            if self.collectable > self.marker {
+                let from = self.marker;
+                self.marker = self.collectable;
+                self.deleting.extend(from..self.collectable);
+            }
+        }
+
+        /// One step of collection: the next deletion, or else a new round.
+        fn collect_step(&mut self) {
+            if self.deleting.is_empty() {
+                self.collect();
+            } else {
+                self.delete_one();
+            }
+        }
+
+        fn delete_one(&mut self) {
+            if let Some(seq) = self.deleting.pop_front() {
+                assert_ne!(
+                    self.store.get(&seq),
+                    Some(&Listed::Seal),
+                    "a seal was collected"
+                );
+                self.store.remove(&seq);
+            }
+        }
+
+        /// A listing, `gc` steps of collection meanwhile, then the marker.
+        fn list(&mut self, gc: usize) -> (u64, BTreeMap<u64, Listed>) {
+            let listed = self.store.clone();
+            for _ in 0..gc {
+                self.collect_step();
+            }
+            (self.marker, listed)
+        }
+
+        fn seal(&mut self, deletions: usize) {
+            let (floor, mut listed) = self.list(deletions);
             for _ in 0..64 {
-                match plan(0, &self.store) {
+                match plan(floor, &listed) {
                     Plan::Sealed { .. } => return,
                     Plan::SealAt(seq) => match self.store.get(&seq).copied() {
                         None => {
@@ -160,21 +218,33 @@ mod tests {
                         }
                         Some(found) => match after_refused(seq, found) {
                             AfterRefused::Sealed { .. } => return,
-                            AfterRefused::PlanAgain => continue,
+                            AfterRefused::PlanAgain => {
+                                listed.insert(seq, found);
+                            }
                         },
                     },
                 }
             }
             panic!("sealing did not end");
         }
+
+        /// What a reader listing now counts: the slots from the floor to
+        /// the first seal.
+        fn counted(&mut self) -> Option<(u64, u64)> {
+            let (floor, listed) = self.list(0);
+            log_end(floor, &listed).map(|end| (floor, end))
+        }
     }
 
     proptest! {
         /// No acknowledged group is lost and nothing refused counts: after
-        /// any interleaving of pipelined PUTs, lost attempts and racing
-        /// sealers, once the writer has heard every answer, the slots a
-        /// reader counts are exactly the slots the writer acknowledged, and
-        /// every other slot the writer sent is not committed.
+        /// any interleaving of pipelined PUTs, lost attempts, racing
+        /// sealers and garbage collection of checkpointed slots (deletions
+        /// interleaved with the sealers' listings), once the writer has
+        /// heard every answer, the slots a reader counts are exactly the
+        /// slots the writer acknowledged and nobody collected, every other
+        /// slot the writer sent is not committed, and a zombie's next slot
+        /// after all that still hits the seal.
         #[test]
         fn readers_count_exactly_what_the_writer_acknowledged(
             steps in proptest::collection::vec(step(), 1..60),
@@ -197,49 +267,69 @@ mod tests {
                         let seq = world.pending[n % world.pending.len()];
                         world.writer.insert(seq, SlotState::InDoubt);
                     }
-                    Step::Seal => {
-                        world.seal();
+                    Step::Seal(deletions) => {
+                        world.seal(deletions);
                         // A reader that lists right now must already see
-                        // every slot that will count: all present below
-                        // the seal, which never moves.
-                        let end = log_end(0, &world.store).expect("just sealed");
-                        for seq in 0..end {
+                        // every slot that will count: all present from the
+                        // floor to the seal, which never moves.
+                        let (floor, end) = world.counted().expect("just sealed");
+                        for seq in floor..end {
                             prop_assert_eq!(world.store.get(&seq), Some(&Listed::Segment));
                         }
                         ends.push(end);
                     }
+                    Step::Checkpoint => {
+                        world.collectable = verdict(0, &world.writer).acked_below;
+                    }
+                    Step::Collect => world.collect(),
+                    Step::Delete => world.delete_one(),
                     _ => {}
                 }
                 // Mid-run: nothing acknowledged is ever outside what a
-                // reader would count once the lane is sealed.
+                // reader would count once the lane is sealed, unless it was
+                // collected after its checkpoint.
                 let verdict = verdict(0, &world.writer);
-                for seq in 0..verdict.acked_below {
+                for seq in world.marker..verdict.acked_below {
                     prop_assert_eq!(world.store.get(&seq), Some(&Listed::Segment));
                 }
+                prop_assert!(world.marker <= world.collectable);
             }
             // The writer resends every open slot (same bytes), then a
             // successor seals the lane.
             for seq in std::mem::take(&mut world.pending) {
                 world.land(seq);
             }
-            world.seal();
-            let end = log_end(0, &world.store).expect("sealed");
+            world.seal(1);
+            let (floor, end) = world.counted().expect("sealed");
             for earlier in ends {
                 prop_assert_eq!(earlier, end, "a reader before the last landing saw another end");
             }
             let verdict = verdict(0, &world.writer);
             for seq in 0..world.next {
-                let counted = seq < end;
+                let counted = (floor..end).contains(&seq);
                 match verdict.group(seq) {
-                    GroupFate::Acknowledged => prop_assert!(counted, "acked slot {} not counted", seq),
+                    GroupFate::Acknowledged => prop_assert!(
+                        counted || seq < world.collectable,
+                        "acked slot {} neither counted nor checkpointed", seq
+                    ),
                     GroupFate::NotCommitted => prop_assert!(!counted, "refused slot {} counted", seq),
                     GroupFate::Waiting => prop_assert!(false, "slot {} still waiting after every answer", seq),
                 }
             }
             // Counted slots are all present: no gap below the seal.
-            for seq in 0..end {
+            for seq in floor..end {
                 prop_assert_eq!(world.store.get(&seq), Some(&Listed::Segment));
             }
+            // A zombie that wakes after all of it (deletions done too)
+            // writes its next slot and finds the seal: not committed.
+            while !world.deleting.is_empty() {
+                world.delete_one();
+            }
+            let zombie = world.next;
+            world.writer.insert(zombie, SlotState::InFlight);
+            world.land(zombie);
+            let after = crate::lane::verdict(0, &world.writer);
+            prop_assert_eq!(after.group(zombie), GroupFate::NotCommitted);
         }
     }
 

@@ -628,3 +628,41 @@ pub fn decode(bytes: &[u8]) -> Result<Slot> {
         }
     }
 }
+
+/// The first bytes of a lane's floor marker (format 1).
+pub const FLOOR_MAGIC: &[u8; 8] = b"CFLOGFL1";
+/// A floor marker's size: magic, the floor (u64), CRC-32C of both.
+pub const FLOOR_BYTES: usize = 8 + 8 + 4;
+
+/// A lane's floor marker (`{lane}/floor`): every slot below `floor` was
+/// written and has been deleted by garbage collection, so a lane's run
+/// starts here. Written before the first deletion below it, and only ever
+/// raised.
+pub fn encode_floor(floor: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FLOOR_BYTES);
+    out.extend_from_slice(FLOOR_MAGIC);
+    out.extend_from_slice(&floor.to_be_bytes());
+    let sum = crc(&out);
+    out.extend_from_slice(&sum.to_be_bytes());
+    out
+}
+
+/// Decodes a floor marker made by [`encode_floor`] (untrusted bytes).
+pub fn decode_floor(bytes: &[u8]) -> Result<u64> {
+    if bytes.len() != FLOOR_BYTES {
+        return Err(Error::Malformed(format!(
+            "a floor marker is {FLOOR_BYTES} bytes, this one {}",
+            bytes.len()
+        )));
+    }
+    if &bytes[..8] != FLOOR_MAGIC {
+        return Err(Error::Malformed("not a floor marker (magic)".into()));
+    }
+    let stored = u32::from_be_bytes(bytes[16..].try_into().expect("four bytes"));
+    if crc(&bytes[..16]) != stored {
+        return Err(Error::Checksum("floor marker"));
+    }
+    Ok(u64::from_be_bytes(
+        bytes[8..16].try_into().expect("eight bytes"),
+    ))
+}

@@ -13,6 +13,9 @@
 //! * [`read_lane`] lists a sealed lane and returns what a reader counts:
 //!   the slots from the floor to its first seal ([`seal::log_end`]); [`read_records`]
 //!   fetches one Cell's records from them with ranged GETs.
+//! * [`collect`] deletes a written prefix of a session's own lane after
+//!   raising the lane's floor marker ([`raise_floor`]); every lister reads
+//!   the marker after its listing ([`crate::seal`] says why).
 //!
 //! A listing tells keys, not what they hold: each listed slot's fixed part
 //! (16 bytes, one ranged GET) says whether it is a seal.
@@ -278,15 +281,35 @@ async fn classify(store: &dyn ObjectStore, key: &str) -> Result<Listed> {
     Ok(if seal { Listed::Seal } else { Listed::Segment })
 }
 
-/// Lists `lane` and tells each slot's kind.
-async fn listing(
-    store: &dyn ObjectStore,
-    layout: &Layout,
-    lane: &LaneId,
-) -> Result<BTreeMap<u64, Listed>> {
+/// A lane as one listing saw it: its floor and what each slot holds.
+struct Listing {
+    floor: u64,
+    slots: BTreeMap<u64, Listed>,
+}
+
+/// The floor of `lane` as its marker says (0 with no marker yet).
+pub async fn read_floor(store: &dyn ObjectStore, layout: &Layout, lane: &LaneId) -> Result<u64> {
+    let key = layout.lane_floor_key(lane);
+    match store.get(&key).await {
+        Ok(object) => {
+            segment::decode_floor(&object.body).map_err(|source| Error::Corrupt { key, source })
+        }
+        Err(error) if error.is_not_found() => Ok(0),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Lists `lane`, tells each slot's kind, then reads its floor.
+///
+/// The floor is read **after** the listing: collection writes the marker
+/// before it deletes anything below it, so any slot this listing misses
+/// because it was collected lies below the floor read afterwards. A floor
+/// read first could be older than a deletion the listing saw, and a
+/// collected slot would look like a gap to seal.
+async fn listing(store: &dyn ObjectStore, layout: &Layout, lane: &LaneId) -> Result<Listing> {
     let entries =
         cellfleet_store::list_all(store, &layout.lane_prefix(lane), LANE_KEYS_MAX).await?;
-    let mut listed = BTreeMap::new();
+    let mut slots = BTreeMap::new();
     for entry in entries {
         let Some(parsed) = layout.parse_segment_key(&entry.key) else {
             continue;
@@ -294,23 +317,107 @@ async fn listing(
         if parsed.lane != *lane {
             continue;
         }
-        listed.insert(parsed.seq, classify(store, &entry.key).await?);
+        match classify(store, &entry.key).await {
+            Ok(kind) => {
+                slots.insert(parsed.seq, kind);
+            }
+            // Collected since the listing: it lies below the floor.
+            Err(Error::Store(error)) if error.is_not_found() => {}
+            Err(error) => return Err(error),
+        }
     }
-    Ok(listed)
+    let floor = read_floor(store, layout, lane).await?;
+    Ok(Listing { floor, slots })
+}
+
+/// Raises the floor marker of `lane` to at least `to` (never lowers it:
+/// a conditional write over the marker read, re-read on a race or an
+/// ambiguous answer). Returns the floor in effect afterwards.
+pub async fn raise_floor(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    to: u64,
+) -> Result<u64> {
+    let key = layout.lane_floor_key(lane);
+    let body = Bytes::from(segment::encode_floor(to));
+    let mut last = None;
+    for _ in 0..SEAL_ROUNDS_MAX.min(16) {
+        let condition = match store.get(&key).await {
+            Ok(object) => {
+                let current =
+                    segment::decode_floor(&object.body).map_err(|source| Error::Corrupt {
+                        key: key.clone(),
+                        source,
+                    })?;
+                if current >= to {
+                    return Ok(current);
+                }
+                PutCondition::IfMatch(object.etag)
+            }
+            Err(error) if error.is_not_found() => PutCondition::IfNoneMatch,
+            Err(error) => return Err(error.into()),
+        };
+        match store.put(&key, body.clone(), condition).await {
+            Ok(_) => return Ok(to),
+            // Raced, or the answer was lost: the next read decides.
+            Err(error)
+                if error.is_precondition_failed()
+                    || error.may_have_applied()
+                    || error.is_retryable() =>
+            {
+                last = Some(error);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(Error::Bound(format!(
+        "the floor of lane {lane:?} was not raised to {to}: {}",
+        last.map_or_else(String::new, |e| e.to_string())
+    )))
+}
+
+/// Collects the slots `from..to` of this session's own `lane` (every one
+/// of them written by it, and no record in them needed by any root): first
+/// the floor marker is raised to `to`, then the segments are deleted in
+/// order. Returns how many were deleted. Seals are never collected (a
+/// lane being collected has none below its written prefix).
+pub async fn collect(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    from: u64,
+    to: u64,
+) -> Result<u64> {
+    if to <= from {
+        return Ok(0);
+    }
+    raise_floor(store, layout, lane, to).await?;
+    let mut deleted = 0;
+    for seq in from..to {
+        match store.delete(&layout.segment_key(lane, seq)).await {
+            Ok(()) => deleted += 1,
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(deleted)
 }
 
 /// Ends `lane` (of a session whose lease has expired plus the margin),
-/// whose run starts at `floor` (the session's first slot): returns the slot
-/// of its first seal, creating one if needed.
+/// whose run starts at its floor: returns the slot of its first seal,
+/// creating one if needed.
 pub async fn seal_lane(
     store: &dyn ObjectStore,
     layout: &Layout,
     lane: &LaneId,
-    floor: u64,
     sealer: &Holder,
     now_ms: u64,
 ) -> Result<u64> {
-    let mut listed = listing(store, layout, lane).await?;
+    let Listing {
+        floor,
+        slots: mut listed,
+    } = listing(store, layout, lane).await?;
     for _ in 0..SEAL_ROUNDS_MAX {
         let seq = match seal::plan(floor, &listed) {
             Plan::Sealed { at } => return Ok(at),
@@ -355,28 +462,33 @@ pub async fn seal_lane(
 /// A sealed lane as a reader sees it: the slots that count, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SealedLane {
+    /// The lane's floor: slots below it were collected.
+    pub floor: u64,
     /// Slots that count: from the floor up to (not including) `end`.
     pub counted: Vec<u64>,
     /// The slot of the lane's first seal.
     pub end: u64,
 }
 
-/// Lists a sealed lane: what counts ([`NotSealed`](Error::NotSealed) if it
+/// Lists a sealed lane (from its floor on): what counts ([`NotSealed`](Error::NotSealed) if it
 /// has no seal yet).
 pub async fn read_lane(
     store: &dyn ObjectStore,
     layout: &Layout,
     lane: &LaneId,
-    floor: u64,
 ) -> Result<SealedLane> {
-    let listed = listing(store, layout, lane).await?;
-    let end = seal::log_end(floor, &listed).ok_or_else(|| Error::NotSealed(lane.clone()))?;
-    let counted = listed.range(floor..end).map(|(seq, _)| *seq).collect();
-    Ok(SealedLane { counted, end })
+    let Listing { floor, slots } = listing(store, layout, lane).await?;
+    let end = seal::log_end(floor, &slots).ok_or_else(|| Error::NotSealed(lane.clone()))?;
+    let counted = slots.range(floor..end).map(|(seq, _)| *seq).collect();
+    Ok(SealedLane {
+        floor,
+        counted,
+        end,
+    })
 }
 
 /// The slots of a lane that may still be written to (its session live),
-/// as of one listing: the run of segments from `floor` up to the first
+/// as of one listing: the run of segments from the lane's floor up to the first
 /// slot missing or sealed. Each of them is written by the session and,
 /// being contiguous from the floor, acknowledged or about to be; the
 /// writer may have more in flight past them.
@@ -384,12 +496,11 @@ pub async fn read_written_run(
     store: &dyn ObjectStore,
     layout: &Layout,
     lane: &LaneId,
-    floor: u64,
 ) -> Result<Vec<u64>> {
-    let listed = listing(store, layout, lane).await?;
+    let Listing { floor, slots } = listing(store, layout, lane).await?;
     let mut seqs = Vec::new();
     let mut seq = floor;
-    while listed.get(&seq) == Some(&Listed::Segment) {
+    while slots.get(&seq) == Some(&Listed::Segment) {
         seqs.push(seq);
         seq += 1;
     }

@@ -6,7 +6,10 @@ use std::time::Duration;
 use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, SessionId};
 use cellfleet_nodelog::lane::GroupFate;
 use cellfleet_nodelog::segment::{encode_segment, Part};
-use cellfleet_nodelog::store::{read_lane, read_records, seal_lane, LaneWriter, WriterConfig};
+use cellfleet_nodelog::store::{
+    collect, read_floor, read_lane, read_records, read_written_run, seal_lane, LaneWriter,
+    WriterConfig,
+};
 use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -90,11 +93,11 @@ async fn pipelined_segments_are_acknowledged_and_read_back_per_cell() {
                 "{backend}: slot {seq}"
             );
         }
-        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
             .await
             .unwrap();
         assert_eq!(sealed, 5, "{backend}: sealed after the last segment");
-        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
         assert_eq!(
             (read.counted.clone(), read.end),
             (seqs.clone(), 5),
@@ -154,11 +157,11 @@ async fn a_put_that_times_out_and_lands_later_is_settled_by_the_same_bytes() {
             );
         }
         tokio::time::sleep(late * 3).await;
-        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
             .await
             .unwrap();
         assert_eq!(sealed, 2, "{backend}");
-        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
         let records = read_records(store.as_ref(), &layout, &lane, &read.counted, &cell("a"))
             .await
             .unwrap();
@@ -196,7 +199,7 @@ async fn a_seal_fences_the_slot_in_flight_and_every_later_one() {
             "{backend}"
         );
         // The session is presumed dead: a successor seals its first gap.
-        let sealed = seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1)
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
             .await
             .unwrap();
         assert_eq!(
@@ -215,7 +218,7 @@ async fn a_seal_fences_the_slot_in_flight_and_every_later_one() {
             Some(GroupFate::NotCommitted),
             "{backend}"
         );
-        let read = read_lane(store.as_ref(), &layout, &lane, 0).await.unwrap();
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
         assert_eq!(
             (read.counted, read.end),
             (vec![0], 1),
@@ -244,7 +247,7 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
             .map(|_| {
                 let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
                 tokio::spawn(async move {
-                    seal_lane(store.as_ref(), &layout, &lane, 0, &successor(), 1).await
+                    seal_lane(store.as_ref(), &layout, &lane, &successor(), 1).await
                 })
             })
             .collect();
@@ -262,9 +265,17 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
         // Collection removes the written prefix below the highest segment
         // and records the lane's new floor (2) for sealers and readers;
         // seals stay. A zombie of the session resumes at its next slot.
-        for seq in 0..2 {
-            store.delete(&layout.segment_key(&lane, seq)).await.unwrap();
-        }
+        assert_eq!(
+            collect(store.as_ref(), &layout, &lane, 0, 2).await.unwrap(),
+            2
+        );
+        assert_eq!(read_floor(store.as_ref(), &layout, &lane).await.unwrap(), 2);
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        assert_eq!(
+            (read.floor, read.counted, read.end),
+            (2, vec![2], 3),
+            "{backend}"
+        );
         let zombie = writer.reserve().unwrap();
         assert_eq!(zombie, 3);
         writer.write(zombie, segment(&writer, zombie, &["a"]));
@@ -273,12 +284,61 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
             Some(GroupFate::NotCommitted),
             "{backend}"
         );
-        let again = seal_lane(store.as_ref(), &layout, &lane, 2, &successor(), 1)
+        let again = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
             .await
             .unwrap();
         assert_eq!(
             again, 3,
             "{backend}: sealing stays idempotent after collection"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collected_prefix_is_no_gap_for_a_sealer_and_the_floor_only_rises() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lane-gc", dir.path()).await {
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        for _ in 0..6 {
+            let seq = writer.reserve().unwrap();
+            writer.write(seq, segment(&writer, seq, &["a", "b"]));
+        }
+        assert_eq!(writer.fate(5, BOUND).await, Some(GroupFate::Acknowledged));
+        assert_eq!(read_floor(store.as_ref(), &layout, &lane).await.unwrap(), 0);
+        assert_eq!(
+            collect(store.as_ref(), &layout, &lane, 0, 4).await.unwrap(),
+            4,
+            "{backend}"
+        );
+        // A lower floor never replaces a higher one.
+        assert_eq!(
+            cellfleet_nodelog::store::raise_floor(store.as_ref(), &layout, &lane, 1)
+                .await
+                .unwrap(),
+            4,
+            "{backend}"
+        );
+        assert_eq!(
+            read_written_run(store.as_ref(), &layout, &lane)
+                .await
+                .unwrap(),
+            vec![4, 5],
+            "{backend}: the live run starts at the floor"
+        );
+        // A successor seals after the highest slot, not in the collected
+        // prefix, and reads the records left.
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(sealed, 6, "{backend}");
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        assert_eq!(read.counted, vec![4, 5], "{backend}");
+        let records = read_records(store.as_ref(), &layout, &lane, &read.counted, &cell("b"))
+            .await
+            .unwrap();
+        let bodies: Vec<&[u8]> = records.iter().map(|(_, _, b)| b.as_ref()).collect();
+        assert_eq!(bodies, vec![&b"b@4"[..], &b"b@5"[..]], "{backend}");
     }
 }

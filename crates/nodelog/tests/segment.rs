@@ -1,6 +1,7 @@
 //! The segment codec on arbitrary input: round trips, every damaged or truncated object refused, ranged reads equal to whole reads, and no panic on any bytes.
 
 use cellfleet_authority::{CellId, Epoch, Holder, LaneId, NodeId, SessionId};
+use cellfleet_nodelog::segment;
 use cellfleet_nodelog::segment::{
     check_entry_bytes, decode, decode_index, encode_seal, encode_segment, index_range, Index, Part,
     Seal, SegmentHeader, Slot,
@@ -157,4 +158,26 @@ fn bounds_are_refused_before_anything_is_allocated() {
         bytes: b"x",
     };
     assert!(encode_segment(&header("n1", 1, 0, 0), &[bad_txids]).is_err());
+}
+
+proptest! {
+    /// A floor marker round-trips; any other bytes, and any single byte
+    /// changed, are refused without a panic.
+    #[test]
+    fn floor_markers_round_trip_and_damage_is_refused(
+        floor in any::<u64>(),
+        at in 0usize..segment::FLOOR_BYTES,
+        flip in 1u8..=255,
+        noise in proptest::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let bytes = segment::encode_floor(floor);
+        prop_assert_eq!(segment::decode_floor(&bytes), Ok(floor));
+        let mut damaged = bytes.clone();
+        damaged[at] ^= flip;
+        prop_assert!(segment::decode_floor(&damaged).is_err());
+        prop_assert!(segment::decode_floor(&bytes[..at]).is_err());
+        if noise != bytes {
+            prop_assert!(segment::decode_floor(&noise).is_err());
+        }
+    }
 }

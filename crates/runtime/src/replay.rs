@@ -26,9 +26,6 @@ use cellfleet_store::ObjectStore;
 use crate::error::{Error, Result};
 use crate::log::NodeLog;
 
-/// Where every lane's run starts (nothing below it is ever deleted yet).
-pub(crate) const LANE_FLOOR: u64 = 0;
-
 /// The records of `root`'s Cell past its chain, oldest first, checked.
 pub(crate) async fn records_past_chain(
     store: &dyn ObjectStore,
@@ -72,12 +69,10 @@ pub(crate) async fn records_past_chain(
             false,
         )
     } else {
-        seal_lane(store, layout, lane, LANE_FLOOR, me, now_ms)
+        seal_lane(store, layout, lane, me, now_ms)
             .await
             .map_err(log_error)?;
-        let read = read_lane(store, layout, lane, LANE_FLOOR)
-            .await
-            .map_err(log_error)?;
+        let read = read_lane(store, layout, lane).await.map_err(log_error)?;
         let seqs = read
             .counted
             .into_iter()

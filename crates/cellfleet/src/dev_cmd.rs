@@ -195,6 +195,7 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             },
             envelope: EnvelopeFile::default(),
             publication: PublicationFile::default(),
+            gc: Default::default(),
             ingress_only: false,
         };
         endpoints.push(file.listen.client.clone());

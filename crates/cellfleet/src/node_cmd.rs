@@ -45,6 +45,10 @@
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
 //! checkpoint_idle_ms = 5000  # ... or this long without a new record
 //! segments_inflight_max = 2  # segment PUTs of one lane in flight at once
+//!
+//! [gc]                       # optional: deleting what no root can reach
+//! enabled = true             # log segments below every Cell's records, replaced LTX files
+//! min_age_ms = 60000         # ... once unreachable this long
 //! ```
 //!
 //! A top-level `ingress_only = true` (or `CELLFLEET_INGRESS_ONLY=1`) makes
@@ -59,7 +63,7 @@
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
 //! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
-//! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`.
+//! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
 //! prefix, page size and kinds manifest digest (no manifest: the empty
@@ -252,6 +256,28 @@ impl PublicationFile {
     }
 }
 
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_age_ms: Option<u64>,
+}
+
+impl GcFile {
+    fn settings(&self) -> cellfleet_runtime::GcSettings {
+        let mut gc = cellfleet_runtime::GcSettings::default();
+        if let Some(enabled) = self.enabled {
+            gc.enabled = enabled;
+        }
+        if let Some(age) = self.min_age_ms {
+            gc.min_age_ms = age;
+        }
+        gc
+    }
+}
+
 /// The node config file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -272,10 +298,16 @@ pub struct NodeFile {
     pub envelope: EnvelopeFile,
     #[serde(default)]
     pub publication: PublicationFile,
+    #[serde(default, skip_serializing_if = "is_default_gc")]
+    pub gc: GcFile,
     /// Serve and forward requests but take no Cells: the lease says so and
     /// every router leaves this node out of placement.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ingress_only: bool,
+}
+
+fn is_default_gc(gc: &GcFile) -> bool {
+    gc.enabled.is_none() && gc.min_age_ms.is_none()
 }
 
 fn default_prefix() -> String {
@@ -379,6 +411,9 @@ impl NodeFile {
         }
         if let Some(v) = env_u64("CELLFLEET_LOG_SEGMENTS_INFLIGHT")? {
             self.publication.segments_inflight_max = Some(v);
+        }
+        if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
+            self.gc.min_age_ms = Some(v);
         }
         Ok(())
     }
@@ -684,6 +719,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.ingress_only = file.ingress_only;
     config.publication = file.publication.mode()?;
     config.log = file.publication.log_settings();
+    config.gc = file.gc.settings();
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     // Two processes on one data_dir would write the same SQLite files.

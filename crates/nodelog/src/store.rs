@@ -508,7 +508,10 @@ pub async fn read_written_run(
 }
 
 /// One Cell's records in the slots `seqs` of `lane` (from [`read_lane`]),
-/// in order: each entry and its checked bytes, fetched by ranged GETs.
+/// in order: each entry and its checked bytes, fetched by ranged GETs. A
+/// slot collected since it was listed (missing, and below the floor now)
+/// is skipped: collection never deletes a slot holding a record some root
+/// still needs.
 pub async fn read_records(
     store: &dyn ObjectStore,
     layout: &Layout,
@@ -523,7 +526,15 @@ pub async fn read_records(
             key: key.clone(),
             source,
         };
-        let fixed = store.get_range(&key, 0..segment::FIXED_BYTES).await?;
+        let fixed = match store.get_range(&key, 0..segment::FIXED_BYTES).await {
+            Ok(fixed) => fixed,
+            // Collected since the listing: below the floor now, so it held
+            // no record any root needs (collection keeps every held slot).
+            Err(error) if error.is_not_found() && seq < read_floor(store, layout, lane).await? => {
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
         let range = segment::index_range(&fixed.body).map_err(corrupt)?;
         let head = store.get_range(&key, range).await?;
         let Index::Segment {

@@ -249,6 +249,15 @@ impl Activator {
             }
             None => root,
         };
+        if let (Some(log), Some(pointer)) = (&self.log, &root.record.log) {
+            // Every record of the Cell is in its chain now (replayed and
+            // checkpointed, or checkpointed at passivation): the lane
+            // holds nothing for it until its actor writes again.
+            let lane = log.lane_of(cell_id);
+            if pointer.lane == *lane.writer().lane() {
+                lane.set_hold(cell_id, None);
+            }
+        }
         Ok(Activation::Ready(Box::new(Ready {
             cell: opened.cell,
             root,

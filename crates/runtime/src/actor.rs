@@ -1641,6 +1641,7 @@ impl Actor {
                 self.root = root;
                 self.unckpt.drain(..done.covered.min(self.unckpt.len()));
                 self.ckpt_failures = 0;
+                self.update_hold();
                 if !self.unckpt.is_empty() {
                     self.ckpt_due = Some(
                         tokio::time::Instant::now()
@@ -1683,6 +1684,27 @@ impl Actor {
                 self.fail(reason, FailKind::Unknown).await;
             }
         }
+    }
+
+    /// Log mode, after a checkpoint that landed: tells the lane's collector
+    /// where this Cell's records still past its root start — nowhere with
+    /// none acknowledged past it and none in flight, else at the root's
+    /// pointer (every such record lies at or after it).
+    fn update_hold(&self) {
+        let Some(log) = &self.ctx.log else {
+            return;
+        };
+        let lane = log.lane_of(&self.cell_id);
+        let from = if self.unckpt.is_empty() && self.inflight.is_empty() {
+            None
+        } else {
+            match &self.root.record.log {
+                Some(pointer) if pointer.lane == *lane.writer().lane() => Some(pointer.from_seq),
+                // Not this lane's pointer: keep whatever the lane holds.
+                _ => return,
+            }
+        };
+        lane.set_hold(&self.cell_id, from);
     }
 
     /// Ends the actor's work after a failure: every held reply not already

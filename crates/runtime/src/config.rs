@@ -151,6 +151,33 @@ impl Default for LogSettings {
     }
 }
 
+/// Garbage collection of what no root can reach any more (DESIGN.md §9
+/// rules 4-5): the node log's segments below every record a root still
+/// needs, and LTX files a checkpoint or compaction replaced.
+#[derive(Clone, Debug)]
+pub struct GcSettings {
+    /// Whether anything is deleted at all.
+    pub enabled: bool,
+    /// Nothing is deleted until it has been unreachable this long (a
+    /// recovery or an export may still be reading it).
+    pub min_age_ms: u64,
+    /// How often each lane's collector looks for segments to delete.
+    pub interval_ms: u64,
+    /// Most segments one lane deletes per round.
+    pub segments_per_round_max: u64,
+}
+
+impl Default for GcSettings {
+    fn default() -> Self {
+        GcSettings {
+            enabled: true,
+            min_age_ms: 60_000,
+            interval_ms: 1_000,
+            segments_per_round_max: 1_000,
+        }
+    }
+}
+
 /// Settings of one node.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -175,6 +202,8 @@ pub struct NodeConfig {
     pub publication: PublicationMode,
     /// Settings of the node log.
     pub log: LogSettings,
+    /// Garbage collection.
+    pub gc: GcSettings,
 }
 
 impl NodeConfig {
@@ -191,6 +220,7 @@ impl NodeConfig {
             cell: cellfleet_cell::CellConfig::default(),
             publication: PublicationMode::default(),
             log: LogSettings::default(),
+            gc: GcSettings::default(),
         }
     }
 }

@@ -54,7 +54,7 @@ pub mod publication;
 mod replay;
 pub mod testkit;
 
-pub use config::{LogSettings, NodeConfig, NodeLimits, PublicationMode};
+pub use config::{GcSettings, LogSettings, NodeConfig, NodeLimits, PublicationMode};
 pub use error::{Error, Result};
 pub use kinds::{DuplicateKind, Kinds};
 pub use metrics::Metrics;

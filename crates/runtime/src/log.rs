@@ -13,8 +13,9 @@
 //! its own and is resent with the same bytes until it lands or finds a
 //! seal: a slot is never abandoned while its PUT could still land.
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer};
@@ -23,7 +24,7 @@ use cellfleet_nodelog::store::{LaneWriter, WriterConfig};
 use cellfleet_store::ObjectStore;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::LogSettings;
+use crate::config::{GcSettings, LogSettings};
 use crate::metrics::Metrics;
 
 /// One Cell group for the log.
@@ -53,11 +54,62 @@ struct Submitted {
     slot: oneshot::Sender<Option<u64>>,
 }
 
+/// Which slots of a lane hold records that some root may still need
+/// (pure): per Cell, the lowest slot of a record not yet known to be in its
+/// root's chain. Collection deletes only below the lowest of them (and
+/// below the lane's acknowledged prefix).
+///
+/// Holds err on the side of keeping: a slot is held from the moment it is
+/// reserved for a record, and released only by the Cell's actor after a
+/// checkpoint CAS it knows landed. An ambiguous or failed checkpoint, or a
+/// Cell that failed, keeps its hold.
+#[derive(Debug, Default)]
+pub struct Holds {
+    by_cell: HashMap<CellId, u64>,
+}
+
+impl Holds {
+    /// Slot `seq` holds a record of `cell`.
+    pub fn hold(&mut self, cell: &CellId, seq: u64) {
+        self.by_cell
+            .entry(cell.clone())
+            .and_modify(|held| *held = (*held).min(seq))
+            .or_insert(seq);
+    }
+
+    /// After a checkpoint `cell`'s actor knows landed: its records still
+    /// past the root start at `from` (`None`: it has none).
+    pub fn set(&mut self, cell: &CellId, from: Option<u64>) {
+        match from {
+            Some(seq) => {
+                self.by_cell.insert(cell.clone(), seq);
+            }
+            None => {
+                self.by_cell.remove(cell);
+            }
+        }
+    }
+
+    /// Below this slot nothing is needed: the lowest hold, at most
+    /// `acked_below` (slots past the acknowledged prefix may still be
+    /// written).
+    pub fn floor(&self, acked_below: u64) -> u64 {
+        self.by_cell
+            .values()
+            .copied()
+            .min()
+            .map_or(acked_below, |held| held.min(acked_below))
+    }
+}
+
 /// One lane of this session.
 #[derive(Debug)]
 pub struct Lane {
     writer: Arc<LaneWriter>,
     tx: mpsc::UnboundedSender<Submitted>,
+    holds: Arc<Mutex<Holds>>,
+    /// Every slot below was collected (or is being deleted).
+    collected_below: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Submitted {
@@ -72,6 +124,20 @@ impl Lane {
     /// The lane's writer (its verdict, its next slot).
     pub fn writer(&self) -> &Arc<LaneWriter> {
         &self.writer
+    }
+
+    /// Records the slot where `cell`'s records still past its root start
+    /// (`None`: none), after a checkpoint known to have landed.
+    pub fn set_hold(&self, cell: &CellId, from: Option<u64>) {
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set(cell, from);
+    }
+
+    /// Slots below this were collected: a reader of this lane starts here.
+    pub fn collected_below(&self) -> u64 {
+        self.collected_below.load(Ordering::Acquire)
     }
 
     /// The pointer a root gets for a Cell of this lane with no record in
@@ -92,12 +158,14 @@ pub struct NodeLog {
 }
 
 impl NodeLog {
-    /// Starts one committer per lane for session `me`.
+    /// Starts one committer per lane for session `me`, and one collector
+    /// per lane when `gc` is enabled.
     pub fn start(
         store: Arc<dyn ObjectStore>,
         layout: Layout,
         me: Holder,
         settings: &LogSettings,
+        gc: &GcSettings,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
@@ -116,14 +184,33 @@ impl NodeLog {
                 };
                 let writer = LaneWriter::new(store.clone(), layout.clone(), lane, 0, config);
                 let (tx, rx) = mpsc::unbounded_channel();
+                let holds = Arc::new(Mutex::new(Holds::default()));
+                let collected_below = Arc::new(AtomicU64::new(0));
                 tokio::spawn(commit_lane(
                     writer.clone(),
                     rx,
+                    holds.clone(),
                     settings.clone(),
                     clock.clone(),
                     metrics.clone(),
                 ));
-                Lane { writer, tx }
+                if gc.enabled {
+                    tokio::spawn(collect_lane(
+                        Arc::downgrade(&writer),
+                        store.clone(),
+                        layout.clone(),
+                        holds.clone(),
+                        collected_below.clone(),
+                        gc.clone(),
+                        metrics.clone(),
+                    ));
+                }
+                Lane {
+                    writer,
+                    tx,
+                    holds,
+                    collected_below,
+                }
             })
             .collect();
         Arc::new(NodeLog { me, lanes })
@@ -162,9 +249,79 @@ impl NodeLog {
     }
 }
 
+/// Deletes the lane's segments that no root can need any more, oldest
+/// first, once they have been unneeded for `min_age_ms`: every
+/// `interval_ms` the lane's floor of holds is noted, and the newest floor
+/// noted at least `min_age_ms` ago is collected up to. Floors only rise
+/// (a new hold is always at or past the acknowledged prefix), so a floor
+/// noted earlier stays safe later. Stops once the lane is sealed or the
+/// session's log is gone.
+async fn collect_lane(
+    writer: Weak<LaneWriter>,
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    holds: Arc<Mutex<Holds>>,
+    collected_below: Arc<AtomicU64>,
+    gc: GcSettings,
+    metrics: Arc<Metrics>,
+) {
+    let interval = Duration::from_millis(gc.interval_ms.max(1));
+    let min_age = Duration::from_millis(gc.min_age_ms);
+    let mut noted: VecDeque<(Instant, u64)> = VecDeque::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(writer) = writer.upgrade() else {
+            return;
+        };
+        let verdict = *writer.verdict().borrow();
+        if verdict.sealed_at.is_some() {
+            return;
+        }
+        let floor = holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .floor(verdict.acked_below);
+        let now = Instant::now();
+        if noted.back().is_none_or(|(_, last)| floor > *last) {
+            noted.push_back((now, floor));
+        }
+        let mut ready = None;
+        while noted
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= min_age)
+        {
+            ready = noted.pop_front();
+        }
+        let from = collected_below.load(Ordering::Acquire);
+        let Some((at, target)) = ready.filter(|(_, target)| *target > from) else {
+            continue;
+        };
+        let to = target.min(from.saturating_add(gc.segments_per_round_max.max(1)));
+        if to < target {
+            // The rest goes next round.
+            noted.push_front((at, target));
+        }
+        match cellfleet_nodelog::store::collect(store.as_ref(), &layout, writer.lane(), from, to)
+            .await
+        {
+            Ok(deleted) => {
+                collected_below.store(to, Ordering::Release);
+                metrics
+                    .gc_segments_deleted_total
+                    .fetch_add(deleted, Ordering::Relaxed);
+            }
+            Err(error) => {
+                metrics.gc_failures_total.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(lane = writer.lane().lane, %error, "collecting log segments failed; retrying next round");
+            }
+        }
+    }
+}
+
 async fn commit_lane(
     writer: Arc<LaneWriter>,
     mut rx: mpsc::UnboundedReceiver<Submitted>,
+    holds: Arc<Mutex<Holds>>,
     settings: LogSettings,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -206,6 +363,14 @@ async fn commit_lane(
             }
             continue;
         };
+        {
+            // Held before the PUT is sent: the slot may be acknowledged
+            // (and pass the collector's floor) as soon as it lands.
+            let mut holds = holds.lock().unwrap_or_else(|e| e.into_inner());
+            for submitted in &batch {
+                holds.hold(&submitted.record.cell_id, seq);
+            }
+        }
         let header = writer.header(seq, clock.now_wall_ms());
         let parts: Vec<Part<'_>> = batch
             .iter()
@@ -257,5 +422,49 @@ async fn commit_lane(
                     .observe_duration(started.elapsed());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The collectable floor never passes a slot some Cell still holds
+        /// nor the acknowledged prefix, and a Cell released by a landed
+        /// checkpoint stops holding the floor back.
+        #[test]
+        fn the_floor_keeps_every_held_slot(
+            ops in proptest::collection::vec((0u8..4, 0u64..64, proptest::option::of(0u64..64)), 0..40),
+            acked in 0u64..80,
+        ) {
+            let cells: Vec<CellId> = (0..4u8).map(|n| CellId::for_kind_key("kv", &[n])).collect();
+            let mut holds = Holds::default();
+            let mut model: HashMap<u8, u64> = HashMap::new();
+            for (cell, seq, set) in ops {
+                match set {
+                    // A reservation holds its slot.
+                    None => {
+                        holds.hold(&cells[cell as usize], seq);
+                        let held = model.entry(cell).or_insert(seq);
+                        *held = (*held).min(seq);
+                    }
+                    // A landed checkpoint sets the Cell's hold exactly.
+                    Some(from) if from % 3 == 0 => {
+                        holds.set(&cells[cell as usize], None);
+                        model.remove(&cell);
+                    }
+                    Some(from) => {
+                        holds.set(&cells[cell as usize], Some(from));
+                        model.insert(cell, from);
+                    }
+                }
+                let floor = holds.floor(acked);
+                prop_assert!(floor <= acked);
+                prop_assert!(model.values().all(|held| floor <= *held));
+                prop_assert_eq!(floor, model.values().copied().chain([acked]).min().unwrap());
+            }
+        }
     }
 }

@@ -140,6 +140,12 @@ pub struct Metrics {
     pub log_replayed_records_total: AtomicU64,
     /// Lanes of dead sessions this node sealed or found sealed.
     pub log_seals_total: AtomicU64,
+    /// Segments of this node's lanes deleted by garbage collection.
+    pub gc_segments_deleted_total: AtomicU64,
+    /// LTX files deleted after a checkpoint or compaction replaced them.
+    pub gc_ltx_deleted_total: AtomicU64,
+    /// Garbage-collection deletions that failed (retried later or leaked).
+    pub gc_failures_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -174,6 +180,9 @@ impl Default for Metrics {
             checkpoint_lag_records: AtomicI64::new(0),
             log_replayed_records_total: AtomicU64::new(0),
             log_seals_total: AtomicU64::new(0),
+            gc_segments_deleted_total: AtomicU64::new(0),
+            gc_ltx_deleted_total: AtomicU64::new(0),
+            gc_failures_total: AtomicU64::new(0),
         }
     }
 }
@@ -310,6 +319,27 @@ impl Metrics {
             "Lanes of dead sessions sealed (or found sealed) before a takeover.",
             &braces,
             load(&self.log_seals_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_gc_segments_deleted_total",
+            "Segments of this node's log lanes deleted by garbage collection.",
+            &braces,
+            load(&self.gc_segments_deleted_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_gc_ltx_deleted_total",
+            "LTX files deleted after a checkpoint or compaction replaced them.",
+            &braces,
+            load(&self.gc_ltx_deleted_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_gc_failures_total",
+            "Garbage-collection deletions that failed.",
+            &braces,
+            load(&self.gc_failures_total),
         );
         counter(
             &mut out,

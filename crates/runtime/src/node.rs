@@ -162,19 +162,27 @@ impl Node {
         let limits = &config.limits;
         let mut cell_config = config.cell.clone();
         cell_config.group_commands_max = limits.group_commands_max;
-        let publisher: Arc<dyn Publisher> = Arc::new(StorePublisher::new(
+        let mut publisher = StorePublisher::new(
             store.clone(),
             roots.clone(),
             clock.clone(),
             me.clone(),
             limits.upload_attempts_max,
-        ));
+        );
+        if config.gc.enabled {
+            publisher = publisher.with_ltx_gc(
+                std::time::Duration::from_millis(config.gc.min_age_ms),
+                metrics.clone(),
+            );
+        }
+        let publisher: Arc<dyn Publisher> = Arc::new(publisher);
         let log = match config.publication {
             PublicationMode::Log => Some(NodeLog::start(
                 store.clone(),
                 roots.layout().clone(),
                 me.clone(),
                 &config.log,
+                &config.gc,
                 clock.clone(),
                 metrics.clone(),
             )),

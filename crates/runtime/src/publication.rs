@@ -118,6 +118,9 @@ pub struct StorePublisher {
     clock: Arc<dyn Clock>,
     me: Holder,
     upload_attempts_max: usize,
+    /// Deletes LTX files a landed CAS dropped from the chain, after the
+    /// minimum age (DESIGN.md §9 rule 5).
+    ltx_gc: Option<(std::time::Duration, Arc<crate::metrics::Metrics>)>,
 }
 
 impl StorePublisher {
@@ -137,7 +140,60 @@ impl StorePublisher {
             clock,
             me,
             upload_attempts_max: upload_attempts_max.max(1),
+            ltx_gc: None,
         }
+    }
+
+    /// Deletes the LTX files a landed CAS drops from a chain (a checkpoint
+    /// or compaction replaced them) once `min_age` has passed.
+    pub fn with_ltx_gc(
+        mut self,
+        min_age: std::time::Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        self.ltx_gc = Some((min_age, metrics));
+        self
+    }
+
+    /// After `base` was replaced by `next` (the CAS landed): the files of
+    /// `base`'s chain that `next`'s chain no longer names are reachable
+    /// from no root (a Cell's files are named by its own root only, and a
+    /// replaced range never comes back: the chain only moves forward), so
+    /// they are deleted after the minimum age. A crash before then leaves
+    /// them behind (nothing reads them; a sweep is not built yet).
+    fn collect_dropped(&self, base: &RootRecord, next: &RootRecord) {
+        let Some((min_age, metrics)) = &self.ltx_gc else {
+            return;
+        };
+        let dropped: Vec<String> = base
+            .chain
+            .iter()
+            .filter(|old| next.chain.iter().all(|new| new.key != old.key))
+            .map(|old| old.key.clone())
+            .collect();
+        if dropped.is_empty() {
+            return;
+        }
+        let (store, min_age, metrics) = (self.store.clone(), *min_age, metrics.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(min_age).await;
+            for key in dropped {
+                match store.delete(&key).await {
+                    Ok(()) => {
+                        metrics
+                            .gc_ltx_deleted_total
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(error) if error.is_not_found() => {}
+                    Err(error) => {
+                        metrics
+                            .gc_failures_total
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(%key, %error, "deleting a replaced LTX file failed; left behind");
+                    }
+                }
+            }
+        });
     }
 
     fn settle(
@@ -271,7 +327,9 @@ impl Publisher for StorePublisher {
                 PublishFailure::NotCommitted(e.to_string())
             }
         })?;
-        self.settle(self.roots.replace(&request.base, proposal).await)
+        let next = self.settle(self.roots.replace(&request.base, proposal).await)?;
+        self.collect_dropped(&request.base.record, &next.record);
+        Ok(next)
     }
 
     async fn release(

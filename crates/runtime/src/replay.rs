@@ -64,10 +64,13 @@ pub(crate) async fn records_past_chain(
                 ),
             });
         }
-        (
-            (pointer.from_seq..verdict.acked_below).collect::<Vec<_>>(),
-            false,
-        )
+        // Slots below the collected floor hold no record of this Cell
+        // past its chain (the collector keeps every held slot).
+        let from = pointer.from_seq.max(
+            log.and_then(|log| log.lane(lane))
+                .map_or(0, |lane| lane.collected_below()),
+        );
+        ((from..verdict.acked_below).collect::<Vec<_>>(), false)
     } else {
         seal_lane(store, layout, lane, me, now_ms)
             .await
@@ -186,7 +189,9 @@ mod tests {
         //! segment PUTs, other Cells' segments in the same lane, lazy
         //! checkpoints with the actor's pointer rule, crashes (also between
         //! the takeover CAS and its checkpoint), successors that seal and
-        //! replay with [`check_tail`], and zombies whose PUTs land late.
+        //! replay with [`check_tail`], zombies whose PUTs land late, and
+        //! every session's collector (zombies' too) deleting below its
+        //! lane's holds.
         use super::*;
         use cellfleet_authority::{LaneId, LogPointer, LtxRef};
         use cellfleet_nodelog::lane::{verdict, SlotState};
@@ -213,6 +218,9 @@ mod tests {
             /// The owner dies; a successor takes over (crashing before its
             /// checkpoint when the flag says so).
             Takeover(bool),
+            /// A session's collector (the owner's, or a zombie's) raises its
+            /// lane's floor to the lowest held slot and deletes below it.
+            Collect(usize),
         }
 
         fn step() -> impl Strategy<Value = Step> {
@@ -222,6 +230,7 @@ mod tests {
                 5 => (0..16usize, any::<bool>()).prop_map(|(i, heard)| Step::Land(i, heard)),
                 2 => Just(Step::Checkpoint),
                 1 => any::<bool>().prop_map(Step::Takeover),
+                2 => (0..4usize).prop_map(Step::Collect),
             ]
         }
 
@@ -237,6 +246,8 @@ mod tests {
             inflight: Vec<(u64, Option<(u64, u64)>)>,
             /// The next TXID its engine assigns.
             exec: u64,
+            /// The collector's hold for the Cell (`Holds` in `log.rs`).
+            hold: Option<u64>,
         }
 
         impl Session {
@@ -258,6 +269,7 @@ mod tests {
                     groups: Vec::new(),
                     inflight: Vec::new(),
                     exec,
+                    hold: None,
                 }
             }
 
@@ -336,6 +348,8 @@ mod tests {
             fn acknowledged_records_survive_every_takeover(steps in proptest::collection::vec(step(), 1..80)) {
                 let cell = CellId::for_kind_key("kv", b"k");
                 let mut lanes: BTreeMap<u128, BTreeMap<u64, Slot>> = BTreeMap::new();
+                // Each lane's floor marker.
+                let mut floors: BTreeMap<u128, u64> = BTreeMap::new();
                 let mut sessions = vec![Session::new(0, 1)];
                 lanes.insert(0, BTreeMap::new());
                 let mut root = transition::create(
@@ -363,6 +377,8 @@ mod tests {
                             s.known.insert(seq, SlotState::InFlight);
                             s.groups.push((seq, min, max));
                             s.inflight.push((seq, Some((min, max))));
+                            // Held from the reservation on (commit_lane).
+                            s.hold = Some(s.hold.map_or(seq, |held| held.min(seq)));
                         }
                         Step::Other if serving => {
                             let s = &mut sessions[cur];
@@ -395,17 +411,36 @@ mod tests {
                         Step::Checkpoint if serving => {
                             let s = &sessions[cur];
                             let below = s.acked_below();
-                            let covered: Vec<_> = s.groups.iter().filter(|g| g.0 < below && g.2 > root.txid).collect();
-                            let Some(last) = covered.last() else { continue };
+                            let covered: Vec<(u64, u64, u64)> = s.groups.iter().filter(|g| g.0 < below && g.2 > root.txid).copied().collect();
+                            let Some(last) = covered.last().copied() else { continue };
                             for g in &covered {
                                 durable.insert((cur, g.1, g.2));
                             }
                             let nothing_after = s.groups.iter().all(|g| g.0 < below);
                             // The actor's rule (maybe_checkpoint).
                             let from_seq = if nothing_after { s.next_seq } else { last.0 };
+                            // The landed checkpoint sets the hold (update_hold).
+                            let hold = if nothing_after { None } else { Some(from_seq) };
+                            sessions[cur].hold = hold;
+                            let s = &sessions[cur];
                             let delta = file(&root, root.txid + 1, last.2);
                             root = transition::propose(&root, &s.me, root.epoch, Some(delta), None,
                                 Some(LogPointer { lane: s.lane.clone(), from_seq }), 2).unwrap();
+                        }
+                        Step::Collect(i) => {
+                            let si = i % sessions.len();
+                            let s = &sessions[si];
+                            let floor = s.hold.map_or(s.acked_below(), |held| held.min(s.acked_below()));
+                            let marker = floors.entry(si as u128).or_insert(0);
+                            if floor > *marker {
+                                *marker = floor;
+                                let lane = lanes.get_mut(&(si as u128)).unwrap();
+                                let doomed: Vec<u64> = lane.range(..floor).map(|(q, _)| *q).collect();
+                                for q in doomed {
+                                    prop_assert!(!matches!(lane.get(&q), Some(Slot::Seal)), "a seal was collected");
+                                    lane.remove(&q);
+                                }
+                            }
                         }
                         Step::Takeover(crash_between) => {
                             acked_ever = acked_ever.max(sessions[cur].acked_txid());
@@ -418,16 +453,18 @@ mod tests {
                             let pointed = lanes.keys().copied().find(|k| {
                                 sessions.get(*k as usize).is_some_and(|s| s.lane == pointer.lane) || (*k == n && next.lane == pointer.lane)
                             }).unwrap();
-                            // Seal the pointed lane (idempotent), then read it.
+                            // Seal the pointed lane (idempotent), then read it
+                            // from its floor on.
+                            let floor = floors.get(&pointed).copied().unwrap_or(0);
                             let lane = lanes.get_mut(&pointed).unwrap();
                             if pointed != n {
-                                if let Plan::SealAt(seq) = plan(0, &listing(lane)) {
+                                if let Plan::SealAt(seq) = plan(floor, &listing(lane)) {
                                     lane.insert(seq, Slot::Seal);
                                 }
                             }
                             let listed = listing(lane);
-                            let end = if pointed == n { 0 } else { log_end(0, &listed).unwrap() };
-                            let records: Vec<_> = (pointer.from_seq..end)
+                            let end = if pointed == n { 0 } else { log_end(floor, &listed).unwrap() };
+                            let records: Vec<_> = (pointer.from_seq.max(floor)..end)
                                 .filter_map(|q| match lane.get(&q) { Some(Slot::Segment(Some(r))) => Some(entry_of(&cell, *r)), _ => None })
                                 .collect();
                             let writer = pointed as usize;

@@ -446,3 +446,100 @@ async fn an_idle_cell_s_pointer_follows_its_busy_lane() {
         assert_eq!(journal(&a, b"idle").await, vec!["t0"], "{backend}");
     }
 }
+
+/// Objects and bytes under `prefix`.
+async fn bucket_size(store: &dyn ObjectStore, prefix: &str) -> (usize, u64) {
+    let layout = Layout::new(prefix).unwrap();
+    let all = cellfleet_store::list_all(store, &format!("{}/", layout.prefix()), 1_000_000)
+        .await
+        .unwrap();
+    (all.len(), all.iter().map(|o| o.size).sum())
+}
+
+/// DESIGN.md §9 rules 4-5: a steady workload over many Cells leaves a
+/// bounded bucket. Segments below every Cell's records still past its
+/// root, and LTX files a checkpoint or compaction replaced, are deleted
+/// once old enough; the object count and bytes level off. With collection
+/// off, the same workload keeps growing (so the check can fail). A
+/// successor that takes over the collected lanes still recovers every
+/// acknowledged command exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_keeps_the_bucket_bounded_under_a_steady_workload() {
+    const CELLS: u64 = 16;
+    const ROUNDS: u64 = 48;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-gc", dir.path()).await {
+        let mut growth = Vec::new();
+        for collect in [true, false] {
+            let prefix = format!("{prefix}-{collect}");
+            let dir = dir.path().join(format!("{backend}-{collect}"));
+            let clock = manual_clock();
+            let mut config = node_config("a", &dir, &prefix);
+            config.log.checkpoint_records = 4;
+            config.limits.chain_files_max = 4;
+            config.gc.enabled = collect;
+            config.gc.min_age_ms = 100;
+            config.gc.interval_ms = 20;
+            let a = start(config, store.clone(), clock.clone()).await;
+            let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+            let mut sizes = Vec::new();
+            for round in 0..ROUNDS {
+                let tasks: Vec<_> = (0..CELLS)
+                    .map(|cell| {
+                        let (a, clock) = (a.clone(), clock.clone());
+                        tokio::spawn(async move {
+                            let key = format!("gc-{cell}");
+                            a.execute(KIND, key.as_bytes(), append(clock.as_ref(), round))
+                                .await
+                        })
+                    })
+                    .collect();
+                for (cell, task) in tasks.into_iter().enumerate() {
+                    let executed = task.await.unwrap().expect("acknowledged");
+                    logs[cell].ack(round, executed.outcome);
+                }
+                // Time for the collector to pass the minimum age.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                sizes.push(bucket_size(store.as_ref(), &prefix).await);
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let end = bucket_size(store.as_ref(), &prefix).await;
+            let third = sizes[ROUNDS as usize / 3];
+            let metrics = a.metrics();
+            let (segments, ltx) = (
+                metrics.gc_segments_deleted_total.load(Ordering::Relaxed),
+                metrics.gc_ltx_deleted_total.load(Ordering::Relaxed),
+            );
+            eprintln!("{backend} collect={collect}: objects/bytes at a third {third:?}, at the end {end:?}; deleted {segments} segments, {ltx} LTX files");
+            if collect {
+                assert!(segments > 0 && ltx > 0, "{backend}: collection deleted");
+                assert!(
+                    end.0 <= third.0 + third.0 / 4 && end.1 <= third.1 + third.1 / 2,
+                    "{backend}: the bucket levels off: {third:?} at a third, {end:?} at the end"
+                );
+            } else {
+                assert_eq!(segments + ltx, 0, "{backend}");
+            }
+            growth.push((third, end));
+            // A successor takes over every Cell from the collected lanes.
+            a.lease().pause_renewals(true);
+            let clock_b = manual_clock();
+            clock_b.advance(lease_expiry());
+            let b = start(
+                node_config("b", &dir, &prefix),
+                store.clone(),
+                clock_b.clone(),
+            )
+            .await;
+            for (cell, log) in logs.iter().enumerate() {
+                log.verify(&b, format!("gc-{cell}").as_bytes()).await;
+            }
+        }
+        let (on, off) = (growth[0], growth[1]);
+        assert!(
+            off.1 .0 >= off.0 .0 * 2,
+            "{backend}: without collection the bucket keeps growing: {off:?}"
+        );
+        assert!(on.1 .0 * 2 <= off.1 .0, "{backend}: {on:?} against {off:?}");
+    }
+}

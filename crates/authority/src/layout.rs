@@ -151,6 +151,37 @@ impl Layout {
         )
     }
 
+    /// `{prefix}/logs/{node}/`: every session's log of one node.
+    pub fn node_logs_prefix(&self, node: &NodeId) -> String {
+        self.join(&format!("logs/{node}/"))
+    }
+
+    /// `{prefix}/logs/{node}/{session}/`: every lane of one session.
+    pub fn session_logs_prefix(&self, node: &NodeId, session: SessionId) -> String {
+        self.join(&format!("logs/{node}/{session}/"))
+    }
+
+    /// The lane any key under a lane's prefix belongs to (a slot, the
+    /// floor marker).
+    pub fn parse_lane_of_key(&self, key: &str) -> Option<LaneId> {
+        let rest = key.strip_prefix(&self.join("logs/"))?;
+        let mut parts = rest.split('/');
+        let (node, session, lane, file) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || file.is_empty() {
+            return None;
+        }
+        let lane = (lane.len() == 4
+            && lane.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| u16::from_str_radix(lane, 16).ok())
+        .flatten()?;
+        Some(LaneId {
+            node: node.parse().ok()?,
+            session: session.parse().ok()?,
+            lane,
+        })
+    }
+
     /// `{prefix}/logs/{node}/{session}/{lane:04x}/`: every slot of a lane,
     /// listed in sequence order.
     pub fn lane_prefix(&self, lane: &LaneId) -> String {
@@ -288,6 +319,15 @@ mod tests {
             "prod/eu/logs/n1/00000000000000000000000000000abc/0003/floor"
         );
         assert!(layout.parse_segment_key(&floor).is_none());
+        assert_eq!(layout.parse_lane_of_key(&floor).as_ref(), Some(&lane));
+        assert_eq!(layout.parse_lane_of_key(&segment).as_ref(), Some(&lane));
+        assert!(floor.starts_with(&layout.session_logs_prefix(&lane.node, lane.session)));
+        assert!(layout
+            .session_logs_prefix(&lane.node, lane.session)
+            .starts_with(&layout.node_logs_prefix(&lane.node)));
+        assert!(layout
+            .parse_lane_of_key("prod/eu/logs/n1/00000000000000000000000000000abc/0003/")
+            .is_none());
         assert_eq!(
             layout.parse_segment_key(&segment),
             Some(SegmentKey { lane, seq: 0x2a })

@@ -18,7 +18,7 @@ use crate::lease::Liveness;
 use crate::root::{LogPointer, LtxRef, RootRecord, RootState, CHAIN_LEN_MAX, ROOT_FORMAT_VERSION};
 
 /// The node session proposing a transition.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Holder {
     /// The node.
     pub node: NodeId,

@@ -239,6 +239,18 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         stderr.contains("publication mode \"fast\" is neither \"log\" nor \"cell\""),
         "{stderr}"
     );
+    // The collector's minimum age is a number of milliseconds.
+    let output = cluster
+        .node_command(&cluster.path("n3.toml"), &[])
+        .env("CELLFLEET_GC_MIN_AGE_MS", "1m")
+        .output()
+        .expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("CELLFLEET_GC_MIN_AGE_MS=\"1m\" is not a whole number of milliseconds"),
+        "{stderr}"
+    );
 }
 
 fn signed(client: &cluster_common::TestClient, body: v1::CommandBody) -> v1::ExecuteRequest {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cellfleet_authority::{CellId, Holder, LaneId, Layout};
+use cellfleet_authority::{CellId, Holder, LaneId, Layout, NodeId};
 use cellfleet_store::{ObjectStore, PutCondition};
 use tokio::sync::watch;
 
@@ -377,11 +377,11 @@ pub async fn raise_floor(
     )))
 }
 
-/// Collects the slots `from..to` of this session's own `lane` (every one
-/// of them written by it, and no record in them needed by any root): first
-/// the floor marker is raised to `to`, then the segments are deleted in
-/// order. Returns how many were deleted. Seals are never collected (a
-/// lane being collected has none below its written prefix).
+/// Collects the slots `from..to` of `lane` — a live session's own written
+/// prefix, or a sealed lane's counted slots below its seal — when no
+/// record in them is needed by any root: first the floor marker is raised
+/// to `to`, then the segments are deleted in order. Returns how many were
+/// deleted. `to` never passes a seal, so seals are never collected.
 pub async fn collect(
     store: &dyn ObjectStore,
     layout: &Layout,
@@ -507,6 +507,41 @@ pub async fn read_written_run(
     Ok(seqs)
 }
 
+/// The index entries of the segment in slot `seq` of `lane` (two ranged
+/// GETs: the fixed part, then the index); `None` if the slot is gone
+/// (collected since it was listed, below the floor now).
+pub async fn read_entries(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    seq: u64,
+) -> Result<Option<(Vec<Entry>, u32)>> {
+    let key = layout.segment_key(lane, seq);
+    let corrupt = |source| Error::Corrupt {
+        key: key.clone(),
+        source,
+    };
+    let fixed = match store.get_range(&key, 0..segment::FIXED_BYTES).await {
+        Ok(fixed) => fixed,
+        // Collected since the listing: below the floor now, so it held
+        // no record any root needs (collection keeps every held slot).
+        Err(error) if error.is_not_found() && seq < read_floor(store, layout, lane).await? => {
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let range = segment::index_range(&fixed.body).map_err(corrupt)?;
+    let head = store.get_range(&key, range).await?;
+    match segment::decode_index(&head.body).map_err(corrupt)? {
+        Index::Segment {
+            entries, index_len, ..
+        } => Ok(Some((entries, index_len))),
+        _ => Err(corrupt(segment::Error::Malformed(
+            "a seal among the slots that count".into(),
+        ))),
+    }
+}
+
 /// One Cell's records in the slots `seqs` of `lane` (from [`read_lane`]),
 /// in order: each entry and its checked bytes, fetched by ranged GETs. A
 /// slot collected since it was listed (missing, and below the floor now)
@@ -521,38 +556,84 @@ pub async fn read_records(
 ) -> Result<Vec<(u64, Entry, Bytes)>> {
     let mut records = Vec::new();
     for &seq in seqs {
+        let Some((entries, index_len)) = read_entries(store, layout, lane, seq).await? else {
+            continue;
+        };
         let key = layout.segment_key(lane, seq);
-        let corrupt = |source| Error::Corrupt {
-            key: key.clone(),
-            source,
-        };
-        let fixed = match store.get_range(&key, 0..segment::FIXED_BYTES).await {
-            Ok(fixed) => fixed,
-            // Collected since the listing: below the floor now, so it held
-            // no record any root needs (collection keeps every held slot).
-            Err(error) if error.is_not_found() && seq < read_floor(store, layout, lane).await? => {
-                continue;
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let range = segment::index_range(&fixed.body).map_err(corrupt)?;
-        let head = store.get_range(&key, range).await?;
-        let Index::Segment {
-            entries, index_len, ..
-        } = segment::decode_index(&head.body).map_err(corrupt)?
-        else {
-            return Err(corrupt(segment::Error::Malformed(
-                "a seal among the slots that count".into(),
-            )));
-        };
         for entry in entries.into_iter().filter(|entry| entry.cell_id == *cell) {
             let bytes = store
                 .get_range(&key, entry.object_range(index_len))
                 .await?
                 .body;
-            segment::check_entry_bytes(&entry, &bytes).map_err(corrupt)?;
+            segment::check_entry_bytes(&entry, &bytes).map_err(|source| Error::Corrupt {
+                key: key.clone(),
+                source,
+            })?;
             records.push((seq, entry, bytes));
         }
     }
     Ok(records)
+}
+
+/// Most sessions or lanes one listing walk returns.
+pub const WALK_MAX: usize = 10_000;
+
+/// The distinct lanes (or, with `sessions`, the distinct sessions' first
+/// lanes) under `prefix`, one LIST call each: after finding a key, the
+/// walk skips past everything under its lane (or session).
+async fn walk(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    prefix: &str,
+    sessions: bool,
+) -> Result<Vec<LaneId>> {
+    let mut found: Vec<LaneId> = Vec::new();
+    let mut start_after: Option<String> = None;
+    while found.len() < WALK_MAX {
+        let page = store.list(prefix, start_after.as_deref(), 1).await?;
+        let Some(entry) = page.entries.into_iter().next() else {
+            return Ok(found);
+        };
+        let Some(lane) = layout.parse_lane_of_key(&entry.key) else {
+            // Not a log key: step over it alone.
+            start_after = Some(entry.key);
+            continue;
+        };
+        // '~' sorts after every character of a log key's rest.
+        start_after = Some(if sessions {
+            format!("{}~", layout.session_logs_prefix(&lane.node, lane.session))
+        } else {
+            format!("{}~", layout.lane_prefix(&lane))
+        });
+        found.push(lane);
+    }
+    Err(Error::Bound(format!(
+        "more than {WALK_MAX} sessions or lanes under {prefix}"
+    )))
+}
+
+/// The sessions with a log under `node` (any lane left in the bucket).
+pub async fn list_sessions(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    node: &NodeId,
+) -> Result<Vec<cellfleet_authority::SessionId>> {
+    let lanes = walk(store, layout, &layout.node_logs_prefix(node), true).await?;
+    Ok(lanes.into_iter().map(|lane| lane.session).collect())
+}
+
+/// The lanes of `session` of `node` left in the bucket.
+pub async fn list_lanes(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    node: &NodeId,
+    session: cellfleet_authority::SessionId,
+) -> Result<Vec<LaneId>> {
+    walk(
+        store,
+        layout,
+        &layout.session_logs_prefix(node, session),
+        false,
+    )
+    .await
 }

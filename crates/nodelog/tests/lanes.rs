@@ -7,8 +7,8 @@ use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, Session
 use cellfleet_nodelog::lane::GroupFate;
 use cellfleet_nodelog::segment::{encode_segment, Part};
 use cellfleet_nodelog::store::{
-    collect, read_floor, read_lane, read_records, read_written_run, seal_lane, LaneWriter,
-    WriterConfig,
+    collect, list_lanes, list_sessions, read_floor, read_lane, read_records, read_written_run,
+    seal_lane, LaneWriter, WriterConfig,
 };
 use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
 
@@ -340,5 +340,45 @@ async fn a_collected_prefix_is_no_gap_for_a_sealer_and_the_floor_only_rises() {
             .unwrap();
         let bodies: Vec<&[u8]> = records.iter().map(|(_, _, b)| b.as_ref()).collect();
         assert_eq!(bodies, vec![&b"b@4"[..], &b"b@5"[..]], "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_s_sessions_and_lanes_are_listed_one_call_each() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lane-walk", dir.path()).await {
+        let layout = Layout::new(&prefix).unwrap();
+        let node = NodeId::new("walker").unwrap();
+        let mut sessions = vec![SessionId::random(), SessionId::random()];
+        sessions.sort_by_key(|s| s.to_string());
+        for session in &sessions {
+            for number in [0u16, 3] {
+                let lane = LaneId {
+                    node: node.clone(),
+                    session: *session,
+                    lane: number,
+                };
+                let writer = writer(store.clone(), &prefix, &lane);
+                for _ in 0..3 {
+                    let seq = writer.reserve().unwrap();
+                    writer.write(seq, segment(&writer, seq, &["a"]));
+                }
+                assert_eq!(writer.fate(2, BOUND).await, Some(GroupFate::Acknowledged));
+                if number == 3 {
+                    // A lane left with its floor marker only.
+                    collect(store.as_ref(), &layout, &lane, 0, 3).await.unwrap();
+                }
+            }
+        }
+        let found = list_sessions(store.as_ref(), &layout, &node).await.unwrap();
+        assert_eq!(found, sessions, "{backend}");
+        let lanes = list_lanes(store.as_ref(), &layout, &node, sessions[1])
+            .await
+            .unwrap();
+        let numbers: Vec<u16> = lanes.iter().map(|l| l.lane).collect();
+        assert_eq!(numbers, vec![0, 3], "{backend}");
+        assert!(lanes
+            .iter()
+            .all(|l| l.session == sessions[1] && l.node == node));
     }
 }

@@ -55,8 +55,8 @@ pub struct Ready {
     pub recovered: bool,
     /// Records replayed from a node log (then checkpointed).
     pub replayed: usize,
-    /// Whether a dead session's lane was sealed (or found sealed) first.
-    pub sealed: bool,
+    /// The dead session's lane sealed (or found sealed) first, if any.
+    pub sealed: Option<cellfleet_authority::LaneId>,
 }
 
 /// The result of an activation attempt.

@@ -140,7 +140,10 @@ pub struct Metrics {
     pub log_replayed_records_total: AtomicU64,
     /// Lanes of dead sessions this node sealed or found sealed.
     pub log_seals_total: AtomicU64,
-    /// Segments of this node's lanes deleted by garbage collection.
+    /// Dead sessions whose log this node flushed into their Cells' roots.
+    pub log_flushes_total: AtomicU64,
+    /// Segments deleted by garbage collection (this node's lanes, and
+    /// dead sessions' lanes it flushed).
     pub gc_segments_deleted_total: AtomicU64,
     /// LTX files deleted after a checkpoint or compaction replaced them.
     pub gc_ltx_deleted_total: AtomicU64,
@@ -180,6 +183,7 @@ impl Default for Metrics {
             checkpoint_lag_records: AtomicI64::new(0),
             log_replayed_records_total: AtomicU64::new(0),
             log_seals_total: AtomicU64::new(0),
+            log_flushes_total: AtomicU64::new(0),
             gc_segments_deleted_total: AtomicU64::new(0),
             gc_ltx_deleted_total: AtomicU64::new(0),
             gc_failures_total: AtomicU64::new(0),
@@ -322,8 +326,15 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "cellfleet_runtime_log_flushes_total",
+            "Dead sessions whose log this node flushed into their cells' roots.",
+            &braces,
+            load(&self.log_flushes_total),
+        );
+        counter(
+            &mut out,
             "cellfleet_runtime_gc_segments_deleted_total",
-            "Segments of this node's log lanes deleted by garbage collection.",
+            "Log segments deleted by garbage collection.",
             &braces,
             load(&self.gc_segments_deleted_total),
         );

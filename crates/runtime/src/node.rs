@@ -46,6 +46,8 @@ use crate::log::NodeLog;
 use crate::metrics::Metrics;
 use crate::publication::{Publisher, StorePublisher};
 
+mod flush;
+
 /// Times a request is re-dispatched after finding its actor stopped.
 const DISPATCH_ATTEMPTS_MAX: usize = 3;
 
@@ -110,6 +112,8 @@ struct Shared {
     draining: AtomicBool,
     tick: AtomicU64,
     generation: AtomicU64,
+    /// Dead sessions whose log this node has flushed or is flushing.
+    flushed: Mutex<std::collections::HashSet<Holder>>,
 }
 
 /// The node service. Start it with [`Node::start`]; talk to it through the
@@ -234,7 +238,18 @@ impl Node {
             draining: AtomicBool::new(false),
             tick: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            flushed: Mutex::new(std::collections::HashSet::new()),
         });
+        if shared.config.publication == PublicationMode::Log {
+            // Earlier sessions of this node ended without a drain, or they
+            // would have left no log behind that a root needs.
+            let flusher = shared.clone();
+            tokio::spawn(async move {
+                if let Err(error) = flusher.flush_own_earlier_sessions().await {
+                    tracing::warn!(%error, "listing this node's earlier sessions failed; their logs are flushed when their cells are taken over");
+                }
+            });
+        }
         tokio::spawn(lease.clone().run());
         // A replaced lease stops the node at once: every Cell is fenced.
         let watcher = Arc::downgrade(&shared);
@@ -466,8 +481,12 @@ impl Shared {
         metrics
             .log_replayed_records_total
             .fetch_add(ready.replayed as u64, Ordering::Relaxed);
-        if ready.sealed {
+        if let Some(lane) = &ready.sealed {
             metrics.log_seals_total.fetch_add(1, Ordering::Relaxed);
+            self.start_flush(Holder {
+                node: lane.node.clone(),
+                session: lane.session,
+            });
         }
         metrics.cells_open.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));

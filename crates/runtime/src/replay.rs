@@ -70,7 +70,7 @@ pub(crate) async fn records_past_chain(
             log.and_then(|log| log.lane(lane))
                 .map_or(0, |lane| lane.collected_below()),
         );
-        ((from..verdict.acked_below).collect::<Vec<_>>(), false)
+        ((from..verdict.acked_below).collect::<Vec<_>>(), None)
     } else {
         seal_lane(store, layout, lane, me, now_ms)
             .await
@@ -81,7 +81,7 @@ pub(crate) async fn records_past_chain(
             .into_iter()
             .filter(|seq| *seq >= pointer.from_seq)
             .collect();
-        (seqs, true)
+        (seqs, Some(lane.clone()))
     };
     let records = read_records(store, layout, lane, &seqs, &root.cell_id)
         .await
@@ -95,8 +95,8 @@ pub(crate) async fn records_past_chain(
 pub(crate) struct Tail {
     /// The records past the chain, oldest first.
     pub records: Vec<(Entry, Bytes)>,
-    /// Whether a dead session's lane was sealed (or found sealed).
-    pub sealed: bool,
+    /// The dead session's lane that was sealed (or found sealed), if any.
+    pub sealed: Option<cellfleet_authority::LaneId>,
 }
 
 /// Keeps the records past `root`'s TXID (those at or below it are in the
@@ -126,7 +126,7 @@ pub(crate) fn check_tail(
     Ok(kept)
 }
 
-fn log_error(error: cellfleet_nodelog::store::Error) -> Error {
+pub(crate) fn log_error(error: cellfleet_nodelog::store::Error) -> Error {
     match error {
         cellfleet_nodelog::store::Error::Store(error) => Error::Store(error),
         cellfleet_nodelog::store::Error::Corrupt { key, source } => {

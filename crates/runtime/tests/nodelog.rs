@@ -543,3 +543,193 @@ async fn collection_keeps_the_bucket_bounded_under_a_steady_workload() {
         assert!(on.1 .0 * 2 <= off.1 .0, "{backend}: {on:?} against {off:?}");
     }
 }
+
+/// What is left in `node`'s log under `prefix`: (segments, seals, floor
+/// markers), counted by reading each slot's kind.
+async fn log_objects(store: &dyn ObjectStore, prefix: &str, node: &str) -> (usize, usize, usize) {
+    let layout = Layout::new(prefix).unwrap();
+    let node = cellfleet_authority::NodeId::new(node).unwrap();
+    let keys = cellfleet_store::list_all(store, &layout.node_logs_prefix(&node), 1_000_000)
+        .await
+        .unwrap();
+    let (mut segments, mut seals, mut floors) = (0, 0, 0);
+    for entry in keys {
+        if layout.parse_segment_key(&entry.key).is_none() {
+            floors += 1;
+            continue;
+        }
+        let body = store.get(&entry.key).await.unwrap().body;
+        match cellfleet_nodelog::segment::decode(&body).unwrap() {
+            cellfleet_nodelog::Slot::Seal(_) => seals += 1,
+            cellfleet_nodelog::Slot::Segment(_) => segments += 1,
+        }
+    }
+    (segments, seals, floors)
+}
+
+/// DESIGN.md §9, takeover: the node that seals a dead session flushes
+/// every Cell with records in that session's log into its root — not only
+/// the Cell it was asked for — and then collects the dead lanes, keeping
+/// their seals, so a zombie of the dead session is still fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sealer_flushes_every_cell_of_the_dead_session_and_collects_its_log() {
+    const CELLS: u64 = 6;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-flush", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock_a = manual_clock();
+        let a = start(
+            lazy(node_config("a", &dir, &prefix)),
+            store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        for n in 0..3 {
+            for (cell, log) in logs.iter().enumerate() {
+                let key = format!("flush-{cell}");
+                let executed = a
+                    .execute(KIND, key.as_bytes(), append(clock_a.as_ref(), n))
+                    .await
+                    .unwrap();
+                log.ack(n, executed.outcome);
+            }
+        }
+        let (segments, seals, _) = log_objects(store.as_ref(), &prefix, "a").await;
+        assert!(
+            segments > 0 && seals == 0,
+            "{backend}: a's log holds the records"
+        );
+        a.lease().pause_renewals(true);
+        let clock_b = manual_clock();
+        clock_b.advance(lease_expiry());
+        let mut config = node_config("b", &dir, &prefix);
+        config.gc.min_age_ms = 50;
+        let b = start(config, store.clone(), clock_b.clone()).await;
+        // One request takes one Cell over; the flush does the rest.
+        let executed = b
+            .execute(KIND, b"flush-0", append(clock_b.as_ref(), 100))
+            .await
+            .unwrap();
+        logs[0].ack(100, executed.outcome);
+        let mut waited = 0;
+        while b.metrics().log_flushes_total.load(Ordering::Relaxed) == 0 {
+            assert!(waited < 200, "{backend}: the flush did not finish");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += 1;
+        }
+        for cell in 0..CELLS {
+            let root = root_of(store.as_ref(), &prefix, format!("flush-{cell}").as_bytes()).await;
+            assert_eq!(
+                root.log.as_ref().map(|p| p.lane.node.as_str().to_owned()),
+                Some("b".to_owned()),
+                "{backend}: flush-{cell} points into b's log"
+            );
+            assert_eq!(
+                root.owner.as_ref().map(|o| o.as_str()),
+                Some("b"),
+                "{backend}"
+            );
+        }
+        let (segments, seals, floors) = log_objects(store.as_ref(), &prefix, "a").await;
+        assert_eq!(segments, 0, "{backend}: a's segments are collected");
+        assert!(
+            seals >= 1 && floors == seals,
+            "{backend}: every lane keeps its seal and floor ({seals}, {floors})"
+        );
+        // The paused owner still believes its lease: the seal fences it.
+        match a
+            .execute(KIND, b"flush-3", append(clock_a.as_ref(), 200))
+            .await
+        {
+            Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => {
+                logs[3].not_committed(200)
+            }
+            other => panic!("{backend}: the old owner acknowledged after the seal: {other:?}"),
+        }
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&b, format!("flush-{cell}").as_bytes()).await;
+        }
+    }
+}
+
+/// A node that restarts (a new session) after a crash flushes its own
+/// earlier session's log at start, with no request needed: every Cell
+/// with records only there is taken over by the new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_flushes_its_earlier_session() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-restart-flush", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let crashing = Arc::new(FaultStore::new(store.clone()));
+        let a = start(
+            lazy(node_config("a", &dir, &prefix)),
+            crashing.clone(),
+            clock.clone(),
+        )
+        .await;
+        let logs: Vec<AckLog> = (0..3).map(|_| AckLog::default()).collect();
+        for (cell, log) in logs.iter().enumerate() {
+            let key = format!("restart-{cell}");
+            for n in 0..2 {
+                let executed = a
+                    .execute(KIND, key.as_bytes(), append(clock.as_ref(), n))
+                    .await
+                    .unwrap();
+                log.ack(n, executed.outcome);
+            }
+        }
+        let old = root_of(store.as_ref(), &prefix, b"restart-0")
+            .await
+            .owner_session;
+        // A crash: the records are only in the log, and the old process
+        // writes nothing more (a halt would have checkpointed them).
+        a.lease().pause_renewals(true);
+        for op in [Op::Put, Op::PutIfMatch, Op::PutIfNoneMatch, Op::Delete] {
+            crashing.inject(Fault::unavailable(op).times(u64::MAX));
+        }
+        let clock = manual_clock();
+        clock.advance(lease_expiry());
+        // The same node id; another data directory, as the crashed
+        // process still holds its files open in this test.
+        let mut config = node_config("a", &dir.join("restarted"), &prefix);
+        config.gc.min_age_ms = 50;
+        let again = start(config, store.clone(), clock.clone()).await;
+        let mut waited = 0;
+        while again.metrics().log_flushes_total.load(Ordering::Relaxed) == 0 {
+            assert!(waited < 200, "{backend}: the flush did not finish");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += 1;
+        }
+        let (segments, seals, _) = log_objects(store.as_ref(), &prefix, "a").await;
+        assert!(
+            seals >= 1,
+            "{backend}: the earlier session's lanes are sealed"
+        );
+        // Only the new session's own segments (none written yet) remain.
+        assert_eq!(
+            segments, 0,
+            "{backend}: the earlier session's segments are collected"
+        );
+        for (cell, log) in logs.iter().enumerate() {
+            let root = root_of(
+                store.as_ref(),
+                &prefix,
+                format!("restart-{cell}").as_bytes(),
+            )
+            .await;
+            assert_ne!(
+                root.owner_session, old,
+                "{backend}: restart-{cell} was taken over by the new session"
+            );
+            assert_eq!(
+                root.log.as_ref().map(|p| p.lane.session),
+                root.owner_session,
+                "{backend}: restart-{cell} points into the new session's log"
+            );
+            log.verify(&again, format!("restart-{cell}").as_bytes())
+                .await;
+        }
+    }
+}

@@ -569,7 +569,8 @@ async fn log_objects(store: &dyn ObjectStore, prefix: &str, node: &str) -> (usiz
 
 /// DESIGN.md §9, takeover: the node that seals a dead session flushes
 /// every Cell with records in that session's log into its root — not only
-/// the Cell it was asked for — and then collects the dead lanes, keeping
+/// the Cell it was asked for, and releasing the others rather than keeping
+/// them — and then collects the dead lanes, keeping
 /// their seals, so a zombie of the dead session is still fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sealer_flushes_every_cell_of_the_dead_session_and_collects_its_log() {
@@ -618,17 +619,25 @@ async fn the_sealer_flushes_every_cell_of_the_dead_session_and_collects_its_log(
             tokio::time::sleep(Duration::from_millis(50)).await;
             waited += 1;
         }
-        for cell in 0..CELLS {
+        let first = root_of(store.as_ref(), &prefix, b"flush-0").await;
+        assert_eq!(first.owner.as_ref().map(|o| o.as_str()), Some("b"));
+        assert_eq!(
+            first.log.as_ref().map(|p| p.lane.node.as_str().to_owned()),
+            Some("b".to_owned()),
+            "{backend}: the requested Cell points into b's log"
+        );
+        for cell in 1..CELLS {
             let root = root_of(store.as_ref(), &prefix, format!("flush-{cell}").as_bytes()).await;
-            assert_eq!(
-                root.log.as_ref().map(|p| p.lane.node.as_str().to_owned()),
-                Some("b".to_owned()),
-                "{backend}: flush-{cell} points into b's log"
+            // Checkpointed and released: placed like any Cell next time,
+            // not piled onto the node that sealed.
+            assert!(
+                root.owner.is_none() && root.log.is_none(),
+                "{backend}: flush-{cell} is released with its records in its chain: {root:?}"
             );
-            assert_eq!(
-                root.owner.as_ref().map(|o| o.as_str()),
-                Some("b"),
-                "{backend}"
+            assert!(
+                root.txid >= 3,
+                "{backend}: flush-{cell} at txid {}",
+                root.txid
             );
         }
         let (segments, seals, floors) = log_objects(store.as_ref(), &prefix, "a").await;
@@ -655,7 +664,7 @@ async fn the_sealer_flushes_every_cell_of_the_dead_session_and_collects_its_log(
 
 /// A node that restarts (a new session) after a crash flushes its own
 /// earlier session's log at start, with no request needed: every Cell
-/// with records only there is taken over by the new session.
+/// with records only there is checkpointed and released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_flushes_its_earlier_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -719,14 +728,10 @@ async fn a_restarted_node_flushes_its_earlier_session() {
                 format!("restart-{cell}").as_bytes(),
             )
             .await;
-            assert_ne!(
-                root.owner_session, old,
-                "{backend}: restart-{cell} was taken over by the new session"
-            );
-            assert_eq!(
-                root.log.as_ref().map(|p| p.lane.session),
-                root.owner_session,
-                "{backend}: restart-{cell} points into the new session's log"
+            assert_ne!(root.owner_session, old, "{backend}: restart-{cell}");
+            assert!(
+                root.owner.is_none() && root.log.is_none(),
+                "{backend}: restart-{cell} is released with its records in its chain: {root:?}"
             );
             log.verify(&again, format!("restart-{cell}").as_bytes())
                 .await;

@@ -11,7 +11,9 @@
 //! 2. each Cell whose root still points into the lane and lacks some of
 //!    those records ([`needs_lane`], pure) is activated here — the normal
 //!    takeover path, which replays and checkpoints them and moves the
-//!    pointer to this node's lane — and passivated again; at most
+//!    pointer to this node's lane — and then released (owner none, as a
+//!    drain leaves it), so the next request places it like any other Cell
+//!    instead of piling the dead node's Cells onto the sealer; at most
 //!    `activations_concurrent_max / 2` at once;
 //! 3. after the minimum age, every such root is read again: once none
 //!    needs the lane (a pointer never moves back into a dead lane), its
@@ -199,7 +201,8 @@ impl Shared {
     }
 
     /// Brings `cell`'s root past its records in the dead `lane` (up to
-    /// `max_txid`) by activating it here; `false` if nothing was needed.
+    /// `max_txid`) by activating it here and releasing it; `false` if
+    /// nothing was needed.
     async fn flush_cell(
         self: &Arc<Self>,
         lane: &LaneId,
@@ -219,6 +222,10 @@ impl Shared {
                 "cell {cell} has a key that is not text; it is flushed when a request activates it"
             )));
         }
+        if self.slots().contains_key(cell) {
+            // Open or opening here for a request: its activation replays.
+            return Ok(true);
+        }
         let handle = match self.start_activation(cell, &kind, key.as_bytes()).await {
             Ok(handle) => handle,
             // Another node took it over (and replays it itself).
@@ -230,7 +237,7 @@ impl Shared {
             if handle
                 .tx
                 .try_send(Msg::Stop {
-                    how: StopHow::Passivate,
+                    how: StopHow::Drain,
                     done: Some(done),
                 })
                 .is_ok()

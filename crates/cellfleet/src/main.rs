@@ -61,6 +61,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Measure the Durable Streams listener: appends/s at 1k-100k streams, long-poll and SSE fan-out latency, beside a reference server.
     BenchStreams(bench::streams::StreamsBenchArgs),
+    /// Measure recovery: kill -9 one node and time until each of its Cells serves again through the others (1k and 10k Cells per node).
+    BenchRecovery(bench::recovery::RecoveryArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Drain(args) => client_cmd::drain(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchStreams(args) => bench::streams::run(args),
+        Command::BenchRecovery(args) => bench::recovery::run(args),
     };
     match result {
         Ok(code) => code,

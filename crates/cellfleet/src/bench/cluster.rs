@@ -30,7 +30,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The bucket benchmark runs use on S3 (each run under its own prefix).
 const BENCH_BUCKET: &str = "cellfleet-bench";
 /// Lease length of the benchmark's nodes.
-const LEASE_MS: u64 = 5_000;
+pub const LEASE_MS: u64 = 5_000;
 /// Appended to dev's kinds manifest: tag counts after a tag, a page at a time.
 const BENCH_QUERIES: &str = r#"
 [kinds.log.queries.count_after]
@@ -103,6 +103,8 @@ impl StoreSetup {
 pub struct NodeProcess {
     pub id: String,
     child: Child,
+    /// Killed on purpose (`kill9`): not stopped again.
+    killed: bool,
     pub client: SocketAddr,
     /// The plain HTTP listener (`/metrics`).
     pub http: SocketAddr,
@@ -203,6 +205,7 @@ impl BenchCluster {
             cluster.nodes.push(NodeProcess {
                 id,
                 child,
+                killed: false,
                 client: ready.client,
                 http: ready.http,
             });
@@ -353,15 +356,26 @@ impl BenchCluster {
 
     /// SIGTERM to every node, then waits for each to exit; returns
     /// (node id, exited successfully) per node.
+    /// Kills node `index` with SIGKILL (a crash) and reaps it.
+    pub fn kill9(&mut self, index: usize) -> anyhow::Result<()> {
+        let node = &mut self.nodes[index];
+        node.child
+            .kill()
+            .with_context(|| format!("killing {}", node.id))?;
+        node.child.wait()?;
+        node.killed = true;
+        Ok(())
+    }
+
     pub fn stop(&mut self) -> Vec<(String, bool)> {
-        for node in &self.nodes {
+        for node in self.nodes.iter().filter(|n| !n.killed) {
             dev_cmd::terminate(&node.child);
         }
         let started = Instant::now();
         let deadline = started + DRAIN_TIMEOUT;
         let mut results = Vec::new();
         let mut unclean = 0;
-        for node in &mut self.nodes {
+        for node in self.nodes.iter_mut().filter(|n| !n.killed) {
             let clean = loop {
                 match node.child.try_wait() {
                     Ok(Some(status)) => {

@@ -42,6 +42,7 @@ mod floors;
 mod load;
 mod node_stats;
 mod plots;
+pub mod recovery;
 mod report;
 pub mod streams;
 mod workloads;

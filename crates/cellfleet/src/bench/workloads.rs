@@ -26,7 +26,7 @@ use crate::bench::load::{self, Sample, Timing, Window};
 
 /// The kind every workload uses (an append-only log; see `dev_cmd::EXAMPLE_KINDS`).
 pub const LOG_KIND: &str = "log";
-const APPEND: &str = "append";
+pub const APPEND: &str = "append";
 pub const COUNT: &str = "count";
 /// How long set-up retries one Cell's first command.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);

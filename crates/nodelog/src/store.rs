@@ -637,3 +637,135 @@ pub async fn list_lanes(
     )
     .await
 }
+
+/// Slot indexes read at once while indexing a sealed lane.
+pub const INDEX_READS_CONCURRENT: usize = 16;
+
+/// One record of a sealed lane's index.
+#[derive(Clone, Debug)]
+pub struct Indexed {
+    /// Its slot.
+    pub seq: u64,
+    /// Its index entry.
+    pub entry: Entry,
+    /// The index length of its segment (for [`Entry::object_range`]).
+    pub index_len: u32,
+}
+
+/// A sealed lane's index: every counted slot's entries, by Cell. What is
+/// below a seal never changes (only collection deletes it, and only what
+/// no root needs), so one index serves every takeover from that lane:
+/// each Cell's replay is then its own records' ranged GETs, not a listing
+/// and an index read per slot.
+#[derive(Debug)]
+pub struct SealedIndex {
+    /// The lane.
+    pub lane: LaneId,
+    /// Its floor and seal when indexed.
+    pub floor: u64,
+    /// The slot of its first seal.
+    pub end: u64,
+    by_cell: std::collections::HashMap<CellId, Vec<Indexed>>,
+}
+
+impl SealedIndex {
+    /// Every Cell with records in the lane, with the last TXID there.
+    pub fn cells(&self) -> impl Iterator<Item = (&CellId, u64)> {
+        self.by_cell.iter().map(|(cell, records)| {
+            (
+                cell,
+                records.iter().map(|r| r.entry.max_txid).max().unwrap_or(0),
+            )
+        })
+    }
+
+    /// `cell`'s records in slots at or after `from_seq`, in order.
+    pub fn records_of(&self, cell: &CellId, from_seq: u64) -> &[Indexed] {
+        let records = self.by_cell.get(cell).map_or(&[][..], Vec::as_slice);
+        let start = records.partition_point(|r| r.seq < from_seq);
+        &records[start..]
+    }
+}
+
+/// Seals `lane` (idempotent) and indexes what counts in it.
+pub async fn index_sealed_lane(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    lane: &LaneId,
+    sealer: &Holder,
+    now_ms: u64,
+) -> Result<SealedIndex> {
+    seal_lane(store.as_ref(), layout, lane, sealer, now_ms).await?;
+    let read = read_lane(store.as_ref(), layout, lane).await?;
+    let mut by_cell: std::collections::HashMap<CellId, Vec<Indexed>> =
+        std::collections::HashMap::new();
+    let mut pending = read.counted.iter().copied();
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        while set.len() < INDEX_READS_CONCURRENT {
+            let Some(seq) = pending.next() else { break };
+            let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
+            set.spawn(
+                async move { (seq, read_entries(store.as_ref(), &layout, &lane, seq).await) },
+            );
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (seq, read) =
+            joined.map_err(|e| Error::Bound(format!("an index read task failed: {e}")))?;
+        let Some((entries, index_len)) = read? else {
+            continue;
+        };
+        for entry in entries {
+            by_cell
+                .entry(entry.cell_id.clone())
+                .or_default()
+                .push(Indexed {
+                    seq,
+                    entry,
+                    index_len,
+                });
+        }
+    }
+    for records in by_cell.values_mut() {
+        records.sort_by_key(|r| (r.seq, r.entry.min_txid));
+    }
+    Ok(SealedIndex {
+        lane: lane.clone(),
+        floor: read.floor,
+        end: read.end,
+        by_cell,
+    })
+}
+
+/// The bytes of `records` (from [`SealedIndex::records_of`]), checked.
+/// A slot collected since it was indexed is skipped, as in
+/// [`read_records`].
+pub async fn read_indexed(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    records: &[Indexed],
+) -> Result<Vec<(u64, Entry, Bytes)>> {
+    let mut out = Vec::with_capacity(records.len());
+    for record in records {
+        let key = layout.segment_key(lane, record.seq);
+        let bytes = match store
+            .get_range(&key, record.entry.object_range(record.index_len))
+            .await
+        {
+            Ok(object) => object.body,
+            Err(error)
+                if error.is_not_found() && record.seq < read_floor(store, layout, lane).await? =>
+            {
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        segment::check_entry_bytes(&record.entry, &bytes)
+            .map_err(|source| Error::Corrupt { key, source })?;
+        out.push((record.seq, record.entry.clone(), bytes));
+    }
+    Ok(out)
+}

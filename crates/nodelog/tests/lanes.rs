@@ -340,6 +340,26 @@ async fn a_collected_prefix_is_no_gap_for_a_sealer_and_the_floor_only_rises() {
             .unwrap();
         let bodies: Vec<&[u8]> = records.iter().map(|(_, _, b)| b.as_ref()).collect();
         assert_eq!(bodies, vec![&b"b@4"[..], &b"b@5"[..]], "{backend}");
+        // The index of the sealed lane answers the same, per Cell and from
+        // a pointer on, and sealing again through it is idempotent.
+        let index =
+            cellfleet_nodelog::store::index_sealed_lane(&store, &layout, &lane, &successor(), 1)
+                .await
+                .unwrap();
+        assert_eq!((index.floor, index.end), (4, 6), "{backend}");
+        let mut cells: Vec<(String, u64)> =
+            index.cells().map(|(c, max)| (c.to_string(), max)).collect();
+        cells.sort();
+        let mut expected = vec![(cell("a").to_string(), 6), (cell("b").to_string(), 6)];
+        expected.sort();
+        assert_eq!(cells, expected, "{backend}");
+        let from_five = index.records_of(&cell("b"), 5);
+        assert_eq!(from_five.len(), 1, "{backend}");
+        let read =
+            cellfleet_nodelog::store::read_indexed(store.as_ref(), &layout, &lane, from_five)
+                .await
+                .unwrap();
+        assert_eq!(read[0].2.as_ref(), b"b@5", "{backend}");
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer};
 use cellfleet_nodelog::segment::{encode_segment, Part};
-use cellfleet_nodelog::store::{LaneWriter, WriterConfig};
+use cellfleet_nodelog::store::{index_sealed_lane, LaneWriter, SealedIndex, WriterConfig};
 use cellfleet_store::ObjectStore;
 use tokio::sync::{mpsc, oneshot};
 
@@ -150,11 +150,21 @@ impl Lane {
     }
 }
 
-/// This session's lanes.
+/// Most dead lanes whose index a node keeps at once.
+const SEALED_INDEXES_MAX: usize = 64;
+
+type SealedSlot = Arc<tokio::sync::OnceCell<Arc<SealedIndex>>>;
+
+/// This session's lanes, and the indexes of dead sessions' lanes it sealed.
 #[derive(Debug)]
 pub struct NodeLog {
     me: Holder,
     lanes: Vec<Lane>,
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    /// One index per dead lane, built once (single flight) and shared by
+    /// every takeover of its Cells and by its flush.
+    sealed: Mutex<HashMap<LaneId, SealedSlot>>,
 }
 
 impl NodeLog {
@@ -213,7 +223,43 @@ impl NodeLog {
                 }
             })
             .collect();
-        Arc::new(NodeLog { me, lanes })
+        Arc::new(NodeLog {
+            me,
+            lanes,
+            store,
+            layout,
+            sealed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Seals the dead session's `lane` (once) and returns its index, built
+    /// once for every takeover from it.
+    pub async fn sealed_index(
+        &self,
+        lane: &LaneId,
+        now_ms: u64,
+    ) -> Result<Arc<SealedIndex>, cellfleet_nodelog::store::Error> {
+        let slot = {
+            let mut sealed = self.sealed.lock().unwrap_or_else(|e| e.into_inner());
+            if !sealed.contains_key(lane) && sealed.len() >= SEALED_INDEXES_MAX {
+                // Forget a built one (a later takeover from it rebuilds).
+                if let Some(old) = sealed
+                    .iter()
+                    .find(|(_, slot)| slot.initialized())
+                    .map(|(lane, _)| lane.clone())
+                {
+                    sealed.remove(&old);
+                }
+            }
+            sealed.entry(lane.clone()).or_default().clone()
+        };
+        slot.get_or_try_init(|| async {
+            index_sealed_lane(&self.store, &self.layout, lane, &self.me, now_ms)
+                .await
+                .map(Arc::new)
+        })
+        .await
+        .cloned()
     }
 
     /// This session.

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cellfleet_authority::{Holder, Layout, RootRecord};
-use cellfleet_nodelog::store::{read_lane, read_records, seal_lane};
+use cellfleet_nodelog::store::{read_indexed, read_lane, read_records, seal_lane};
 use cellfleet_nodelog::Entry;
 use cellfleet_store::ObjectStore;
 
@@ -71,6 +71,22 @@ pub(crate) async fn records_past_chain(
                 .map_or(0, |lane| lane.collected_below()),
         );
         ((from..verdict.acked_below).collect::<Vec<_>>(), None)
+    } else if let Some(log) = log {
+        // One index of the dead lane serves every takeover from it.
+        let index = log.sealed_index(lane, now_ms).await.map_err(log_error)?;
+        let records = read_indexed(
+            store,
+            layout,
+            lane,
+            index.records_of(&root.cell_id, pointer.from_seq),
+        )
+        .await
+        .map_err(log_error)?;
+        let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
+        return Ok(Tail {
+            records,
+            sealed: Some(lane.clone()),
+        });
     } else {
         seal_lane(store, layout, lane, me, now_ms)
             .await

@@ -125,29 +125,20 @@ impl Shared {
             lanes: lanes.len(),
             ..FlushReport::default()
         };
+        let Some(log) = self.actor_context.log.clone() else {
+            return Ok(report);
+        };
         for lane in lanes {
             let now_ms = self.actor_context.clock.now_wall_ms();
-            logstore::seal_lane(store.as_ref(), &layout, &lane, &self.me, now_ms)
-                .await
-                .map_err(crate::replay::log_error)?;
-            let read = logstore::read_lane(store.as_ref(), &layout, &lane)
+            let index = log
+                .sealed_index(&lane, now_ms)
                 .await
                 .map_err(crate::replay::log_error)?;
             // Each Cell found, with the last TXID the lane holds of it.
-            let mut found: HashMap<CellId, u64> = HashMap::new();
-            for &seq in &read.counted {
-                let Some((entries, _)) =
-                    logstore::read_entries(store.as_ref(), &layout, &lane, seq)
-                        .await
-                        .map_err(crate::replay::log_error)?
-                else {
-                    continue;
-                };
-                for entry in entries {
-                    let last = found.entry(entry.cell_id).or_insert(0);
-                    *last = (*last).max(entry.max_txid);
-                }
-            }
+            let found: HashMap<CellId, u64> = index
+                .cells()
+                .map(|(cell, max_txid)| (cell.clone(), max_txid))
+                .collect();
             let limit = (self.config.limits.activations_concurrent_max / 2).max(1);
             let mut tasks = Vec::with_capacity(found.len());
             for (cell, max_txid) in &found {
@@ -169,7 +160,7 @@ impl Shared {
                 }
             }
             report.cells_failed += failed;
-            if failed > 0 || !self.config.gc.enabled || read.end <= read.floor {
+            if failed > 0 || !self.config.gc.enabled || index.end <= index.floor {
                 continue;
             }
             // A replay elsewhere may still be reading the lane: collect only
@@ -188,7 +179,7 @@ impl Shared {
             if needed {
                 continue;
             }
-            let deleted = logstore::collect(store.as_ref(), &layout, &lane, read.floor, read.end)
+            let deleted = logstore::collect(store.as_ref(), &layout, &lane, index.floor, index.end)
                 .await
                 .map_err(crate::replay::log_error)?;
             self.metrics

@@ -139,7 +139,10 @@ pub fn run(args: RecoveryArgs) -> anyhow::Result<ExitCode> {
         if let Err(error) = runtime.block_on(cluster.delete_objects()) {
             eprintln!("bench-recovery: deleting the run's objects failed: {error:#}");
         }
-        rows.push(row?);
+        let row = row?;
+        // Each size's row as soon as it is measured (a later size may take long).
+        eprint!("{}", table(std::slice::from_ref(&row)));
+        rows.push(row);
     }
     println!("{}", table(&rows));
     if let Some(path) = &args.json {

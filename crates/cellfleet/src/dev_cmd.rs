@@ -195,6 +195,7 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             },
             envelope: EnvelopeFile::default(),
             publication: PublicationFile::default(),
+            limits: Default::default(),
             gc: Default::default(),
             ingress_only: false,
         };

@@ -46,6 +46,12 @@
 //! checkpoint_idle_ms = 5000  # ... or this long without a new record
 //! segments_inflight_max = 2  # segment PUTs of one lane in flight at once
 //!
+//! [limits]                   # optional: what one node may hold open
+//! cells_open_max = 1024      # SQLite files open at once (idle ones are passivated, LRU)
+//! cells_owned_max = 100000   # Cells owned, open or passivated
+//! fds_max = 16384            # file descriptors for open Cells (capped by the open-file limit)
+//! memory_bytes_max = 4294967296  # memory for open Cells' page caches
+//!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
 //! min_age_ms = 60000         # ... once unreachable this long
@@ -97,7 +103,7 @@ use cellfleet_router::registry::KeyRegistry;
 use cellfleet_router::server::{Listeners, NodeServer};
 use cellfleet_router::service_admin::DrainState;
 use cellfleet_router::tls::{self, TlsIdentity};
-use cellfleet_runtime::{Kinds, LogSettings, Node, NodeConfig, PublicationMode};
+use cellfleet_runtime::{Kinds, LogSettings, Node, NodeConfig, NodeLimits, PublicationMode};
 use cellfleet_store::{S3Config, StoreConfig};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -256,6 +262,94 @@ impl PublicationFile {
     }
 }
 
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cells_open_max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cells_owned_max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fds_max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes_max: Option<u64>,
+}
+
+/// File descriptors kept for everything but open Cells (listeners,
+/// connections, the store client, logs).
+const FDS_RESERVED: u64 = 256;
+
+impl LimitsFile {
+    fn is_empty(&self) -> bool {
+        *self == LimitsFile::default()
+    }
+
+    /// The node's limits: the file's values over the defaults, with
+    /// `fds_max` capped by `open_files` (the soft open-file limit) less
+    /// what the rest of the process needs.
+    fn limits(&self, open_files: Option<u64>) -> (NodeLimits, Option<String>) {
+        let mut limits = NodeLimits::default();
+        if let Some(n) = self.cells_open_max {
+            limits.cells_open_max = n;
+        }
+        if let Some(n) = self.cells_owned_max {
+            limits.cells_owned_max = n;
+        }
+        if let Some(n) = self.fds_max {
+            limits.fds_max = n;
+        }
+        if let Some(n) = self.memory_bytes_max {
+            limits.memory_bytes_max = n;
+        }
+        let mut note = None;
+        if let Some(open_files) = open_files {
+            let usable =
+                usize::try_from(open_files.saturating_sub(FDS_RESERVED)).unwrap_or(usize::MAX);
+            if limits.fds_max > usable {
+                note = Some(format!(
+                    "fds_max {} is over what the open-file limit ({open_files}) leaves for Cells; using {usable} (raise `ulimit -n` or the service's LimitNOFILE)",
+                    limits.fds_max
+                ));
+                limits.fds_max = usable;
+            }
+        }
+        (limits, note)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        for (name, value) in [
+            ("cells_open_max", self.cells_open_max),
+            ("cells_owned_max", self.cells_owned_max),
+            ("fds_max", self.fds_max),
+        ] {
+            if value == Some(0) {
+                bail!("limits.{name} must be at least 1");
+            }
+        }
+        if self.memory_bytes_max == Some(0) {
+            bail!("limits.memory_bytes_max must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Raises the soft open-file limit to the hard limit; returns the soft
+/// limit before and after (`None` where unlimited or unknown).
+fn raise_open_files() -> (Option<u64>, Option<u64>) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    if before.current != before.maximum {
+        let raised = Rlimit {
+            current: before.maximum,
+            maximum: before.maximum,
+        };
+        if let Err(error) = setrlimit(Resource::Nofile, raised) {
+            eprintln!("cellfleet node: could not raise the open-file limit: {error}");
+        }
+    }
+    (before.current, getrlimit(Resource::Nofile).current)
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GcFile {
@@ -298,6 +392,8 @@ pub struct NodeFile {
     pub envelope: EnvelopeFile,
     #[serde(default)]
     pub publication: PublicationFile,
+    #[serde(default, skip_serializing_if = "LimitsFile::is_empty")]
+    pub limits: LimitsFile,
     #[serde(default, skip_serializing_if = "is_default_gc")]
     pub gc: GcFile,
     /// Serve and forward requests but take no Cells: the lease says so and
@@ -470,6 +566,7 @@ impl NodeFile {
         if self.envelope.max_window_ms == 0 {
             bail!("envelope.max_window_ms must be positive");
         }
+        self.limits.validate()?;
         self.publication.mode()?;
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
@@ -720,6 +817,26 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.publication = file.publication.mode()?;
     config.log = file.publication.log_settings();
     config.gc = file.gc.settings();
+    let (open_files_before, open_files) = raise_open_files();
+    let (limits, note) = file.limits.limits(open_files);
+    if let Some(note) = note {
+        eprintln!("cellfleet node {}: {note}", file.node_id);
+    }
+    let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
+    eprintln!(
+        "cellfleet node {}: open files {} (raised from {}); cells open at most {} (cells_open_max {}, fds_max {} / {} per cell, memory_bytes_max {} / {} per cell), owned at most {}",
+        file.node_id,
+        show(open_files),
+        show(open_files_before),
+        limits.effective_cells_open_max(),
+        limits.cells_open_max,
+        limits.fds_max,
+        limits.fds_per_cell,
+        limits.memory_bytes_max,
+        limits.memory_bytes_per_cell,
+        limits.cells_owned_max
+    );
+    config.limits = limits;
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     // Two processes on one data_dir would write the same SQLite files.
@@ -849,5 +966,41 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_take_the_file_over_the_defaults_and_fit_the_open_file_limit() {
+        let file = LimitsFile {
+            cells_open_max: Some(50_000),
+            fds_max: Some(1_000_000),
+            ..LimitsFile::default()
+        };
+        let (limits, note) = file.limits(Some(65_536));
+        assert_eq!(limits.cells_open_max, 50_000);
+        assert_eq!(
+            limits.fds_max,
+            65_536 - 256,
+            "capped by the open-file limit"
+        );
+        assert!(note.unwrap().contains("fds_max 1000000 is over"));
+        assert_eq!(
+            limits.effective_cells_open_max(),
+            1_024,
+            "4 GiB of memory at 4 MiB per Cell is the tightest bound"
+        );
+        let (limits, note) = LimitsFile::default().limits(None);
+        assert_eq!(limits.fds_max, NodeLimits::default().fds_max, "unlimited");
+        assert!(note.is_none());
+        assert!(LimitsFile {
+            cells_owned_max: Some(0),
+            ..LimitsFile::default()
+        }
+        .validate()
+        .is_err());
     }
 }

@@ -239,6 +239,34 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         stderr.contains("publication mode \"fast\" is neither \"log\" nor \"cell\""),
         "{stderr}"
     );
+    // [limits]: an unknown name is refused, a bound is applied and
+    // reported at start with the raised open-file limit.
+    let base = std::fs::read_to_string(cluster.path("n3.toml")).expect("n3.toml");
+    let typo = cluster.path("n3-typo.toml");
+    std::fs::write(&typo, format!("{base}\n[limits]\ncells_open = 2\n")).unwrap();
+    let output = cluster.node_command(&typo, &[]).output().expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown field `cells_open`"), "{stderr}");
+    let limited = cluster.path("n3-limited.toml");
+    std::fs::write(&limited, format!("{base}\n[limits]\ncells_open_max = 2\n")).unwrap();
+    let log = cluster.path("n3-limited.stderr");
+    let child = cluster
+        .node_command(&limited, &[])
+        .env("CELLFLEET_PUBLICATION_MODE", "cell")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn node");
+    let mut node = cluster.wait_ready("n3", child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("cells open at most 2 (cells_open_max 2"),
+        "{text}"
+    );
+    assert!(text.contains("open files "), "{text}");
+    let _ = node.child.kill();
+    let _ = node.child.wait();
     // The collector's minimum age is a number of milliseconds.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])

@@ -377,6 +377,47 @@ pub async fn raise_floor(
     )))
 }
 
+/// [`listing`] with each slot's kind read [`INDEX_READS_CONCURRENT`] at a
+/// time (the floor still read after every slot).
+async fn listing_parallel(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    lane: &LaneId,
+) -> Result<Listing> {
+    let entries =
+        cellfleet_store::list_all(store.as_ref(), &layout.lane_prefix(lane), LANE_KEYS_MAX).await?;
+    let mut keys = entries.into_iter().filter_map(|entry| {
+        layout
+            .parse_segment_key(&entry.key)
+            .filter(|parsed| parsed.lane == *lane)
+            .map(|parsed| (parsed.seq, entry.key))
+    });
+    let mut slots = BTreeMap::new();
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        while set.len() < INDEX_READS_CONCURRENT {
+            let Some((seq, key)) = keys.next() else { break };
+            let store = store.clone();
+            set.spawn(async move { (seq, classify(store.as_ref(), &key).await) });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (seq, kind) =
+            joined.map_err(|e| Error::Bound(format!("a listing task failed: {e}")))?;
+        match kind {
+            Ok(kind) => {
+                slots.insert(seq, kind);
+            }
+            // Collected since the listing: it lies below the floor.
+            Err(Error::Store(error)) if error.is_not_found() => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let floor = read_floor(store.as_ref(), layout, lane).await?;
+    Ok(Listing { floor, slots })
+}
+
 /// Collects the slots `from..to` of `lane` — a live session's own written
 /// prefix, or a sealed lane's counted slots below its seal — when no
 /// record in them is needed by any root: first the floor marker is raised
@@ -414,13 +455,39 @@ pub async fn seal_lane(
     sealer: &Holder,
     now_ms: u64,
 ) -> Result<u64> {
+    let listed = listing(store, layout, lane).await?;
+    Ok(seal_listed(store, layout, lane, listed, sealer, now_ms)
+        .await?
+        .1)
+}
+
+/// [`seal_lane`] from a listing already made; returns the listing as
+/// sealing left it and the seal's slot. Every slot from the floor up to
+/// the seal is a segment in it (the plan walked over them).
+async fn seal_listed(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    listing: Listing,
+    sealer: &Holder,
+    now_ms: u64,
+) -> Result<(Listing, u64)> {
     let Listing {
         floor,
         slots: mut listed,
-    } = listing(store, layout, lane).await?;
+    } = listing;
+    let done = |listed: BTreeMap<u64, Listed>, at: u64| {
+        Ok((
+            Listing {
+                floor,
+                slots: listed,
+            },
+            at,
+        ))
+    };
     for _ in 0..SEAL_ROUNDS_MAX {
         let seq = match seal::plan(floor, &listed) {
-            Plan::Sealed { at } => return Ok(at),
+            Plan::Sealed { at } => return done(listed, at),
             Plan::SealAt(seq) => seq,
         };
         let key = layout.segment_key(lane, seq);
@@ -433,11 +500,17 @@ pub async fn seal_lane(
             sealed_by: sealer.clone(),
         }));
         match store.put(&key, bytes, PutCondition::IfNoneMatch).await {
-            Ok(_) => return Ok(seq),
+            Ok(_) => {
+                listed.insert(seq, Listed::Seal);
+                return done(listed, seq);
+            }
             Err(error) if error.is_precondition_failed() => {
                 let found = classify(store, &key).await?;
                 match seal::after_refused(seq, found) {
-                    AfterRefused::Sealed { at } => return Ok(at),
+                    AfterRefused::Sealed { at } => {
+                        listed.insert(seq, Listed::Seal);
+                        return done(listed, at);
+                    }
                     AfterRefused::PlanAgain => {
                         listed.insert(seq, found);
                     }
@@ -695,8 +768,15 @@ pub async fn index_sealed_lane(
     sealer: &Holder,
     now_ms: u64,
 ) -> Result<SealedIndex> {
-    seal_lane(store.as_ref(), layout, lane, sealer, now_ms).await?;
-    let read = read_lane(store.as_ref(), layout, lane).await?;
+    // One listing (each slot's kind read in parallel), sealed from there:
+    // below the seal every slot of the run is a segment already listed.
+    let listed = listing_parallel(store, layout, lane).await?;
+    let (listed, end) = seal_listed(store.as_ref(), layout, lane, listed, sealer, now_ms).await?;
+    let read = SealedLane {
+        floor: listed.floor,
+        counted: (listed.floor..end).collect(),
+        end,
+    };
     let mut by_cell: std::collections::HashMap<CellId, Vec<Indexed>> =
         std::collections::HashMap::new();
     let mut pending = read.counted.iter().copied();

@@ -17,6 +17,8 @@
 //!
 //! `cargo run --release -p cellfleet-cell --example cell_throughput [commands_per_run] [rounds] [groups] [variants]`
 //! e.g. `... 4096 7 16 cell,sqlite` (groups and variants are comma lists).
+//! `... --once VARIANT GROUP COMMANDS` runs one variant once, untimed, for
+//! counting instructions (`scripts/instructions.sh`).
 
 use std::time::Instant;
 
@@ -229,8 +231,31 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `variant` once over `commands` commands in groups of `group`,
+/// untimed: the unit `scripts/instructions.sh` counts under callgrind.
+fn run_once(variant: Variant, group: usize, commands: usize) {
+    let mut seq = 0u64;
+    match variant {
+        Variant::Cell => drop(engine_run(group, commands, false, &mut seq)),
+        Variant::CellPipelined => drop(engine_run(group, commands, true, &mut seq)),
+        floor => drop(floor_run(floor, group, commands, &mut seq)),
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
+    if std::env::args().nth(1).as_deref() == Some("--once") {
+        // --once VARIANT GROUP COMMANDS
+        let mut once = std::env::args().skip(2);
+        let variant = once
+            .next()
+            .and_then(|v| Variant::parse(&v))
+            .expect("--once VARIANT GROUP COMMANDS: variant sqlite, sqlite+ledger, sqlite+ledger+savepoint, cell or cell-pipelined");
+        let group: usize = once.next().and_then(|g| g.parse().ok()).expect("GROUP");
+        let commands: usize = once.next().and_then(|c| c.parse().ok()).expect("COMMANDS");
+        run_once(variant, group.max(1), commands);
+        return;
+    }
     let commands: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
     let groups: Vec<usize> = args

@@ -3,7 +3,9 @@
 //! A session that ended without draining leaves records in its lanes that
 //! only the log holds, and roots that point there. The node that seals one
 //! of its lanes (a takeover), and a node at start for its own earlier
-//! sessions, runs this one-time job for the whole session:
+//! sessions, runs this one-time job for the whole session, once
+//! `gc.min_age_ms` has passed (the Cells clients use are taken over by
+//! their requests meanwhile, where the router places them):
 //!
 //! 1. every lane of the session is sealed (idempotent; a zombie can write
 //!    nothing that counts afterwards) and read: which Cells have records
@@ -76,6 +78,10 @@ impl Shared {
         }
         let shared = self.clone();
         tokio::spawn(async move {
+            // Cells in use are taken over by their own requests first (and
+            // placed where the router puts them); the flush waits the
+            // minimum age and then takes only what is left.
+            tokio::time::sleep(Duration::from_millis(shared.config.gc.min_age_ms)).await;
             match shared.flush_session(&dead).await {
                 Ok(report) => {
                     shared

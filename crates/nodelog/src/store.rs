@@ -819,33 +819,50 @@ pub async fn index_sealed_lane(
     })
 }
 
-/// The bytes of `records` (from [`SealedIndex::records_of`]), checked.
-/// A slot collected since it was indexed is skipped, as in
-/// [`read_records`].
+/// The bytes of `records` (from [`SealedIndex::records_of`]), checked, in
+/// order; [`INDEX_READS_CONCURRENT`] ranged GETs at a time. A slot
+/// collected since it was indexed is skipped, as in [`read_records`].
 pub async fn read_indexed(
-    store: &dyn ObjectStore,
+    store: &Arc<dyn ObjectStore>,
     layout: &Layout,
     lane: &LaneId,
     records: &[Indexed],
 ) -> Result<Vec<(u64, Entry, Bytes)>> {
-    let mut out = Vec::with_capacity(records.len());
-    for record in records {
-        let key = layout.segment_key(lane, record.seq);
-        let bytes = match store
-            .get_range(&key, record.entry.object_range(record.index_len))
-            .await
-        {
-            Ok(object) => object.body,
-            Err(error)
-                if error.is_not_found() && record.seq < read_floor(store, layout, lane).await? =>
-            {
-                continue;
-            }
-            Err(error) => return Err(error.into()),
+    let mut read: Vec<Option<(u64, Entry, Bytes)>> = vec![None; records.len()];
+    let mut pending = records.iter().cloned().enumerate();
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        while set.len() < INDEX_READS_CONCURRENT {
+            let Some((at, record)) = pending.next() else {
+                break;
+            };
+            let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
+            set.spawn(async move {
+                let key = layout.segment_key(&lane, record.seq);
+                let got = store
+                    .get_range(&key, record.entry.object_range(record.index_len))
+                    .await;
+                let bytes = match got {
+                    Ok(object) => object.body,
+                    Err(error)
+                        if error.is_not_found()
+                            && record.seq < read_floor(store.as_ref(), &layout, &lane).await? =>
+                    {
+                        return Ok((at, None));
+                    }
+                    Err(error) => return Err(Error::from(error)),
+                };
+                segment::check_entry_bytes(&record.entry, &bytes)
+                    .map_err(|source| Error::Corrupt { key, source })?;
+                Ok((at, Some((record.seq, record.entry, bytes))))
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
         };
-        segment::check_entry_bytes(&record.entry, &bytes)
-            .map_err(|source| Error::Corrupt { key, source })?;
-        out.push((record.seq, record.entry.clone(), bytes));
+        let (at, got) =
+            joined.map_err(|e| Error::Bound(format!("a record read task failed: {e}")))??;
+        read[at] = got;
     }
-    Ok(out)
+    Ok(read.into_iter().flatten().collect())
 }

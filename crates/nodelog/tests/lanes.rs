@@ -355,10 +355,9 @@ async fn a_collected_prefix_is_no_gap_for_a_sealer_and_the_floor_only_rises() {
         assert_eq!(cells, expected, "{backend}");
         let from_five = index.records_of(&cell("b"), 5);
         assert_eq!(from_five.len(), 1, "{backend}");
-        let read =
-            cellfleet_nodelog::store::read_indexed(store.as_ref(), &layout, &lane, from_five)
-                .await
-                .unwrap();
+        let read = cellfleet_nodelog::store::read_indexed(&store, &layout, &lane, from_five)
+            .await
+            .unwrap();
         assert_eq!(read[0].2.as_ref(), b"b@5", "{backend}");
     }
 }

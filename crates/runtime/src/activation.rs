@@ -157,7 +157,7 @@ impl Activator {
             Tail::default()
         } else {
             replay::records_past_chain(
-                self.store.as_ref(),
+                &self.store,
                 self.roots.layout(),
                 &self.me,
                 self.log.as_deref(),

@@ -15,6 +15,7 @@
 //! [`check_tail`] (pure) keeps the records past the root's TXID and
 //! refuses a tail that is not contiguous with the chain.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,7 +29,7 @@ use crate::log::NodeLog;
 
 /// The records of `root`'s Cell past its chain, oldest first, checked.
 pub(crate) async fn records_past_chain(
-    store: &dyn ObjectStore,
+    store: &Arc<dyn ObjectStore>,
     layout: &Layout,
     me: &Holder,
     log: Option<&NodeLog>,
@@ -88,10 +89,12 @@ pub(crate) async fn records_past_chain(
             sealed: Some(lane.clone()),
         });
     } else {
-        seal_lane(store, layout, lane, me, now_ms)
+        seal_lane(store.as_ref(), layout, lane, me, now_ms)
             .await
             .map_err(log_error)?;
-        let read = read_lane(store, layout, lane).await.map_err(log_error)?;
+        let read = read_lane(store.as_ref(), layout, lane)
+            .await
+            .map_err(log_error)?;
         let seqs = read
             .counted
             .into_iter()
@@ -99,7 +102,7 @@ pub(crate) async fn records_past_chain(
             .collect();
         (seqs, Some(lane.clone()))
     };
-    let records = read_records(store, layout, lane, &seqs, &root.cell_id)
+    let records = read_records(store.as_ref(), layout, lane, &seqs, &root.cell_id)
         .await
         .map_err(log_error)?;
     let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;

@@ -259,20 +259,14 @@ impl Actor {
         let epoch = self.epoch;
         let cell = self.cell_id.clone();
         self.ckpt = Some(tokio::spawn(async move {
-            let merged = match merge_files(files).await {
-                Ok(file) => file,
-                Err(failure) => {
-                    return CkDone {
-                        result: Err(failure),
-                        covered,
-                        merged: None,
-                        compaction,
-                    }
-                }
-            };
-            let bytes = merged.bytes.clone();
-            let delta = match publisher.upload(&cell, epoch, merged).await {
-                Ok(delta) => delta,
+            let uploaded = async {
+                let merged = merge_files(files).await?;
+                let bytes = merged.bytes.clone();
+                Ok::<_, PublishFailure>((publisher.upload(&cell, epoch, merged).await?, bytes))
+            }
+            .await;
+            let (delta, bytes) = match uploaded {
+                Ok(uploaded) => uploaded,
                 Err(failure) => {
                     return CkDone {
                         result: Err(failure),

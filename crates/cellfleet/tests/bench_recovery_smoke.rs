@@ -46,7 +46,7 @@ fn bench_recovery_recovers_every_cell_of_the_killed_node_exactly() {
         row["from_kill_p50_ms"].as_f64().unwrap() >= row["lease_ms"].as_f64().unwrap() * 0.5,
         "{row}"
     );
-    assert!(stdout.contains("cells/node"), "{stdout}");
+    assert!(stdout.contains("Cells/node"), "{stdout}");
 
     let refused = Command::new(BIN)
         .args(["bench-recovery", "--nodes", "1"])

@@ -161,7 +161,7 @@ pub fn run(args: RecoveryArgs) -> anyhow::Result<ExitCode> {
 
 fn table(rows: &[RecoveryRow]) -> String {
     let mut out = String::from(
-        "cells/node  victim  recovered  load cmds  lease ms  from kill p50/p99/max ms  takeover p50/p99/max ms  replayed  sealed  flushed  exact\n",
+        "Cells/node  victim  recovered  load cmds  lease ms  from kill p50/p99/max ms  takeover p50/p99/max ms  replayed  sealed  flushed  exact\n",
     );
     for r in rows {
         out.push_str(&format!(

@@ -288,6 +288,10 @@ pub fn session_liveness(
             LeaseState::Retired => return Liveness::Dead,
             LeaseState::Live => lease.expires_at_ms.saturating_add(margin_ms),
         }
+    } else if lease.predecessor_live_until_ms == 0 {
+        // The record's predecessors left nothing live (none, or retired):
+        // no margin to wait out for an earlier session.
+        return Liveness::Dead;
     } else {
         lease.predecessor_live_until_ms.saturating_add(margin_ms)
     };
@@ -336,6 +340,29 @@ mod tests {
 
     fn node() -> NodeId {
         NodeId::new("n1").unwrap()
+    }
+
+    /// Found by `takeover_waits_for_expiry_plus_margin`: a session that
+    /// retired and whose node started again at once is dead at any time,
+    /// even within the first margin of the clock (the successor's record
+    /// says no predecessor is live: 0, which once read as live until the
+    /// margin).
+    #[test]
+    fn a_retired_predecessor_is_dead_even_at_time_zero() {
+        let old = SessionId::from_u128(1);
+        let held = acquire_record(None, node(), old, Endpoints::default(), 0, &config());
+        let retired = retirement(&held, 0);
+        let next = acquire_record(
+            Some(&retired),
+            node(),
+            SessionId::from_u128(2),
+            Endpoints::default(),
+            0,
+            &config(),
+        );
+        assert_eq!(next.predecessor_live_until_ms, 0);
+        assert_eq!(session_liveness(Some(&next), old, 0, 500), Liveness::Dead);
+        assert_eq!(session_liveness(Some(&next), old, 499, 500), Liveness::Dead);
     }
 
     #[test]

@@ -823,11 +823,15 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         eprintln!("cellfleet node {}: {note}", file.node_id);
     }
     let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
+    let raised = if open_files_before == open_files {
+        String::new()
+    } else {
+        format!(" (raised from {})", show(open_files_before))
+    };
     eprintln!(
-        "cellfleet node {}: open files {} (raised from {}); cells open at most {} (cells_open_max {}, fds_max {} / {} per cell, memory_bytes_max {} / {} per cell), owned at most {}",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell, memory_bytes_max {} / {} per cell), owned at most {}",
         file.node_id,
         show(open_files),
-        show(open_files_before),
         limits.effective_cells_open_max(),
         limits.cells_open_max,
         limits.fds_max,

@@ -1056,19 +1056,11 @@ impl Actor {
             Ok(root) => self.committed(front, root, done.compaction).await,
             Err(PublishFailure::CommittedThenFenced(reason)) => {
                 self.release_held(front.txid);
-                self.ctx
-                    .metrics
-                    .fences_total
-                    .fetch_add(1, Ordering::Relaxed);
-                self.fail(reason, FailKind::Fenced).await;
+                self.fenced("publication committed, then fenced", reason)
+                    .await;
             }
             Err(PublishFailure::Fenced(reason)) => {
-                self.ctx
-                    .metrics
-                    .fences_total
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, %reason, "publication fenced");
-                self.fail(reason, FailKind::Fenced).await;
+                self.fenced("publication fenced", reason).await;
             }
             Err(PublishFailure::NotCommitted(reason)) => {
                 tracing::warn!(cell = %self.cell_id, %reason, "publication not committed");
@@ -1274,6 +1266,17 @@ impl Actor {
         self.compaction = Some(tokio::spawn(async move {
             Ok((publisher.upload(&cell_id, epoch, file).await?, bytes))
         }));
+    }
+
+    /// Another owner holds the root: counts the fence, says `what`, and
+    /// fails the actor as fenced.
+    async fn fenced(&mut self, what: &'static str, reason: String) {
+        self.ctx
+            .metrics
+            .fences_total
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, %reason, "{what}");
+        self.fail(reason, FailKind::Fenced).await;
     }
 
     /// Ends the actor's work after a failure: every held reply not already

@@ -387,12 +387,7 @@ impl Actor {
                 self.maybe_prepare_compaction().await;
             }
             Err(PublishFailure::Fenced(reason) | PublishFailure::CommittedThenFenced(reason)) => {
-                self.ctx
-                    .metrics
-                    .fences_total
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, %reason, "checkpoint fenced");
-                self.fail(reason, FailKind::Fenced).await;
+                self.fenced("checkpoint fenced", reason).await;
             }
             Err(PublishFailure::NotCommitted(reason)) => {
                 // The records stay in the log (acknowledged and durable);

@@ -138,16 +138,7 @@ async fn a_successor_seals_the_dead_lane_and_replays_its_records() {
         )
         .await;
         let log = AckLog::default();
-        let tasks: Vec<_> = (0..12)
-            .map(|n| {
-                let (a, clock) = (a.clone(), clock_a.clone());
-                tokio::spawn(
-                    async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) },
-                )
-            })
-            .collect();
-        for task in tasks {
-            let (n, result) = task.await.unwrap();
+        for (n, result) in execute_all(&a, &clock_a, KEY, 0..12).await {
             log.ack(n, result.expect("acknowledged").outcome);
         }
         let before = root_of(store.as_ref(), &prefix, KEY).await;
@@ -375,17 +366,8 @@ async fn a_chain_at_its_bound_checkpoints_by_snapshot_and_drains() {
         // are in flight, so the engine is past the root when a compaction
         // is prepared.
         for round in 0..6u64 {
-            let tasks: Vec<_> = (0..16)
-                .map(|i| {
-                    let (a, clock) = (a.clone(), clock.clone());
-                    let n = round * 100 + i;
-                    tokio::spawn(async move {
-                        (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await)
-                    })
-                })
-                .collect();
-            for task in tasks {
-                let (n, result) = task.await.unwrap();
+            let ns = (0..16).map(|i| round * 100 + i);
+            for (n, result) in execute_all(&a, &clock, KEY, ns).await {
                 log.ack(n, result.unwrap().outcome);
             }
         }

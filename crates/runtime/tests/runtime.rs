@@ -353,16 +353,7 @@ async fn drain_on_one_node_then_activation_on_another() {
         )
         .await;
         let log = AckLog::default();
-        let tasks: Vec<_> = (0..24)
-            .map(|n| {
-                let (a, clock) = (a.clone(), clock.clone());
-                tokio::spawn(
-                    async move { (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await) },
-                )
-            })
-            .collect();
-        for task in tasks {
-            let (n, result) = task.await.unwrap();
+        for (n, result) in execute_all(&a, &clock, KEY, 0..24).await {
             log.ack(n, result.expect("no Unknown, no loss").outcome);
         }
         a.execute(KIND, b"other", append(clock.as_ref(), 1000))
@@ -392,17 +383,8 @@ async fn compaction_under_write_load_keeps_the_chain_bounded() {
         let log = AckLog::default();
         let mut longest = 0;
         for round in 0..6u64 {
-            let tasks: Vec<_> = (0..8)
-                .map(|i| {
-                    let (a, clock) = (a.clone(), clock.clone());
-                    let n = round * 100 + i;
-                    tokio::spawn(async move {
-                        (n, a.execute(KIND, KEY, append(clock.as_ref(), n)).await)
-                    })
-                })
-                .collect();
-            for task in tasks {
-                let (n, result) = task.await.unwrap();
+            let ns = (0..8).map(|i| round * 100 + i);
+            for (n, result) in execute_all(&a, &clock, KEY, ns).await {
                 log.ack(n, result.unwrap().outcome);
             }
             // Sequential commands too, so the chain grows one file at a time.

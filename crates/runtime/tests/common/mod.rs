@@ -110,3 +110,27 @@ pub fn lease_expiry() -> Duration {
     let lease = lease_config();
     Duration::from_millis(lease.lease_ms + lease.drift_margin_ms + 1)
 }
+
+/// Sends `append(n)` for every `n` in `ns` to `key` at once (a task each)
+/// and returns each `n` with its result, in the order of `ns`.
+pub async fn execute_all(
+    node: &NodeHandle,
+    clock: &Arc<ManualClock>,
+    key: &'static [u8],
+    ns: impl IntoIterator<Item = u64>,
+) -> Vec<(u64, cellfleet_runtime::Result<cellfleet_runtime::Executed>)> {
+    let tasks: Vec<_> = ns
+        .into_iter()
+        .map(|n| {
+            let (node, clock) = (node.clone(), clock.clone());
+            tokio::spawn(
+                async move { (n, node.execute(KIND, key, append(clock.as_ref(), n)).await) },
+            )
+        })
+        .collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await.expect("execute task"));
+    }
+    results
+}

@@ -10,6 +10,8 @@
 //! operations = ["put", "get"]   # command and query names; "*" = any
 //! raw_sql = false               # may run the "$sql" command ("*" never grants it)
 //! admin = false                 # may call Admin.Drain
+//! stream_token_prefixes = ["/v1/stream/app/"]  # may sign Durable Streams bearer
+//!                               # tokens for paths under these (none: signs no tokens)
 //! ```
 
 use std::collections::HashMap;
@@ -29,6 +31,8 @@ pub const KEY_ID_BYTES_MAX: usize = 128;
 pub const REGISTRY_FILE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// The wildcard in `kinds` and `operations`.
 pub const ANY: &str = "*";
+/// Bound on one `stream_token_prefixes` entry (as a token's prefix).
+pub const STREAM_PREFIX_BYTES_MAX: usize = 1024;
 /// The command name of a raw SQL batch (as `cellfleet_cell::RAW_SQL`).
 pub const RAW_SQL_COMMAND: &str = "$sql";
 
@@ -52,6 +56,10 @@ pub struct KeyEntry {
     /// Whether the key may call admin operations (drain).
     #[serde(default)]
     pub admin: bool,
+    /// Path prefixes of the Durable Streams listener this key may grant in
+    /// bearer tokens (`cellfleet keys token`); none: it signs no tokens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_token_prefixes: Vec<String>,
 }
 
 impl KeyEntry {
@@ -78,6 +86,7 @@ impl KeyEntry {
             operations,
             raw_sql: false,
             admin: false,
+            stream_token_prefixes: Vec::new(),
         }
     }
 }
@@ -176,6 +185,12 @@ impl RegisteredKey {
     }
 }
 
+fn valid_stream_prefix(prefix: &str) -> bool {
+    prefix.starts_with('/')
+        && prefix.len() <= STREAM_PREFIX_BYTES_MAX
+        && !prefix.chars().any(|c| c.is_control() || c == ' ')
+}
+
 /// Key id → key and grants.
 #[derive(Clone, Debug, Default)]
 pub struct KeyRegistry {
@@ -235,6 +250,17 @@ impl KeyRegistry {
             }
             let public_key = parse_public_key(&entry.public_key)
                 .map_err(|e| RegistryError(format!("key {:?}: {e}", entry.id)))?;
+            if let Some(bad) = entry
+                .stream_token_prefixes
+                .iter()
+                .find(|p| !valid_stream_prefix(p))
+            {
+                return Err(RegistryError(format!(
+                    "key {:?}: stream_token_prefixes entry {bad:?} must start with '/', \
+                     be at most {STREAM_PREFIX_BYTES_MAX} bytes and have no spaces or control characters",
+                    entry.id
+                )));
+            }
             let id = entry.id.clone();
             if keys
                 .insert(id.clone(), RegisteredKey { entry, public_key })
@@ -358,5 +384,14 @@ mod tests {
             KeyRegistry::from_toml_str("[[keys]]\nid=\"\"\npublic_key=\"\"\nextra=1\n").is_err()
         );
         assert_eq!(KeyRegistry::from_toml_str("").expect("empty").len(), 0);
+        let mut tokens = entry.clone();
+        tokens.stream_token_prefixes = vec!["/v1/stream/app/".into()];
+        let loaded = KeyRegistry::from_toml_str(&tokens.to_toml()).expect("prefixes");
+        assert_eq!(loaded.get("a").unwrap().entry, tokens);
+        tokens.stream_token_prefixes = vec!["v1/stream/".into()];
+        assert!(KeyRegistry::from_toml_str(&tokens.to_toml())
+            .unwrap_err()
+            .0
+            .contains("stream_token_prefixes"));
     }
 }

@@ -314,6 +314,50 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// A server configuration for a listener that browsers and plain HTTP
+/// clients reach (Durable Streams): `chain` and `key` (the node's
+/// certificate, or one for a public name), no client certificates (requests
+/// carry bearer tokens instead); ALPN `h2` and `http/1.1`.
+pub fn public_server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ServerConfig>, CertError> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CertError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| CertError::Tls(format!("server certificate: {e}")))?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Reads a certificate chain (end entity first) and its private key from
+/// PEM files, without a CA (a certificate for a public name).
+pub fn load_chain(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), CertError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| CertError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let chain = CertificateDer::pem_slice_iter(&read(cert)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CertError::Certificate(format!("{}: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(CertError::Certificate(format!(
+            "{}: no certificate",
+            cert.display()
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .map_err(|e| CertError::Certificate(format!("{}: {e}", key.display())))?;
+    Ok((chain, key))
+}
+
 /// A client configuration: presents the identity's certificate and accepts
 /// only servers with a node certificate chained to the cluster CA; ALPN `h2`.
 pub fn client_config(identity: &TlsIdentity) -> Result<Arc<ClientConfig>, CertError> {
@@ -384,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn configs_build_for_both_listeners() {
+    fn configs_build_for_both_listeners_and_the_public_one() {
         let ca = ClusterCa::generate("t").expect("ca");
         let node = identity(&ca, &Role::Node("n1".into()));
         for listener in [Listener::Client, Listener::Peer] {
@@ -393,5 +437,11 @@ mod tests {
         }
         client_config(&node).expect("client config");
         assert!(TlsIdentity::from_pem("", "", "").is_err());
+        let public =
+            public_server_config(node.chain.clone(), node.key.clone_key()).expect("public");
+        assert_eq!(
+            public.alpn_protocols,
+            vec![ALPN_H2.to_vec(), b"http/1.1".to_vec()]
+        );
     }
 }

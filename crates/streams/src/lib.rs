@@ -13,6 +13,7 @@
 // once per request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod auth;
 pub mod backend;
 pub mod kind;
 pub mod notify;
@@ -21,8 +22,10 @@ pub mod server;
 pub mod settle;
 pub mod subscription_kind;
 pub mod subscriptions;
+pub mod token;
 pub mod webhook;
 
+pub use auth::StreamsAuth;
 pub use backend::{BackendError, BackendFuture, LocalBackend, StreamBackend, ROUTED_KINDS};
 pub use kind::{StreamKind, STREAM_KIND};
 pub use server::{Streams, StreamsConfig};

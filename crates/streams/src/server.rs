@@ -25,6 +25,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::auth::{self, StreamsAuth};
 use crate::backend::{BackendError, LocalBackend, StreamBackend};
 use crate::kind::{
     Lineage, Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
@@ -59,6 +60,11 @@ pub struct StreamsConfig {
     pub sse_max: usize,
     /// Whether subscription webhooks may target loopback addresses (dev and tests only).
     pub allow_loopback_webhooks: bool,
+    /// Who may do what ([`StreamsAuth::Anonymous`] unless set; a node
+    /// requires tokens unless its TOML says `streams_auth = "none"`).
+    pub auth: StreamsAuth,
+    /// TLS for the listener (ALPN `h2` and `http/1.1`); plain HTTP when absent.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for StreamsConfig {
@@ -71,6 +77,8 @@ impl Default for StreamsConfig {
             long_polls_max: 10_000,
             sse_max: 10_000,
             allow_loopback_webhooks: false,
+            auth: StreamsAuth::Anonymous,
+            tls: None,
         }
     }
 }
@@ -102,6 +110,21 @@ impl LiveLimits {
     }
 }
 
+/// Longest a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// A request without a valid token (401) or not granted (403).
+fn refused(refusal: auth::Refusal) -> Response<Body> {
+    tracing::debug!(?refusal, "streams request refused");
+    let mut response = error(refusal.status(), &refusal.message());
+    set(
+        response.headers_mut(),
+        "www-authenticate",
+        refusal.challenge(),
+    );
+    response
+}
+
 /// A live read past its bound: 503, try again in a second.
 fn too_many(what: &str) -> Response<Body> {
     let mut response = error(
@@ -114,7 +137,7 @@ fn too_many(what: &str) -> Response<Body> {
 
 const EXPOSED: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
     Stream-TTL, Stream-Expires-At, Stream-Sse-Data-Encoding, Producer-Epoch, Producer-Seq, \
-    Producer-Expected-Seq, Producer-Received-Seq, ETag, Location, Content-Type";
+    Producer-Expected-Seq, Producer-Received-Seq, ETag, Location, Content-Type, WWW-Authenticate";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -301,9 +324,11 @@ impl Streams {
         }
     }
 
-    /// Serves `listener` until `shutdown` turns true.
+    /// Serves `listener` until `shutdown` turns true: HTTP/1.1, and
+    /// HTTP/2 (by ALPN over TLS, by prior knowledge over plain TCP).
     pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
         let permits = Arc::new(Semaphore::new(self.config.connections_max.max(1)));
+        let tls = self.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         subscriptions::start(&self, shutdown.clone());
         loop {
             let accepted = tokio::select! {
@@ -315,20 +340,37 @@ impl Streams {
                 continue;
             };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
-                tokio::spawn(refuse(stream));
+                if tls.is_none() {
+                    tokio::spawn(refuse(stream));
+                }
                 continue;
             };
             let service = self.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let _permit = permit;
-                let io = hyper_util::rt::TokioIo::new(stream);
                 let handler = hyper::service::service_fn(move |request| {
                     let service = service.clone();
                     async move { Ok::<_, Infallible>(service.handle(request).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, handler)
-                    .await;
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                match tls {
+                    None => {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.serve_connection(io, handler).await;
+                    }
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
+                        let Ok(Ok(stream)) = handshake.await else {
+                            return;
+                        };
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.serve_connection(io, handler).await;
+                    }
+                }
             });
         }
     }
@@ -336,7 +378,51 @@ impl Streams {
     /// Answers one request.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let method = request.method().clone();
-        let mut response = match method {
+        let decided = auth::authorize(
+            &self.config.auth,
+            &method,
+            request.uri().path(),
+            header(&request, "authorization"),
+            request.uri().query(),
+            now_ms(),
+        );
+        let head = method == Method::HEAD;
+        let mut response = match decided {
+            Err(refusal) => refused(refusal),
+            Ok(_) => self.route(method, request).await,
+        };
+        if head {
+            // A HEAD answer has the GET answer's headers and no body. HTTP/1.1
+            // drops the body on the wire; HTTP/2 would send it (and clients
+            // reset the stream), so it goes here, keeping its length.
+            use hyper::body::Body as _;
+            if let Some(length) = response.body().size_hint().exact() {
+                if length > 0 && !response.headers().contains_key("content-length") {
+                    set(response.headers_mut(), "content-length", length.to_string());
+                }
+            }
+            *response.body_mut() = full(Bytes::new());
+        }
+        let headers = response.headers_mut();
+        set(headers, "x-content-type-options", "nosniff");
+        set(headers, "cross-origin-resource-policy", "cross-origin");
+        set(headers, "access-control-allow-origin", "*");
+        set(
+            headers,
+            "access-control-allow-methods",
+            "GET, POST, PUT, DELETE, HEAD, OPTIONS",
+        );
+        // "*" does not cover Authorization (Fetch standard): it is named.
+        set(headers, "access-control-allow-headers", "*, Authorization");
+        set(headers, "access-control-expose-headers", EXPOSED);
+        if !headers.contains_key("cache-control") {
+            set(headers, "cache-control", "no-store");
+        }
+        response
+    }
+
+    async fn route(&self, method: Method, request: Request<Incoming>) -> Response<Body> {
+        match method {
             _ if subscriptions::is_control_path(request.uri().path()) => {
                 subscriptions::handle(self, request).await
             }
@@ -347,22 +433,7 @@ impl Streams {
             Method::HEAD => self.head(request).await,
             Method::DELETE => self.delete(request).await,
             _ => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
-        };
-        let headers = response.headers_mut();
-        set(headers, "x-content-type-options", "nosniff");
-        set(headers, "cross-origin-resource-policy", "cross-origin");
-        set(headers, "access-control-allow-origin", "*");
-        set(
-            headers,
-            "access-control-allow-methods",
-            "GET, POST, PUT, DELETE, HEAD, OPTIONS",
-        );
-        set(headers, "access-control-allow-headers", "*");
-        set(headers, "access-control-expose-headers", EXPOSED);
-        if !headers.contains_key("cache-control") {
-            set(headers, "cache-control", "no-store");
         }
-        response
     }
 
     async fn execute(

@@ -56,6 +56,42 @@ pub struct ClientFile {
     pub window_ms: u64,
 }
 
+impl ClientFile {
+    /// Reads a client config; its relative paths become relative to its directory.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "cannot read the client config {}; start a local cluster with `cellfleet dev`, \
+                 or pass --config / set CELLFLEET_CONFIG",
+                path.display()
+            )
+        })?;
+        let mut file: ClientFile =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [
+            &mut file.ca,
+            &mut file.cert,
+            &mut file.key,
+            &mut file.signing_key,
+        ] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        Ok(file)
+    }
+}
+
+/// The client config a command uses: `--config`, else `$CELLFLEET_CONFIG`,
+/// else `./.cellfleet-dev/client.toml`.
+pub fn client_config_path(explicit: Option<&Path>) -> PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CELLFLEET_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CLIENT_CONFIG))
+}
+
 fn default_window_ms() -> u64 {
     60_000
 }
@@ -179,11 +215,7 @@ pub struct DrainArgs {
 }
 
 fn config_path(common: &Common) -> PathBuf {
-    common
-        .config
-        .clone()
-        .or_else(|| std::env::var_os("CELLFLEET_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CLIENT_CONFIG))
+    client_config_path(common.config.as_deref())
 }
 
 struct Client {
@@ -195,26 +227,7 @@ struct Client {
 impl Client {
     fn load(common: &Common) -> anyhow::Result<Self> {
         let path = config_path(common);
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "cannot read the client config {}; start a local cluster with `cellfleet dev`, \
-                 or pass --config / set CELLFLEET_CONFIG",
-                path.display()
-            )
-        })?;
-        let mut file: ClientFile =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        for p in [
-            &mut file.ca,
-            &mut file.cert,
-            &mut file.key,
-            &mut file.signing_key,
-        ] {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        }
+        let mut file = ClientFile::read(&path)?;
         if let Some(node) = &common.node {
             file.endpoints = vec![node.clone()];
         }

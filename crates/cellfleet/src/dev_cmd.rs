@@ -84,6 +84,12 @@ pub struct DevArgs {
     /// Write the files and exit without starting nodes.
     #[arg(long)]
     pub(crate) no_start: bool,
+    /// Serve Durable Streams as `cellfleet node` does by default: HTTPS
+    /// with the node certificates (trust DIR/certs/ca.pem) and bearer
+    /// tokens required (`cellfleet keys token`). Without it, a dev cluster
+    /// serves them in plain HTTP to anyone on loopback.
+    #[arg(long)]
+    pub(crate) streams_secure: bool,
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -130,8 +136,10 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
         );
         entry.raw_sql = true;
         entry.admin = true;
+        entry.stream_token_prefixes = vec!["/".into()];
         write(&registry_path, &entry.to_toml())?;
     }
+    grant_dev_stream_tokens(&registry_path)?;
     KeyRegistry::load(&registry_path)?;
     let kinds_path = dir.join("kinds.toml");
     if !kinds_path.exists() {
@@ -175,6 +183,10 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 streams_long_poll_ms: None,
                 // Webhook receivers of a dev machine listen on loopback.
                 streams_allow_loopback_webhooks: Some(true),
+                streams_tls: (!args.streams_secure).then(|| "none".into()),
+                streams_cert: None,
+                streams_key: None,
+                streams_auth: (!args.streams_secure).then(|| "none".into()),
             },
             store: store.clone(),
             tls: TlsFile {
@@ -215,6 +227,34 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     };
     write(&dir.join("client.toml"), &toml::to_string(&client)?)?;
     Ok(configs)
+}
+
+/// Gives the `dev` key of a registry written before stream tokens existed
+/// the right to sign them (`stream_token_prefixes = ["/"]`); other keys
+/// and a `dev` entry that already says something are left as they are.
+fn grant_dev_stream_tokens(path: &Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut file: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let Some(toml::Value::Array(keys)) = file.get_mut("keys") else {
+        return Ok(());
+    };
+    let dev = keys
+        .iter_mut()
+        .filter_map(toml::Value::as_table_mut)
+        .find(|entry| {
+            entry.get("id").and_then(toml::Value::as_str) == Some("dev")
+                && !entry.contains_key("stream_token_prefixes")
+        });
+    if let Some(entry) = dev {
+        entry.insert(
+            "stream_token_prefixes".into(),
+            toml::Value::Array(vec!["/".into()]),
+        );
+        write(path, &toml::to_string(&file)?)?;
+    }
+    Ok(())
 }
 
 /// Asks `child` to drain (SIGTERM, through `kill`: no libc in this crate).
@@ -330,8 +370,20 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     } else {
         format!("export CELLFLEET_CONFIG={}\n  ", client_config.display())
     };
+    let streams = if args.streams_secure {
+        format!(
+            "Durable Streams: https://127.0.0.1:{}.. (trust {}; tokens: `cellfleet keys token --prefix /v1/stream/ --ops read,append,create`)",
+            usize::from(args.port_base) + 301,
+            args.data.join("certs/ca.pem").display()
+        )
+    } else {
+        format!(
+            "Durable Streams: http://127.0.0.1:{}.. in plain HTTP, open to anyone on this machine (dev; --streams-secure for HTTPS and tokens)",
+            usize::from(args.port_base) + 301
+        )
+    };
     println!(
-        "\ncluster ready: {} nodes; client config {}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
+        "\ncluster ready: {} nodes; client config {}\n{streams}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
         children.len(),
         client_config.display(),
         args.lease_ms,

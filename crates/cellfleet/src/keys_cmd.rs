@@ -1,4 +1,4 @@
-//! `cellfleet keys`: create Ed25519 signing keys for clients and their key-registry entries.
+//! `cellfleet keys`: create Ed25519 signing keys for clients and their key-registry entries, and mint Durable Streams bearer tokens with them.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use cellfleet_router::registry::{KeyEntry, KeyRegistry};
-use cellfleet_router::signing::{generate_signing_key, write_signing_key};
+use cellfleet_router::signing::{generate_signing_key, read_signing_key, write_signing_key};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -15,6 +15,40 @@ pub enum KeysCommand {
     /// Create a signing key: writes the private key (PKCS#8 PEM, mode 0600)
     /// and prints the registry entry, or appends it to a registry file.
     New(NewArgs),
+    /// Mint a bearer token for the Durable Streams listener, signed with a
+    /// registry key (by default the client config's signing key). Prints
+    /// the token alone, for `Authorization: Bearer <token>`.
+    Token(TokenArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// A path prefix the token grants (repeatable), e.g. /v1/stream/app/.
+    /// The signing key's registry entry must allow it (stream_token_prefixes).
+    #[arg(long = "prefix", required = true)]
+    prefixes: Vec<String>,
+    /// Operations, comma-separated: read, append, create, delete, subscribe.
+    #[arg(long = "ops", value_delimiter = ',', required = true)]
+    operations: Vec<String>,
+    /// Lifetime: a number with s, m, h or d (at most 400d).
+    #[arg(long, default_value = "1h")]
+    ttl: String,
+    /// A label carried in the token (`sub`), for logs.
+    #[arg(long)]
+    sub: Option<String>,
+    /// Client config whose signing_key and key_id sign (default:
+    /// $CELLFLEET_CONFIG, else ./.cellfleet-dev/client.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Sign with this private key (PKCS#8 PEM) instead of the client config's; needs --key-id.
+    #[arg(long, requires = "key_id")]
+    key: Option<PathBuf>,
+    /// The registry key id of --key.
+    #[arg(long, requires = "key")]
+    key_id: Option<String>,
+    /// Print JSON (token, key_id, expires_at, prefixes, ops) instead of the token alone.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -33,6 +67,10 @@ pub struct NewArgs {
     /// Allow admin operations (drain).
     #[arg(long)]
     admin: bool,
+    /// Path prefixes this key may grant in Durable Streams bearer tokens
+    /// (`cellfleet keys token`), comma-separated, e.g. /v1/stream/app/.
+    #[arg(long, value_delimiter = ',')]
+    stream_token_prefixes: Vec<String>,
     /// Where to write the private key (default: ./NAME.ed25519.pem). Never overwritten.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -54,7 +92,83 @@ struct Created<'a> {
 pub fn run(command: KeysCommand) -> anyhow::Result<ExitCode> {
     match command {
         KeysCommand::New(args) => new_key(&args),
+        KeysCommand::Token(args) => token(&args),
     }
+}
+
+/// Parses a lifetime such as `90s`, `15m`, `1h` or `30d` into seconds.
+fn parse_ttl(text: &str) -> anyhow::Result<i64> {
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => bail!("--ttl {text:?}: give a number with s, m, h or d (e.g. 1h)"),
+    };
+    let n: i64 = digits
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .with_context(|| format!("--ttl {text:?}: give a positive number with s, m, h or d"))?;
+    n.checked_mul(scale)
+        .filter(|s| *s <= cellfleet_streams::token::LIFETIME_S_MAX)
+        .with_context(|| format!("--ttl {text:?} is over the longest lifetime, 400d"))
+}
+
+fn token(args: &TokenArgs) -> anyhow::Result<ExitCode> {
+    use cellfleet_streams::token::{self, Claims, Op};
+    let ops = args
+        .operations
+        .iter()
+        .map(|name| {
+            Op::parse(name).with_context(|| {
+                format!("--ops: {name:?} is not an operation; use read, append, create, delete or subscribe")
+            })
+        })
+        .collect::<anyhow::Result<Vec<Op>>>()?;
+    let ttl = parse_ttl(&args.ttl)?;
+    let (signing, key_id) = match (&args.key, &args.key_id) {
+        (Some(path), Some(id)) => (
+            read_signing_key(path).with_context(|| format!("signing key {}", path.display()))?,
+            id.clone(),
+        ),
+        _ => {
+            let path = crate::client_cmd::client_config_path(args.config.as_deref());
+            let file = crate::client_cmd::ClientFile::read(&path)?;
+            let key = read_signing_key(&file.signing_key)
+                .with_context(|| format!("signing key {}", file.signing_key.display()))?;
+            (key, file.key_id)
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_secs();
+    let iat = i64::try_from(now).context("the clock is out of range")?;
+    let claims = Claims {
+        iat,
+        exp: iat + ttl,
+        nbf: None,
+        sub: args.sub.clone(),
+        prefixes: args.prefixes.clone(),
+        ops,
+    };
+    let minted = token::mint(&signing, &key_id, &claims).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if args.json {
+        let out = serde_json::json!({
+            "token": minted,
+            "key_id": key_id,
+            "issued_at": claims.iat,
+            "expires_at": claims.exp,
+            "prefixes": claims.prefixes,
+            "ops": claims.ops,
+        });
+        println!("{out}");
+    } else {
+        println!("{minted}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn new_key(args: &NewArgs) -> anyhow::Result<ExitCode> {
@@ -77,6 +191,7 @@ fn new_key(args: &NewArgs) -> anyhow::Result<ExitCode> {
     );
     entry.raw_sql = args.raw_sql;
     entry.admin = args.admin;
+    entry.stream_token_prefixes = args.stream_token_prefixes.clone();
     // Validate the entry exactly as a node will before writing anything.
     KeyRegistry::from_entries(vec![entry.clone()])?;
     let out = args
@@ -121,7 +236,9 @@ fn new_key(args: &NewArgs) -> anyhow::Result<ExitCode> {
             entry.to_toml()
         ),
     }
-    if entry.kinds.is_empty() || (entry.operations.is_empty() && !entry.raw_sql) {
+    if (entry.kinds.is_empty() || (entry.operations.is_empty() && !entry.raw_sql))
+        && entry.stream_token_prefixes.is_empty()
+    {
         println!("note: this key grants nothing until --kinds and --ops (or --raw-sql) are given");
     }
     Ok(ExitCode::SUCCESS)

@@ -13,6 +13,11 @@
 //! http = "127.0.0.1:7201"    # /metrics /healthz /readyz
 //! streams = "127.0.0.1:7301" # optional: Durable Streams HTTP (streams_long_poll_ms = 500)
 //! streams_allow_loopback_webhooks = false  # subscription webhooks to loopback (dev only)
+//! streams_tls = "node"       # "node": HTTPS with [tls] cert (default); "none": plain HTTP
+//! streams_cert = "public.pem"  # optional, with streams_key: HTTPS with a certificate for a
+//! streams_key = "public.key"   #  public name instead of the node's
+//! streams_auth = "token"     # "token": bearer tokens required (default); "none": anyone
+//!                            #  who reaches the port may read, append and delete (dev only)
 //! advertise_host = "127.0.0.1"  # optional: the host others dial (default: the listen host)
 //!
 //! [store]                    # type = "local" (dir) or "s3" (bucket, endpoint, region,
@@ -64,6 +69,7 @@
 //! Environment overrides: `CELLFLEET_NODE_ID`, `CELLFLEET_DATA_DIR`,
 //! `CELLFLEET_PREFIX`, `CELLFLEET_LISTEN_CLIENT`, `CELLFLEET_LISTEN_PEER`,
 //! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_LISTEN_STREAMS` (empty: off),
+//! `CELLFLEET_STREAMS_TLS` (`node` or `none`), `CELLFLEET_STREAMS_AUTH` (`token` or `none`),
 //! `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
 //! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
@@ -141,6 +147,63 @@ pub struct ListenFile {
     /// Whether subscription webhooks may go to loopback addresses (dev only; default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams_allow_loopback_webhooks: Option<bool>,
+    /// TLS of the streams listener: "node" (default) or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_tls: Option<String>,
+    /// A certificate (chain, PEM) for the streams listener instead of the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_cert: Option<PathBuf>,
+    /// The private key (PEM) of `streams_cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_key: Option<PathBuf>,
+    /// Authorization of the streams listener: "token" (default) or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_auth: Option<String>,
+}
+
+/// How the streams listener is secured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamsTls {
+    /// Plain HTTP.
+    None,
+    /// HTTPS with the node's certificate.
+    Node,
+    /// HTTPS with this certificate and key.
+    Files { cert: PathBuf, key: PathBuf },
+}
+
+impl ListenFile {
+    /// The streams listener's TLS, from `streams_tls`, `streams_cert` and `streams_key`.
+    pub fn streams_tls(&self) -> anyhow::Result<StreamsTls> {
+        let files = match (&self.streams_cert, &self.streams_key) {
+            (Some(cert), Some(key)) => Some(StreamsTls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => None,
+            _ => bail!(
+                "listen.streams_cert and listen.streams_key go together: give both or neither"
+            ),
+        };
+        match (self.streams_tls.as_deref(), files) {
+            (None | Some("node"), None) => Ok(StreamsTls::Node),
+            (None, Some(files)) => Ok(files),
+            (Some("none"), None) => Ok(StreamsTls::None),
+            (Some(tls @ ("node" | "none")), Some(_)) => bail!(
+                "listen.streams_tls = {tls:?} conflicts with listen.streams_cert: drop one of them"
+            ),
+            (Some(other), _) => bail!("listen.streams_tls = {other:?}: use \"node\" or \"none\""),
+        }
+    }
+
+    /// Whether the streams listener requires bearer tokens (`streams_auth`).
+    pub fn streams_tokens(&self) -> anyhow::Result<bool> {
+        match self.streams_auth.as_deref() {
+            None | Some("token") => Ok(true),
+            Some("none") => Ok(false),
+            Some(other) => bail!("listen.streams_auth = {other:?}: use \"token\" or \"none\""),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -457,6 +520,12 @@ impl NodeFile {
         if let Ok(v) = std::env::var("CELLFLEET_LISTEN_STREAMS") {
             self.listen.streams = (!v.is_empty()).then_some(v);
         }
+        if let Some(v) = env("CELLFLEET_STREAMS_TLS") {
+            self.listen.streams_tls = Some(v);
+        }
+        if let Some(v) = env("CELLFLEET_STREAMS_AUTH") {
+            self.listen.streams_auth = Some(v);
+        }
         if let Some(v) = env("CELLFLEET_DATA_DIR") {
             self.data_dir = v.into();
         }
@@ -528,6 +597,12 @@ impl NodeFile {
         join(&mut self.tls.cert);
         join(&mut self.tls.key);
         join(&mut self.keys.registry);
+        for path in [&mut self.listen.streams_cert, &mut self.listen.streams_key]
+            .into_iter()
+            .flatten()
+        {
+            join(path);
+        }
         if let Some(manifest) = &mut self.kinds.manifest {
             join(manifest);
         }
@@ -567,6 +642,14 @@ impl NodeFile {
             bail!("envelope.max_window_ms must be positive");
         }
         self.limits.validate()?;
+        if let StreamsTls::Files { cert, key } = self.listen.streams_tls()? {
+            for (name, path) in [("listen.streams_cert", cert), ("listen.streams_key", key)] {
+                if !path.is_file() {
+                    bail!("{name} = {} does not exist", path.display());
+                }
+            }
+        }
+        self.listen.streams_tokens()?;
         self.publication.mode()?;
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
@@ -866,7 +949,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         max_window_ms: file.envelope.max_window_ms,
         ..EnvelopePolicy::default()
     };
-    let verifier = Verifier::new(registry, policy, clock.clone());
+    let verifier = Verifier::new(registry.clone(), policy, clock.clone());
     let peer_tls = tls::client_config(&identity)?;
     let router = Arc::new(
         Router::new(node.clone(), verifier, roots, leases, clock, peer_tls)
@@ -891,10 +974,48 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         }
         config.allow_loopback_webhooks =
             file.listen.streams_allow_loopback_webhooks.unwrap_or(false);
+        let address = listener.local_addr()?;
+        let scheme = match file.listen.streams_tls()? {
+            StreamsTls::None => {
+                eprintln!(
+                    "cellfleet node {}: warning: the streams listener {address} is plain HTTP \
+                     (listen.streams_tls = \"none\"); tokens and data cross the network unencrypted",
+                    file.node_id
+                );
+                "http"
+            }
+            StreamsTls::Node => {
+                config.tls = Some(
+                    tls::public_server_config(identity.chain.clone(), identity.key.clone_key())
+                        .context("streams listener certificate")?,
+                );
+                "https"
+            }
+            StreamsTls::Files { cert, key } => {
+                let (chain, key) =
+                    tls::load_chain(&cert, &key).context("listen.streams_cert/streams_key")?;
+                config.tls = Some(
+                    tls::public_server_config(chain, key)
+                        .context("listen.streams_cert/streams_key")?,
+                );
+                "https"
+            }
+        };
+        if file.listen.streams_tokens()? {
+            config.auth = cellfleet_streams::StreamsAuth::Tokens {
+                keys: Arc::new(crate::stream_route::RegistryTokens::new(registry.clone())),
+                skew_ms: i64::try_from(file.envelope.skew_ms).unwrap_or(i64::MAX),
+            };
+        } else {
+            eprintln!(
+                "cellfleet node {}: warning: streams_auth = \"none\": anyone who reaches {address} \
+                 may read, append to, create and delete every stream (local development only)",
+                file.node_id
+            );
+        }
         println!(
-            "cellfleet node {} streams=http://{}",
+            "cellfleet node {} streams={scheme}://{address}",
             file.node_id,
-            listener.local_addr()?
         );
         // Requests for streams owned elsewhere are routed to their owner.
         let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));

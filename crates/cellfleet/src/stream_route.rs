@@ -177,3 +177,27 @@ mod tests {
         assert!(matches!(transport, BackendError::Unavailable { .. }));
     }
 }
+
+/// The node's key registry as the streams listener's token keys: a key
+/// signs tokens for the prefixes in its entry's `stream_token_prefixes`.
+#[derive(Clone, Debug)]
+pub struct RegistryTokens {
+    registry: Arc<cellfleet_router::registry::KeyRegistry>,
+}
+
+impl RegistryTokens {
+    /// The token keys of `registry`.
+    pub fn new(registry: Arc<cellfleet_router::registry::KeyRegistry>) -> Self {
+        RegistryTokens { registry }
+    }
+}
+
+impl cellfleet_streams::token::TokenKeys for RegistryTokens {
+    fn token_key(&self, key_id: &str) -> Option<cellfleet_streams::token::TokenKey> {
+        let key = self.registry.get(key_id).ok()?;
+        Some(cellfleet_streams::token::TokenKey {
+            public_key: key.public_key,
+            prefixes: key.entry.stream_token_prefixes.clone(),
+        })
+    }
+}

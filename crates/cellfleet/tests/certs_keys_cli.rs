@@ -198,3 +198,164 @@ fn keys_new_writes_a_private_key_and_a_registry_entry_a_node_accepts() {
     assert!(text.contains("[[keys]]\nid = \"solo\""), "{text}");
     assert!(text.contains("grants nothing"), "{text}");
 }
+
+/// `keys new --stream-token-prefixes` writes the grant a node reads, and
+/// `keys token` mints a token that key's registry entry verifies: the
+/// token alone on stdout (or JSON), clear refusals with a non-zero exit.
+#[test]
+fn keys_token_mints_what_the_registry_verifies() {
+    use cellfleet_streams::token::{self, Op, TokenKey, TokenKeys};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let registry_path = dir.path().join("keys.toml");
+    let registry_arg = registry_path.to_str().expect("utf-8");
+    let created = ok_json(cellfleet(
+        &[
+            "keys",
+            "new",
+            "minter",
+            "--stream-token-prefixes",
+            "/v1/stream/app/,/v1/stream/shared/",
+            "--registry",
+            registry_arg,
+            "--json",
+        ],
+        dir.path(),
+    ));
+    assert_eq!(
+        created["entry"]["stream_token_prefixes"],
+        serde_json::json!(["/v1/stream/app/", "/v1/stream/shared/"])
+    );
+    let registry = KeyRegistry::load(&registry_path).expect("the registry loads");
+    assert_eq!(
+        registry.get("minter").unwrap().entry.stream_token_prefixes,
+        ["/v1/stream/app/", "/v1/stream/shared/"]
+    );
+
+    #[derive(Debug)]
+    struct Registry(KeyRegistry);
+    impl TokenKeys for Registry {
+        fn token_key(&self, id: &str) -> Option<TokenKey> {
+            let key = self.0.get(id).ok()?;
+            Some(TokenKey {
+                public_key: key.public_key,
+                prefixes: key.entry.stream_token_prefixes.clone(),
+            })
+        }
+    }
+    let keys = Registry(registry);
+    let mint = |extra: &[&str]| {
+        let mut args = vec![
+            "keys",
+            "token",
+            "--key",
+            "minter.ed25519.pem",
+            "--key-id",
+            "minter",
+        ];
+        args.extend_from_slice(extra);
+        cellfleet(&args, dir.path())
+    };
+    let out = mint(&[
+        "--prefix",
+        "/v1/stream/app/rooms/",
+        "--ops",
+        "read,append",
+        "--ttl",
+        "15m",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(text.lines().count(), 1, "the token alone: {text:?}");
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let grant = token::verify(text.trim(), &keys, now_ms, 0).expect("verifies");
+    assert!(grant
+        .allows("/v1/stream/app/rooms/lobby", Op::Append)
+        .is_ok());
+    assert!(grant
+        .allows("/v1/stream/app/rooms/lobby", Op::Delete)
+        .is_err());
+    assert!(grant.exp - now_ms / 1000 <= 15 * 60 && grant.exp - now_ms / 1000 >= 15 * 60 - 5);
+    // Past its lifetime it is refused.
+    assert!(matches!(
+        token::verify(text.trim(), &keys, now_ms + 16 * 60_000, 0),
+        Err(token::TokenError::Expired { .. })
+    ));
+
+    let json = ok_json(mint(&[
+        "--prefix",
+        "/v1/stream/shared/",
+        "--ops",
+        "subscribe",
+        "--sub",
+        "worker-1",
+        "--json",
+    ]));
+    assert_eq!(json["key_id"], "minter");
+    assert_eq!(json["ops"], serde_json::json!(["subscribe"]));
+    let grant = token::verify(json["token"].as_str().unwrap(), &keys, now_ms, 0).unwrap();
+    assert_eq!(grant.subject.as_deref(), Some("worker-1"));
+
+    // A prefix outside the key's grant mints (the key file cannot know
+    // the registry) but never verifies.
+    let wide = mint(&["--prefix", "/v1/stream/", "--ops", "read"]);
+    assert!(wide.status.success());
+    assert!(matches!(
+        token::verify(
+            String::from_utf8_lossy(&wide.stdout).trim(),
+            &keys,
+            now_ms,
+            0
+        ),
+        Err(token::TokenError::KeyMayNotGrant { .. })
+    ));
+
+    for (args, says) in [
+        (
+            vec!["--prefix", "/a/", "--ops", "write"],
+            "not an operation",
+        ),
+        (
+            vec!["--prefix", "/a/", "--ops", "read", "--ttl", "5y"],
+            "s, m, h or d",
+        ),
+        (
+            vec!["--prefix", "/a/", "--ops", "read", "--ttl", "401d"],
+            "400d",
+        ),
+        (
+            vec!["--prefix", "a/", "--ops", "read"],
+            "must start with '/'",
+        ),
+    ] {
+        let out = mint(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} minted");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed a token");
+    }
+    let no_config = cellfleet(
+        &[
+            "keys",
+            "token",
+            "--prefix",
+            "/a/",
+            "--ops",
+            "read",
+            "--config",
+            "missing.toml",
+        ],
+        dir.path(),
+    );
+    assert!(!no_config.status.success());
+    assert!(String::from_utf8_lossy(&no_config.stderr).contains("cannot read the client config"));
+}

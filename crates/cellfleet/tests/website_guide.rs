@@ -259,13 +259,23 @@ fn streams_guide_runs_as_written() {
         serde_json::json!([{"from": "cy", "text": "late, sorry"}]),
         "{waited}"
     );
-    // All four messages, in append order, whichever node answers.
+    // All four messages, in append order, whichever node answers (over
+    // HTTPS, with the guide's token); without the token, or with it for
+    // what it does not grant, nothing.
     for node in 1..=3 {
         let url = format!(
-            "http://127.0.0.1:{}/v1/stream/rooms/lobby?offset=-1",
+            "https://127.0.0.1:{}/v1/stream/rooms/lobby",
             ran.port_base + 300 + node
         );
-        let out = ran.shell(&format!("curl -sS --fail '{url}'"));
+        let status = |options: &str| {
+            let out = ran.shell(&format!(
+                "curl -sS -o /dev/null -w '%{{http_code}}' {options} '{url}'"
+            ));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(status("--cacert .cellfleet-dev/certs/ca.pem"), "401");
+        assert_eq!(status("-K curlrc -X DELETE"), "403");
+        let out = ran.shell(&format!("curl -sS --fail -K curlrc '{url}?offset=-1'"));
         assert!(
             out.status.success(),
             "{}",

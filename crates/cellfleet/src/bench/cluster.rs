@@ -146,6 +146,7 @@ impl BenchCluster {
             port_base: 0,
             lease_ms: LEASE_MS,
             no_start: true,
+            streams_secure: false,
         })?;
         let mut env = node_env(&store);
         env.push(("CELLFLEET_PUBLICATION_MODE".into(), publication.to_owned()));

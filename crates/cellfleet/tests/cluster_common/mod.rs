@@ -202,7 +202,8 @@ impl Cluster {
                     .parse()
                     .ok()
             };
-            if let Some(address) = field(" streams=http://") {
+            if let Some(address) = field(" streams=http://").or_else(|| field(" streams=https://"))
+            {
                 streams = Some(address);
             }
             if let Some(client) = field(" client=") {

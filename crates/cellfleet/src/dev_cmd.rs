@@ -437,3 +437,36 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     eprintln!("all nodes drained");
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dev registry from before stream tokens gets the grant for its
+    /// `dev` key only; other keys and a second run change nothing.
+    #[test]
+    fn an_old_dev_registry_gets_stream_tokens_for_the_dev_key_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        let key = generate_signing_key().verifying_key();
+        let dev = KeyEntry::new("dev", &key, vec!["*".into()], vec!["*".into()]);
+        let other = KeyEntry::new("other", &key, vec!["kv".into()], vec!["get".into()]);
+        write(&path, &format!("{}\n{}", dev.to_toml(), other.to_toml())).unwrap();
+        grant_dev_stream_tokens(&path).unwrap();
+        let registry = KeyRegistry::load(&path).unwrap();
+        assert_eq!(
+            registry.get("dev").unwrap().entry.stream_token_prefixes,
+            ["/"]
+        );
+        assert!(registry
+            .get("other")
+            .unwrap()
+            .entry
+            .stream_token_prefixes
+            .is_empty());
+        assert_eq!(registry.get("other").unwrap().entry, other);
+        let once = std::fs::read_to_string(&path).unwrap();
+        grant_dev_stream_tokens(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), once);
+    }
+}

@@ -359,3 +359,111 @@ async fn tokens_over_tls_allow_what_they_grant_and_nothing_else() {
     let r = https(&ca, nodes[0], false, "OPTIONS", stream, None, "").await;
     assert_eq!(r.status, 204);
 }
+
+/// The streams settings of a node TOML through the binary: a bad value
+/// exits 1 naming the setting and the choices; a node started with dev's
+/// anonymous plain-HTTP settings says so on stderr and prints an http://
+/// address, and one with the defaults an https:// one.
+#[test]
+fn node_streams_settings_are_checked_and_insecure_ones_announced() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf-8");
+    let out = Command::new(BIN)
+        .args(["dev", "--no-start", "--nodes", "1", "--data", data])
+        .output()
+        .expect("dev --no-start");
+    assert!(out.status.success());
+    let config = std::fs::read_to_string(dir.path().join("n1.toml")).expect("n1.toml");
+    assert!(config.contains("streams_tls = \"none\""), "{config}");
+    assert!(config.contains("streams_auth = \"none\""), "{config}");
+    let node = |toml: &str, env: &[(&str, &str)]| {
+        let path = dir.path().join("edited.toml");
+        std::fs::write(&path, toml).expect("write");
+        Command::new(BIN)
+            .args(["node", "--config"])
+            .arg(&path)
+            .envs(env.iter().copied())
+            .envs([
+                ("CELLFLEET_LISTEN_CLIENT", "127.0.0.1:0"),
+                ("CELLFLEET_LISTEN_PEER", "127.0.0.1:0"),
+                ("CELLFLEET_LISTEN_HTTP", "127.0.0.1:0"),
+                ("CELLFLEET_LISTEN_STREAMS", "127.0.0.1:0"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn node")
+    };
+    let dropped = |line: &str| {
+        config
+            .lines()
+            .filter(|l| !l.starts_with(line))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let with =
+        |extra: &str| dropped("streams_tls").replacen("[listen]", &format!("[listen]\n{extra}"), 1);
+    for (toml, says) in [
+        (with("streams_tls = \"tls\""), "listen.streams_tls = \"tls\": use \"node\" or \"none\""),
+        (config.replace("streams_auth = \"none\"", "streams_auth = \"jwt\""), "listen.streams_auth = \"jwt\": use \"token\" or \"none\""),
+        (with("streams_cert = \"public.pem\""), "listen.streams_cert and listen.streams_key go together"),
+        (
+            with("streams_cert = \"public.pem\"\nstreams_key = \"public.key\""),
+            "listen.streams_cert = ",
+        ),
+        (
+            with("streams_tls = \"none\"\nstreams_cert = \"certs/node-n1.pem\"\nstreams_key = \"certs/node-n1.key\""),
+            "conflicts with listen.streams_cert",
+        ),
+    ] {
+        let output = node(&toml, &[]).wait_with_output().expect("node exits");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{toml}\n{stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+
+    let started = |toml: &str, env: &[(&str, &str)]| {
+        let mut child = node(toml, env);
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut streams = String::new();
+        for line in stdout.lines().map_while(Result::ok) {
+            if let Some(url) = line.split(" streams=").nth(1) {
+                streams = url.to_owned();
+            }
+            if line.contains(" ready ") {
+                break;
+            }
+        }
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("node output");
+        (
+            streams,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (url, stderr) = started(&config, &[]);
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(
+        stderr.contains("is plain HTTP (listen.streams_tls = \"none\")"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("streams_auth = \"none\": anyone who reaches"),
+        "{stderr}"
+    );
+    let secure = dropped("streams_tls");
+    let secure = secure
+        .lines()
+        .filter(|l| !l.starts_with("streams_auth"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (url, stderr) = started(&secure, &[]);
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // The environment overrides the file.
+    let (url, stderr) = started(&secure, &[("CELLFLEET_STREAMS_TLS", "none")]);
+    assert!(url.starts_with("http://"), "{url}");
+    assert!(stderr.contains("is plain HTTP"), "{stderr}");
+}

@@ -22,6 +22,7 @@ pub mod server;
 pub mod settle;
 pub mod subscription_kind;
 pub mod subscriptions;
+mod tail;
 pub mod token;
 pub mod webhook;
 

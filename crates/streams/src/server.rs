@@ -35,6 +35,7 @@ use crate::notify::{self, Notifier};
 use crate::offset;
 use crate::settle;
 use crate::subscriptions::{self, Subscriptions};
+use crate::tail::{SharedReads, TailRead};
 
 /// The response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -89,6 +90,7 @@ pub struct Streams {
     backend: Arc<dyn StreamBackend>,
     config: Arc<StreamsConfig>,
     notifier: Arc<Notifier>,
+    reads: Arc<SharedReads>,
     live: Arc<LiveLimits>,
     subscriptions: Arc<Subscriptions>,
 }
@@ -320,6 +322,7 @@ impl Streams {
             live: Arc::new(LiveLimits::new(&config)),
             config: Arc::new(config),
             notifier: Arc::new(Notifier::default()),
+            reads: Arc::new(SharedReads::default()),
             subscriptions: Arc::new(Subscriptions::default()),
         }
     }
@@ -1206,6 +1209,49 @@ impl Streams {
         }
     }
 
+    /// A live reader's read at `position` (`None`: the tail), shared with
+    /// the other live readers there whose wake came no later than its
+    /// start ([`crate::tail`]).
+    async fn read_live(
+        &self,
+        path: &str,
+        position: Option<u64>,
+        woke: tokio::time::Instant,
+    ) -> Result<Arc<TailRead>, Response<Body>> {
+        let own = |(state, messages, from, next)| {
+            Arc::new(TailRead {
+                state,
+                messages,
+                from,
+                next,
+                body: Default::default(),
+                sse_data: Default::default(),
+            })
+        };
+        let Some(at) = position else {
+            return self.read_at(path, None).await.map(own);
+        };
+        let shared = self
+            .reads
+            .get(path, at, woke, || async {
+                let (state, messages, from, next) = self.read_at(path, Some(at)).await.ok()?;
+                Some(TailRead {
+                    state,
+                    messages,
+                    from,
+                    next,
+                    body: Default::default(),
+                    sse_data: Default::default(),
+                })
+            })
+            .await;
+        match shared {
+            Some(read) => Ok(read),
+            // The shared read failed: this reader's own read gives the answer.
+            None => self.read_at(path, Some(at)).await.map(own),
+        }
+    }
+
     async fn catch_up(
         &self,
         path: &str,
@@ -1255,17 +1301,23 @@ impl Streams {
         // Subscribe before the emptiness check, so an append between the
         // check and the wait still wakes this reader.
         let mut changes = self.notifier.subscribe(path);
+        let mut woke = tokio::time::Instant::now();
         let mut position = start;
         let mut touched = false;
         loop {
-            let (state, messages, from, next) = self.read_at(path, position).await?;
+            let read = self.read_live(path, position, woke).await?;
+            let (state, from, next) = (&read.state, read.from, read.next);
             if !touched {
                 touched = true;
-                self.touch(path, &state).await;
+                self.touch(path, state).await;
             }
             position = Some(from);
-            if !messages.is_empty() {
-                let mut response = respond(StatusCode::OK, join(&state, &messages));
+            if !read.messages.is_empty() {
+                let body = read
+                    .body
+                    .get_or_init(|| Bytes::from(join(state, &read.messages)))
+                    .clone();
+                let mut response = respond(StatusCode::OK, body);
                 let headers = response.headers_mut();
                 set(headers, "content-type", &state.config.content_type);
                 set(headers, "stream-next-offset", offset::format(next));
@@ -1291,7 +1343,7 @@ impl Streams {
                 }
                 return Ok(response);
             }
-            notify::wait(&mut changes, deadline).await;
+            woke = notify::wait(&mut changes, deadline).await;
         }
     }
 
@@ -1306,14 +1358,15 @@ impl Streams {
             return Err(too_many("SSE connections"));
         };
         let mut changes = self.notifier.subscribe(path);
-        let (state, messages, from, next) = self.read_at(path, start).await?;
-        self.touch(path, &state).await;
-        let binary = !is_text(&state.config.content_type);
+        let first = self
+            .read_live(path, start, tokio::time::Instant::now())
+            .await?;
+        self.touch(path, &first.state).await;
+        let binary = !is_text(&first.state.config.content_type);
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
         let service = self.clone();
         let path = path.to_owned();
         let deadline = tokio::time::Instant::now() + self.config.sse_lifetime;
-        let first = (state, messages, next);
         tokio::spawn(async move {
             let _permit = permit;
             let session = SseSession {
@@ -1324,7 +1377,7 @@ impl Streams {
                 binary,
                 client_cursor,
             };
-            session.run(&mut changes, first, from).await;
+            session.run(&mut changes, first).await;
         });
         let body = StreamBody::new(ReceiverBody(rx)).boxed();
         let mut response = Response::new(body);
@@ -1383,19 +1436,23 @@ impl SseSession {
     }
 
     /// Data event (when any), then a control event; `false` ends the connection.
-    async fn emit(&self, state: &StreamState, messages: &[(u64, String)], next: u64) -> bool {
+    async fn emit(&self, read: &TailRead) -> bool {
+        let (state, messages, next) = (&read.state, &read.messages, read.next);
         if !messages.is_empty() {
-            let payload = if self.binary {
-                let raw: Vec<u8> = messages
-                    .iter()
-                    .filter_map(|(_, m)| BASE64.decode(m).ok())
-                    .flatten()
-                    .collect();
-                BASE64.encode(raw)
-            } else {
-                String::from_utf8_lossy(&join(state, messages)).into_owned()
-            };
-            if !self.send(sse_event("data", &payload)).await {
+            // Built once per shared read, whoever sends it first.
+            let payload = read.sse_data.get_or_init(|| {
+                if self.binary {
+                    let raw: Vec<u8> = messages
+                        .iter()
+                        .filter_map(|(_, m)| BASE64.decode(m).ok())
+                        .flatten()
+                        .collect();
+                    BASE64.encode(raw)
+                } else {
+                    String::from_utf8_lossy(&join(state, messages)).into_owned()
+                }
+            });
+            if !self.send(sse_event("data", payload)).await {
                 return false;
             }
         }
@@ -1411,40 +1468,35 @@ impl SseSession {
         self.send(sse_event("control", &text)).await && !closed
     }
 
-    async fn run(
-        self,
-        changes: &mut watch::Receiver<u64>,
-        first: (StreamState, Vec<(u64, String)>, u64),
-        from: u64,
-    ) {
-        let (state, messages, mut next) = first;
-        let _ = from;
-        if !self.emit(&state, &messages, next).await {
+    async fn run(self, changes: &mut watch::Receiver<notify::Change>, first: Arc<TailRead>) {
+        if !self.emit(&first).await {
             return;
         }
-        let mut idle = next == state.tail;
+        let mut next = first.next;
+        let mut idle = next == first.state.tail;
         while tokio::time::Instant::now() < self.deadline {
+            // Catching up, a read is good if it starts from now on; idle,
+            // one started after the wake's signal is.
+            let mut woke = tokio::time::Instant::now();
             if idle {
                 // A client that went away frees its SSE permit now, not at
                 // the next event.
                 tokio::select! {
-                    _ = notify::wait(changes, self.deadline) => {}
+                    at = notify::wait(changes, self.deadline) => woke = at,
                     _ = self.tx.closed() => return,
                 }
             }
-            let Ok((state, messages, _, after)) =
-                self.service.read_at(&self.path, Some(next)).await
-            else {
+            let Ok(read) = self.service.read_live(&self.path, Some(next), woke).await else {
                 return;
             };
-            idle = after == state.tail;
-            if messages.is_empty() && !state.closed {
+            idle = read.next == read.state.tail;
+            if read.messages.is_empty() && !read.state.closed {
                 continue;
             }
-            if !self.emit(&state, &messages, after).await {
+            if !self.emit(&read).await {
                 return;
             }
-            next = after;
+            next = read.next;
         }
     }
 }

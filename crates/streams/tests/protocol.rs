@@ -643,3 +643,52 @@ async fn a_connection_over_the_bound_is_answered_503_not_dropped() {
     }
     assert_eq!(last, 404);
 }
+
+/// A hundred long-polls waiting at a stream's tail are all answered by one
+/// append, and share the read that follows it: the server runs a few
+/// queries for them, not one each (it used to run one per reader per
+/// append, plus one per reader per re-check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_at_one_tail_share_the_read_after_a_wake() {
+    use std::sync::atomic::Ordering;
+    let (s, queries) = common::start_counting(
+        "streams-test",
+        StreamsConfig {
+            long_poll_timeout: Duration::from_secs(5),
+            ..StreamsConfig::default()
+        },
+    )
+    .await;
+    let s = Arc::new(s);
+    let created = request(&s, "PUT", "/v1/stream/fan", &[TEXT], b"").await;
+    let offset = created
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_owned();
+    let path = format!("/v1/stream/fan?offset={offset}&live=long-poll");
+    const READERS: usize = 100;
+    let waiters: Vec<_> = (0..READERS)
+        .map(|_| {
+            let (s, path) = (s.clone(), path.clone());
+            tokio::spawn(async move { request(&s, "GET", &path, &[], b"").await })
+        })
+        .collect();
+    // Every reader has read once and waits.
+    let settled = tokio::time::Instant::now() + Duration::from_secs(10);
+    while queries.load(Ordering::SeqCst) < READERS && tokio::time::Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = queries.load(Ordering::SeqCst);
+    request(&s, "POST", "/v1/stream/fan", &[TEXT], b"news").await;
+    for waiter in waiters {
+        let woken = waiter.await.expect("waiter");
+        assert_eq!((woken.status, woken.body.as_slice()), (200, &b"news"[..]));
+    }
+    let after = queries.load(Ordering::SeqCst);
+    assert!(
+        after - before < READERS / 3,
+        "{} queries answered {READERS} woken long-polls",
+        after - before
+    );
+}

@@ -56,3 +56,76 @@ pub async fn start_with(
         _stop: stop,
     }
 }
+
+/// A backend that counts the queries it passes to the node's own.
+#[derive(Debug)]
+#[allow(dead_code)]
+pub struct Counting {
+    pub inner: Arc<dyn cellfleet_streams::StreamBackend>,
+    pub queries: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl cellfleet_streams::StreamBackend for Counting {
+    fn execute<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        command: cellfleet_cell::Command,
+    ) -> cellfleet_streams::BackendFuture<'a, cellfleet_cell::Outcome> {
+        self.inner.execute(kind, key, command)
+    }
+
+    fn query<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        name: &'a str,
+        args: serde_json::Value,
+    ) -> cellfleet_streams::BackendFuture<'a, serde_json::Value> {
+        self.queries
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.query(kind, key, name, args)
+    }
+}
+
+/// As [`start`], counting the stream queries the server runs.
+#[allow(dead_code)]
+pub async fn start_counting(
+    prefix: &str,
+    config: StreamsConfig,
+) -> (TestServer, Arc<std::sync::atomic::AtomicUsize>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
+    let node_config = NodeConfig::new(
+        NodeId::new("n1").expect("node id"),
+        dir.path().join("n1"),
+        prefix,
+    );
+    let kinds = Arc::new(
+        cellfleet_streams::with_kinds(Kinds::builtin())
+            .expect("the built-in and streams kinds have distinct names"),
+    );
+    let node = Node::start(node_config, store, Arc::new(SystemClock), kinds)
+        .await
+        .expect("node starts");
+    let queries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let backend = Arc::new(Counting {
+        inner: Arc::new(cellfleet_streams::LocalBackend::new(node)),
+        queries: queries.clone(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    tokio::spawn(Streams::with_backend(backend, config).serve(listener, shutdown));
+    (
+        TestServer {
+            address,
+            _dir: dir,
+            _stop: stop,
+        },
+        queries,
+    )
+}

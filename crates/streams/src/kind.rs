@@ -450,6 +450,25 @@ fn append(
     Ok(StreamOutput::Appended { state, producer })
 }
 
+/// Longest a read's slide of a TTL goes unpersisted: a twentieth of the
+/// TTL, at most this.
+pub const TOUCH_SLACK_MS_MAX: i64 = 1000;
+
+/// Whether a read at `now_ms` must persist the slide of a `ttl_seconds`
+/// TTL whose stored expiry is `expires_at_ms`: only when it would move the
+/// expiry by more than the slack (a twentieth of the TTL, at most
+/// [`TOUCH_SLACK_MS_MAX`]). So a stream that is only read publishes at
+/// most one touch per slack, and expires at most a slack before its last
+/// read plus its TTL. Nothing is kept in memory: a crash loses nothing.
+pub fn touch_due(now_ms: i64, ttl_seconds: u64, expires_at_ms: Option<i64>) -> bool {
+    let ttl_ms = i64::try_from(ttl_seconds)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1000);
+    let slack = (ttl_ms / 20).min(TOUCH_SLACK_MS_MAX);
+    let wanted = now_ms.saturating_add(ttl_ms);
+    expires_at_ms.is_none_or(|at| wanted.saturating_sub(at) > slack)
+}
+
 /// A TTL is a sliding window: every read or write moves the expiry.
 fn renew(conn: &Connection, state: &mut StreamState, now_ms: i64) -> Result<(), KindError> {
     if let Some(ttl) = state.config.ttl_seconds {
@@ -691,6 +710,47 @@ impl RustKind for StreamKind {
                 },
                 None => StreamOutput::NotFound,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_read_touches_only_past_the_slack() {
+        // TTL 2 s: slack 100 ms.
+        assert!(!touch_due(1_000, 2, Some(3_000)));
+        assert!(!touch_due(1_100, 2, Some(3_000)));
+        assert!(touch_due(1_101, 2, Some(3_000)));
+        // TTL 1 h: slack capped at 1 s.
+        assert!(!touch_due(1_000, 3600, Some(3_600_000)));
+        assert!(touch_due(1_001, 3600, Some(3_600_000)));
+        assert!(touch_due(0, 2, None), "no stored expiry yet");
+    }
+
+    proptest! {
+        /// Skipping a touch never lets the stored expiry fall more than the
+        /// slack short of `now + ttl`, the slack is at most a twentieth of
+        /// the TTL and at most 1 s, and a touch is due whenever the slide
+        /// would move the expiry further than that.
+        #[test]
+        fn skipped_touches_stay_within_the_slack(
+            now in 0i64..10_000_000_000_000,
+            ttl in 1u64..100_000_000,
+            behind in -10_000_000i64..10_000_000,
+        ) {
+            let wanted = now + (ttl as i64) * 1000;
+            let stored = wanted - behind;
+            let slack = ((ttl as i64) * 1000 / 20).min(TOUCH_SLACK_MS_MAX);
+            let due = touch_due(now, ttl, Some(stored));
+            prop_assert_eq!(due, behind > slack);
+            if !due {
+                prop_assert!(stored >= wanted - slack);
+            }
+            prop_assert!(slack <= TOUCH_SLACK_MS_MAX && slack * 20 <= (ttl as i64) * 1000);
         }
     }
 }

@@ -519,10 +519,18 @@ impl Streams {
     }
 
     /// Renews a TTL stream's expiry after a read (a TTL slides on access).
+    /// Slides a TTL stream's expiry after a read, when it is due (a
+    /// bounded touch: at most one publication per slack, see
+    /// [`crate::kind::touch_due`]).
     async fn touch(&self, path: &str, state: &StreamState) {
-        if state.config.ttl_seconds.is_some() {
+        let now = now_ms();
+        let due = state
+            .config
+            .ttl_seconds
+            .is_some_and(|ttl| crate::kind::touch_due(now, ttl, state.config.expires_at_ms));
+        if due {
             let _ = self
-                .execute(path, StreamCommand::Touch { now_ms: now_ms() })
+                .execute(path, StreamCommand::Touch { now_ms: now })
                 .await;
         }
     }

@@ -651,7 +651,7 @@ async fn a_connection_over_the_bound_is_answered_503_not_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_polls_at_one_tail_share_the_read_after_a_wake() {
     use std::sync::atomic::Ordering;
-    let (s, queries) = common::start_counting(
+    let (s, counts) = common::start_counting(
         "streams-test",
         StreamsConfig {
             long_poll_timeout: Duration::from_secs(5),
@@ -659,6 +659,7 @@ async fn long_polls_at_one_tail_share_the_read_after_a_wake() {
         },
     )
     .await;
+    let queries = counts.queries;
     let s = Arc::new(s);
     let created = request(&s, "PUT", "/v1/stream/fan", &[TEXT], b"").await;
     let offset = created
@@ -690,5 +691,46 @@ async fn long_polls_at_one_tail_share_the_read_after_a_wake() {
         after - before < READERS / 3,
         "{} queries answered {READERS} woken long-polls",
         after - before
+    );
+}
+
+/// Reads of a TTL stream slide its TTL without a publication per read: a
+/// touch is published only once the slide would move the stored expiry
+/// past the slack (a twentieth of the TTL, at most 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_a_ttl_stream_publish_a_touch_only_past_the_slack() {
+    use std::sync::atomic::Ordering;
+    let (s, counts) = common::start_counting("streams-test", StreamsConfig::default()).await;
+    let ttl = ("stream-ttl", "2");
+    assert_eq!(
+        request(&s, "PUT", "/v1/stream/ttl", &[TEXT, ttl], b"a")
+            .await
+            .status,
+        201
+    );
+    let before = counts.commands.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert_eq!(
+            request(&s, "GET", "/v1/stream/ttl?offset=-1", &[], b"")
+                .await
+                .status,
+            200
+        );
+    }
+    let quick = counts.commands.load(Ordering::SeqCst) - before;
+    assert!(quick <= 1, "{quick} touches for 20 reads within the slack");
+    // Past the slack (100 ms for a 2 s TTL) the next read touches.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let before = counts.commands.load(Ordering::SeqCst);
+    assert_eq!(
+        request(&s, "GET", "/v1/stream/ttl?offset=-1", &[], b"")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        counts.commands.load(Ordering::SeqCst) - before,
+        1,
+        "one touch"
     );
 }

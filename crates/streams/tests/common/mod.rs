@@ -63,6 +63,7 @@ pub async fn start_with(
 pub struct Counting {
     pub inner: Arc<dyn cellfleet_streams::StreamBackend>,
     pub queries: Arc<std::sync::atomic::AtomicUsize>,
+    pub commands: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl cellfleet_streams::StreamBackend for Counting {
@@ -72,6 +73,8 @@ impl cellfleet_streams::StreamBackend for Counting {
         key: &'a [u8],
         command: cellfleet_cell::Command,
     ) -> cellfleet_streams::BackendFuture<'a, cellfleet_cell::Outcome> {
+        self.commands
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.execute(kind, key, command)
     }
 
@@ -88,12 +91,16 @@ impl cellfleet_streams::StreamBackend for Counting {
     }
 }
 
-/// As [`start`], counting the stream queries the server runs.
+/// The counters of a counting server.
 #[allow(dead_code)]
-pub async fn start_counting(
-    prefix: &str,
-    config: StreamsConfig,
-) -> (TestServer, Arc<std::sync::atomic::AtomicUsize>) {
+pub struct Counts {
+    pub queries: Arc<std::sync::atomic::AtomicUsize>,
+    pub commands: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// As [`start`], counting the queries and commands the server runs.
+#[allow(dead_code)]
+pub async fn start_counting(prefix: &str, config: StreamsConfig) -> (TestServer, Counts) {
     let dir = tempfile::tempdir().expect("temp dir");
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
@@ -109,10 +116,14 @@ pub async fn start_counting(
     let node = Node::start(node_config, store, Arc::new(SystemClock), kinds)
         .await
         .expect("node starts");
-    let queries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counts = Counts {
+        queries: Default::default(),
+        commands: Default::default(),
+    };
     let backend = Arc::new(Counting {
         inner: Arc::new(cellfleet_streams::LocalBackend::new(node)),
-        queries: queries.clone(),
+        queries: counts.queries.clone(),
+        commands: counts.commands.clone(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -126,6 +137,6 @@ pub async fn start_counting(
             _dir: dir,
             _stop: stop,
         },
-        queries,
+        counts,
     )
 }

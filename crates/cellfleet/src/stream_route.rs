@@ -145,6 +145,25 @@ impl StreamBackend for RoutedBackend {
             parse_json(&queried.result_json)
         })
     }
+
+    fn sweeps<'a>(&'a self, kind: &'a str, key: &'a [u8]) -> BackendFuture<'a, bool> {
+        Box::pin(async move {
+            let live: Vec<cellfleet_authority::NodeId> = self
+                .router
+                .live_nodes(false)
+                .await
+                .map_err(|e| BackendError::Unavailable {
+                    message: e.to_string(),
+                    retry_after_ms: None,
+                })?
+                .into_iter()
+                .filter(|record| !record.ingress_only)
+                .map(|record| record.node_id)
+                .collect();
+            let me = self.router.node().node_id();
+            Ok(is_sweeper(&CellId::for_kind_key(kind, key), &live, me))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +195,35 @@ mod tests {
         let transport = status_error(tonic::Status::unknown("h2 reset"));
         assert!(matches!(transport, BackendError::Unavailable { .. }));
     }
+
+    proptest::proptest! {
+        /// Nodes that agree on the live set pick exactly one sweeper for
+        /// every subscription; a node outside the set never sweeps.
+        #[test]
+        fn exactly_one_live_node_sweeps_each_subscription(
+            key in "[a-z/]{1,40}",
+            nodes in 1usize..8,
+        ) {
+            use cellfleet_authority::NodeId;
+            let live: Vec<NodeId> = (0..nodes).map(|i| NodeId::new(format!("n{i}")).unwrap()).collect();
+            let cell = CellId::for_kind_key("ds_subscription", key.as_bytes());
+            let sweepers = live.iter().filter(|me| is_sweeper(&cell, &live, me)).count();
+            proptest::prop_assert_eq!(sweepers, 1);
+            let outsider = NodeId::new("outside").unwrap();
+            proptest::prop_assert!(!is_sweeper(&cell, &live, &outsider));
+        }
+    }
+}
+
+/// Whether `me` checks `cell` in the full subscription sweep: the
+/// rendezvous choice over the live nodes that take Cells (`live`), so
+/// exactly one of them does while they agree on the live set.
+pub fn is_sweeper(
+    cell: &CellId,
+    live: &[cellfleet_authority::NodeId],
+    me: &cellfleet_authority::NodeId,
+) -> bool {
+    cellfleet_router::hints::rendezvous_owner(cell, live) == Some(me)
 }
 
 /// The node's key registry as the streams listener's token keys: a key

@@ -45,6 +45,15 @@ pub trait StreamBackend: Debug + Send + Sync + 'static {
         name: &'a str,
         args: Value,
     ) -> BackendFuture<'a, Value>;
+
+    /// Whether this node is the one that checks Cell (`kind`, `key`) in the
+    /// periodic full sweep of subscriptions: one node per subscription in
+    /// a cluster (a duplicate is harmless, the Cell decides every wake; a
+    /// gap lasts until the live set settles). Alone, always.
+    fn sweeps<'a>(&'a self, kind: &'a str, key: &'a [u8]) -> BackendFuture<'a, bool> {
+        let _ = (kind, key);
+        Box::pin(async { Ok(true) })
+    }
 }
 
 /// Why a backend call failed.

@@ -514,6 +514,10 @@ impl Streams {
         &self.config
     }
 
+    pub(crate) fn backend(&self) -> &Arc<dyn StreamBackend> {
+        &self.backend
+    }
+
     pub(crate) fn subscriptions(&self) -> &Arc<Subscriptions> {
         &self.subscriptions
     }

@@ -9,9 +9,10 @@
 //! State lives in Cells ([`crate::subscription_kind`]): nothing here is
 //! lost with a node. Memory holds only caches (the registry snapshot for at
 //! most [`REGISTRY_CACHE`], the signing key) and the set of subscriptions
-//! whose wake deadline this node watches; every node also sweeps all
-//! registered subscriptions every [`FULL_SWEEP`], which picks up wakes a
-//! stopped node left behind.
+//! whose wake deadline this node watches; every [`FULL_SWEEP`] each
+//! registered subscription is also checked by one node (the backend's
+//! [`crate::StreamBackend::sweeps`]: rendezvous over the live nodes in a
+//! cluster), which picks up wakes a stopped node left behind.
 //!
 //! Wakes: when a create or append of a linked or matching stream is
 //! acknowledged, the subscription's Cell decides (one command) whether a
@@ -1257,7 +1258,13 @@ pub fn start(streams: &Streams, mut shutdown: watch::Receiver<bool>) {
                 last_full = Instant::now();
                 if let Some(snap) = snapshot(&streams).await {
                     for sub in &snap.subs {
-                        if !keys.contains(&sub.key) {
+                        // One node per subscription, not every node.
+                        let mine = streams
+                            .backend()
+                            .sweeps(SUBSCRIPTION_KIND, sub.key.as_bytes())
+                            .await
+                            .unwrap_or(true);
+                        if mine && !keys.contains(&sub.key) {
                             keys.push(sub.key.clone());
                         }
                     }

@@ -109,8 +109,10 @@ pub fn root_position(root: &RootRecord) -> Position {
     }
 }
 
+/// Removes a closed Cell's files, its lock file last (the Cell's engine
+/// is gone, and the node runs one actor per Cell, so nobody holds it).
 fn remove_local_files(path: &Path) {
-    for suffix in ["", "-wal", "-shm", ".recover"] {
+    for suffix in ["", "-wal", "-shm", ".recover", ".lock"] {
         let mut name = path.as_os_str().to_os_string();
         name.push(suffix);
         let _ = std::fs::remove_file(PathBuf::from(name));

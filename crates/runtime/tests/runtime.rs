@@ -360,6 +360,12 @@ async fn drain_on_one_node_then_activation_on_another() {
             .await
             .unwrap();
         assert_eq!(a.drain().await.unwrap(), 2, "{backend}");
+        // A released Cell leaves no file behind (its lock file neither:
+        // one left per Cell ever held would grow without bound).
+        let left: Vec<_> = std::fs::read_dir(dir.join("a").join("cells"))
+            .map(|entries| entries.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{backend}: {left:?}");
         assert!(matches!(
             a.execute(KIND, KEY, append(clock.as_ref(), 99)).await,
             Err(Error::Draining)

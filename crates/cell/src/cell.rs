@@ -1084,9 +1084,26 @@ impl Cell {
         }
     }
 
-    /// Close the Cell. A pending publication is left in the WAL and makes
-    /// the next [`Cell::open`] refuse the file (recover it instead).
-    pub fn close(self) {}
+    /// Close the Cell. Settled (nothing pending), its WAL is checkpointed
+    /// into the database file and the empty `-wal` and `-shm` files are
+    /// removed, so a closed Cell is its database and its lock file (two
+    /// files; [`Cell::open`] checkpoints whatever a WAL holds anyway). A
+    /// pending publication is left in the WAL and makes the next
+    /// [`Cell::open`] refuse the file (recover it instead).
+    pub fn close(mut self) {
+        let settled = self.checkpoint().is_ok();
+        // The lock outlives the connections (a duplicate of its descriptor
+        // keeps the lock), so nobody opens the Cell while its files go.
+        let lock = self._lock.try_clone();
+        let (wal, shm) = (self.wal_path.clone(), self.shm_path.clone());
+        drop(self);
+        if settled && lock.is_ok() {
+            for path in [wal, shm] {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        drop(lock);
+    }
 }
 
 pub(crate) fn open_connection(

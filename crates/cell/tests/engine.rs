@@ -711,3 +711,36 @@ fn published_outcomes_exclude_pending_groups() {
         .unwrap()
         .is_none());
 }
+
+/// A settled Cell closes to two files, its database and its lock (the
+/// WAL checkpointed, `-wal` and `-shm` gone), and opens again at the same
+/// published state.
+#[test]
+fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1)), put(2, "b", json!(2))]);
+    let pos = h.position();
+    let files = |h: &Harness| {
+        let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
+        let mut names: Vec<String> = std::fs::read_dir(h.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&stem))
+            .collect();
+        names.sort();
+        (stem, names)
+    };
+    let (stem, open) = files(&h);
+    assert!(open.contains(&format!("{stem}-wal")), "{open:?}");
+    h.cell.take().unwrap().close();
+    let (stem, closed) = files(&h);
+    assert_eq!(closed, [stem.clone(), format!("{stem}.lock")]);
+    let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
+    assert_eq!(opened.cell.published_position(), pos);
+    assert_eq!(get(&opened.cell, "a"), Some(json!(1)));
+    assert_eq!(get(&opened.cell, "b"), Some(json!(2)));
+    h.cell = Some(opened.cell);
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}

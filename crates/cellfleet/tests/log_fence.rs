@@ -1,0 +1,270 @@
+//! The node log's crash/seal race with real processes: an owner is paused between its segment PUT and the reply (a proxy in front of the real S3 server holds the PUT), its Cell is taken over by another node (which seals the owner's lane), and when the held PUT is let through it hits the seal; the woken owner never acknowledges, and every acknowledged command is present exactly once through every node.
+
+mod cluster_common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster_common::{error_code, Cluster, Store};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use tokio::sync::Notify;
+
+/// Holds the first PUT whose path matches until released; passes
+/// everything else through to the S3 server unchanged (the Host header
+/// included, so signatures still verify).
+#[derive(Default)]
+struct Hold {
+    /// Path substring and suffix of the PUT to hold (armed when set).
+    rule: Mutex<Option<(String, String)>>,
+    /// The path of the held PUT, once one is held.
+    held: Mutex<Option<String>>,
+    holding: Notify,
+    release: Notify,
+    /// The S3 server's status for the released PUT.
+    released_status: Mutex<Option<u16>>,
+}
+
+async fn forward(
+    upstream: SocketAddr,
+    request: hyper::Request<Incoming>,
+) -> Result<hyper::Response<Full<Bytes>>, String> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let mut out = hyper::Request::builder()
+        .method(parts.method.clone())
+        .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+    for (name, value) in &parts.headers {
+        // The body is forwarded whole: no transfer coding, no 100-continue.
+        if name != "transfer-encoding" && name != "expect" {
+            out = out.header(name, value);
+        }
+    }
+    let out = out.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(upstream)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let response = send.send_request(out).await.map_err(|e| e.to_string())?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(hyper::Response::from_parts(parts, Full::new(body)))
+}
+
+async fn start_proxy(upstream: SocketAddr, hold: Arc<Hold>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let hold = hold.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                        let hold = hold.clone();
+                        async move {
+                            let path = request.uri().path().to_owned();
+                            let matched = request.method() == hyper::Method::PUT && {
+                                let mut rule = hold.rule.lock().unwrap();
+                                let hit = rule.as_ref().is_some_and(|(part, suffix)| {
+                                    path.contains(part.as_str()) && path.ends_with(suffix.as_str())
+                                });
+                                if hit {
+                                    *rule = None;
+                                }
+                                hit
+                            };
+                            if matched {
+                                *hold.held.lock().unwrap() = Some(path);
+                                hold.holding.notify_one();
+                                hold.release.notified().await;
+                            }
+                            let response = forward(upstream, request).await;
+                            if matched {
+                                *hold.released_status.lock().unwrap() =
+                                    response.as_ref().ok().map(|r| r.status().as_u16());
+                            }
+                            Ok::<_, std::convert::Infallible>(response.unwrap_or_else(|e| {
+                                let mut r = hyper::Response::new(Full::new(Bytes::from(e)));
+                                *r.status_mut() = hyper::StatusCode::BAD_GATEWAY;
+                                r
+                            }))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn applied(response: &cellfleet_proto::v1::ExecuteResponse) -> bool {
+    matches!(
+        response.outcome,
+        Some(cellfleet_proto::v1::execute_response::Outcome::ResultJson(
+            _
+        ))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_between_segment_put_and_reply_hits_the_seal_and_never_acks() {
+    const LEASE_MS: u64 = 3_000;
+    let config = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
+    let upstream: SocketAddr = config
+        .endpoint
+        .as_deref()
+        .expect("the test S3 endpoint")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test S3 endpoint is host:port");
+    let hold = Arc::new(Hold::default());
+    let proxy = start_proxy(upstream, hold.clone()).await;
+    let prefix = format!("fence-{}", rand::random::<u32>());
+    let endpoint = format!("http://{proxy}");
+    let cluster = Cluster::start_with_env(
+        3,
+        Store::S3 {
+            prefix: prefix.clone(),
+        },
+        LEASE_MS,
+        &[
+            ("CELLFLEET_S3_ENDPOINT", endpoint.as_str()),
+            ("CELLFLEET_PUBLICATION_MODE", "log"),
+        ],
+    );
+    let mut client = cluster.client("dev");
+    let ingress = cluster.nodes[2].client;
+    let cells: Vec<String> = (0..6).map(|i| format!("fenced-{i}")).collect();
+    let mut acked: HashMap<String, Vec<String>> = HashMap::new();
+    let mut owners: HashMap<String, String> = HashMap::new();
+    for cell in &cells {
+        let request = client.command(
+            "log",
+            cell,
+            "append",
+            serde_json::json!({ "tag": "before" }),
+            rand::random(),
+        );
+        let response = client.execute(ingress, request).await.expect("warm-up");
+        assert!(applied(&response));
+        owners.insert(cell.clone(), response.served_by.clone());
+        acked.entry(cell.clone()).or_default().push("before".into());
+    }
+    let (cell, owner) = owners
+        .iter()
+        .find(|(_, owner)| owner.as_str() != cluster.nodes[2].id)
+        .map(|(cell, owner)| (cell.clone(), owner.clone()))
+        .expect("some cell is owned by a node other than the ingress");
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|node| node.id == owner)
+        .expect("the owner is a node");
+
+    // The owner's next segment PUT is held; the command waits for it.
+    *hold.rule.lock().unwrap() = Some((format!("/{prefix}/logs/{owner}/"), ".seg".into()));
+    let request = client.command(
+        "log",
+        &cell,
+        "append",
+        serde_json::json!({ "tag": "held" }),
+        rand::random(),
+    );
+    let first_attempt = {
+        let mut client = cluster.client("dev");
+        let request = request.clone();
+        tokio::spawn(async move { client.execute(ingress, request).await })
+    };
+    tokio::time::timeout(Duration::from_secs(20), hold.holding.notified())
+        .await
+        .expect("the owner's segment PUT reached the proxy");
+    let held = hold.held.lock().unwrap().clone().expect("held path");
+    // Paused between the PUT and its reply.
+    cluster.signal(victim, "STOP");
+    let paused_at = Instant::now();
+
+    // The same command (same id) through the ingress until another node
+    // serves it: after the lease, it seals the owner's lane and takes over.
+    let mut answers = Vec::new();
+    let served = loop {
+        assert!(
+            paused_at.elapsed() < Duration::from_secs(60),
+            "no node served {cell} in 60 s with its owner {owner} paused: {answers:?}"
+        );
+        match client.execute(ingress, request.clone()).await {
+            Ok(response) => {
+                assert!(applied(&response), "{response:?}");
+                break response;
+            }
+            Err(status) => {
+                answers.push(format!(
+                    "{:?} after {:?}",
+                    error_code(&status),
+                    paused_at.elapsed()
+                ));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_ne!(served.served_by, owner, "served by a survivor");
+    acked.get_mut(&cell).expect("warmed").push("held".into());
+
+    // Now the held PUT goes through: the seal is in its slot.
+    hold.release.notify_one();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = *hold.released_status.lock().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the held PUT never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status, 412,
+        "the late segment {held} must find its slot taken by the seal"
+    );
+    cluster.signal(victim, "CONT");
+
+    // The first attempt never heard "applied" from the paused owner.
+    match tokio::time::timeout(Duration::from_secs(60), first_attempt)
+        .await
+        .expect("the first attempt ends")
+        .expect("task")
+    {
+        Ok(response) => assert!(
+            !applied(&response) || response.served_by != owner,
+            "the sealed owner acknowledged: {response:?}"
+        ),
+        Err(status) => println!("first attempt: {:?}", error_code(&status)),
+    }
+    // Every acknowledged command exactly once, through every node, the
+    // woken one included.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for node in &cluster.nodes {
+        for cell in &cells {
+            let counts = client.log_counts(node.client, cell).await;
+            let mut expected: HashMap<String, i64> = HashMap::new();
+            for tag in &acked[cell] {
+                *expected.entry(tag.clone()).or_default() += 1;
+            }
+            assert_eq!(counts, expected, "{cell} read through {}", node.id);
+        }
+    }
+    println!(
+        "held {held}; served by {} after {:?}; answers {answers:?}",
+        served.served_by,
+        paused_at.elapsed()
+    );
+}

@@ -119,6 +119,24 @@ fn applied(response: &cellfleet_proto::v1::ExecuteResponse) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_between_segment_put_and_reply_hits_the_seal_and_never_acks() {
+    paused_between_put_and_reply(false).await;
+}
+
+/// As above, and the survivor flushes the dead session and collects its
+/// lane (segments deleted below the floor) before the held PUT goes
+/// through: the seal is kept, so the zombie still hits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_that_wakes_after_its_lane_was_collected_still_hits_the_seal() {
+    paused_between_put_and_reply(true).await;
+}
+
+/// The slot number of a segment key (`…/{seq:016x}.seg`).
+fn slot_of(key: &str) -> Option<u64> {
+    let name = key.rsplit('/').next()?.strip_suffix(".seg")?;
+    u64::from_str_radix(name, 16).ok()
+}
+
+async fn paused_between_put_and_reply(collect_first: bool) {
     const LEASE_MS: u64 = 3_000;
     let config = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
     let upstream: SocketAddr = config
@@ -142,6 +160,8 @@ async fn an_owner_paused_between_segment_put_and_reply_hits_the_seal_and_never_a
         &[
             ("CELLFLEET_S3_ENDPOINT", endpoint.as_str()),
             ("CELLFLEET_PUBLICATION_MODE", "log"),
+            // Collection soon after a lane stops (the default waits a minute).
+            ("CELLFLEET_GC_MIN_AGE_MS", "300"),
         ],
     );
     let mut client = cluster.client("dev");
@@ -220,6 +240,38 @@ async fn an_owner_paused_between_segment_put_and_reply_hits_the_seal_and_never_a
     };
     assert_ne!(served.served_by, owner, "served by a survivor");
     acked.get_mut(&cell).expect("warmed").push("held".into());
+
+    let bucket_prefix = format!("/{}/", cellfleet_store::testkit::TEST_BUCKET);
+    let held_key = held.strip_prefix(&bucket_prefix).expect("a path-style key");
+    let held_slot = slot_of(held_key).expect("a segment key");
+    let lane = &held_key[..held_key.rfind('/').expect("a lane") + 1];
+    if collect_first {
+        // The survivor flushes the dead session and collects its lanes:
+        // every segment below the held slot goes; the seal stays.
+        let store = cellfleet_store::testkit::s3_store().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let keys: Vec<String> = cellfleet_store::list_all(store.as_ref(), lane, 10_000)
+                .await
+                .expect("list the lane")
+                .into_iter()
+                .map(|e| e.key)
+                .collect();
+            let below = keys
+                .iter()
+                .filter(|k| slot_of(k).is_some_and(|s| s < held_slot))
+                .count();
+            if below == 0 && keys.iter().any(|k| slot_of(k) == Some(held_slot)) {
+                println!("lane after collection: {keys:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dead lane was not collected: {keys:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 
     // Now the held PUT goes through: the seal is in its slot.
     hold.release.notify_one();

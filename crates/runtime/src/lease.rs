@@ -240,6 +240,43 @@ impl LeaseKeeper {
         }
     }
 
+    /// Begins ending this session because a successor sealed its log
+    /// (the node was paused or cut off past its lease): from now on
+    /// nothing is admitted. `false` when the lease was already replaced or
+    /// retired. [`LeaseKeeper::end_session`] finishes.
+    pub fn begin_end(&self, reason: String) -> bool {
+        let mut state = self.state_mut();
+        if state.status != LeaseStatus::Held {
+            return false;
+        }
+        tracing::error!(%reason, "this node's session ended; stopping");
+        state.status = LeaseStatus::Replaced(reason);
+        true
+    }
+
+    /// Finishes ending the session: every Cell is fenced (through
+    /// [`LeaseKeeper::wait_stopped`]), renewals stop, and the lease record
+    /// is retired so the session's Cells move at once instead of after the
+    /// lease.
+    pub async fn end_session(&self) {
+        let _ = self.replaced.send(true);
+        let _ = self.stop.send(true);
+        let _writing = self.writing.lock().await;
+        let held = self.held();
+        if let Err(error) = self.leases.retire(&held).await {
+            tracing::warn!(%error, "retiring the ended session's lease failed; its cells move once it expires");
+        }
+    }
+
+    /// Why the node stopped serving, once it did (its lease replaced or
+    /// its session ended).
+    pub fn stop_reason(&self) -> Option<String> {
+        match &self.state().status {
+            LeaseStatus::Replaced(reason) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
     /// Resolves once the lease was replaced by another session.
     pub async fn wait_stopped(&self) {
         let mut replaced = self.replaced.subscribe();

@@ -278,6 +278,38 @@ impl NodeLog {
         &self.lanes[(digest % self.lanes.len() as u64) as usize]
     }
 
+    /// Resolves once any lane of this session is found sealed: a
+    /// successor declared the session dead (it was paused or cut off past
+    /// its lease), so nothing it writes from now on counts.
+    pub async fn wait_sealed(&self) {
+        let waits = self.lanes.iter().map(|lane| {
+            let mut verdict = lane.writer.verdict();
+            Box::pin(async move {
+                let _ = verdict.wait_for(|v| v.sealed_at.is_some()).await;
+            })
+        });
+        futures_select_all(waits).await;
+    }
+
+    /// Waits (at most `bound`) until every sealed lane has decided the
+    /// groups in flight below its seal (their PUTs answered).
+    pub async fn settle(&self, bound: Duration) {
+        let waits = self.lanes.iter().map(|lane| {
+            let mut verdict = lane.writer.verdict();
+            async move {
+                let _ = verdict
+                    .wait_for(|v| v.sealed_at.is_none_or(|at| v.acked_below >= at))
+                    .await;
+            }
+        });
+        let all = async {
+            for wait in waits {
+                wait.await;
+            }
+        };
+        let _ = tokio::time::timeout(bound, all).await;
+    }
+
     /// The lane named `lane`, if it is one of this session's.
     pub fn lane(&self, lane: &LaneId) -> Option<&Lane> {
         self.lanes.iter().find(|l| l.writer.lane() == lane)
@@ -469,6 +501,25 @@ async fn commit_lane(
             }
         });
     }
+}
+
+/// Resolves when the first of `futures` does.
+async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(
+    futures: impl IntoIterator<Item = F>,
+) {
+    let mut futures: Vec<F> = futures.into_iter().collect();
+    if futures.is_empty() {
+        return std::future::pending().await;
+    }
+    std::future::poll_fn(|cx| {
+        for future in futures.iter_mut() {
+            if std::pin::Pin::new(future).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 #[cfg(test)]

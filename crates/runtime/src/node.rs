@@ -251,6 +251,27 @@ impl Node {
             });
         }
         tokio::spawn(lease.clone().run());
+        // A sealed lane means a successor declared this session dead: it
+        // ends, so the node cannot keep taking Cells into a log that no
+        // longer counts (they would answer nobody until the lease ran out,
+        // and a revived lease never runs out).
+        if let Some(log) = shared.actor_context.log.clone() {
+            let lease = lease.clone();
+            tokio::spawn(async move {
+                log.wait_sealed().await;
+                let reason = "another node sealed this session's log (this node was paused or \
+                              cut off past its lease); restart it to join with a new session";
+                if !lease.begin_end(reason.into()) {
+                    return;
+                }
+                // Groups in flight learn their fate from their lanes first
+                // (acknowledged below the seal, not committed at or after
+                // it), so their replies are definite, not UNKNOWN.
+                log.settle(SESSION_END_SETTLE).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                lease.end_session().await;
+            });
+        }
         // A replaced lease stops the node at once: every Cell is fenced.
         let watcher = Arc::downgrade(&shared);
         tokio::spawn(async move {
@@ -262,6 +283,10 @@ impl Node {
         Ok(NodeHandle { shared })
     }
 }
+
+/// Longest a node whose session was sealed waits for its lanes' groups in
+/// flight to be decided before it fences every Cell.
+const SESSION_END_SETTLE: Duration = Duration::from_secs(5);
 
 fn command_bytes(command: &Command) -> usize {
     command.name.len() + command.args.to_string().len()
@@ -629,6 +654,17 @@ impl NodeHandle {
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
         &self.shared.me.node
+    }
+
+    /// Resolves, with the reason, once the node stopped serving for good:
+    /// its lease was replaced, or another node sealed its session's log.
+    /// (Not on drain.)
+    pub async fn stopped(&self) -> String {
+        self.shared.lease.wait_stopped().await;
+        self.shared
+            .lease
+            .stop_reason()
+            .unwrap_or_else(|| "the node lease was lost".into())
     }
 
     /// Executes one command on Cell `(kind, key)`; answers once the group

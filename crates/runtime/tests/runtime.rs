@@ -236,12 +236,14 @@ async fn takeover_waits_for_lease_expiry_and_fences_the_paused_owner() {
             );
             log.ack(n, executed.outcome);
         }
-        // A still believes its lease: its publications are fenced by the CAS.
+        // A still believes its lease: its publications are fenced (by the
+        // CAS, or by the seal on its log lane, after which A's session
+        // ends and it admits nothing).
         for n in 20..23 {
             match a.execute(KIND, KEY, append(clock_a.as_ref(), n)).await {
-                Err(Error::NotCommitted { .. }) | Err(Error::NotOwner { .. }) => {
-                    log.not_committed(n)
-                }
+                Err(Error::NotCommitted { .. })
+                | Err(Error::NotOwner { .. })
+                | Err(Error::LeaseLost { .. }) => log.not_committed(n),
                 other => panic!("{backend}: the old owner published: {other:?}"),
             }
         }

@@ -827,32 +827,18 @@ async fn a_paused_owner_s_cells_serve_through_other_nodes_once_its_lease_expires
         serde_json::json!({ "tag": "while-paused" }),
         rand::random(),
     );
-    let mut answers = Vec::new();
-    let served = loop {
-        assert!(
-            paused_at.elapsed() < Duration::from_secs(60),
-            "no node served {cell} in 60 s with its owner {owner} paused: {answers:?}"
-        );
-        match client.execute(ingress, request.clone()).await {
-            Ok(response) => {
-                assert!(applied(&response), "{response:?}");
-                break response;
-            }
-            Err(status) => {
-                let code = error_code(&status);
-                assert!(
-                    code.is_some(),
-                    "the ingress gave no answer within the client's deadline \
-                     (it waited on the paused owner): {status:?}"
-                );
-                answers.push(format!("{code:?} after {:?}", paused_at.elapsed()));
-                let retry_safe = cellfleet_router::status::detail_from_status(&status)
-                    .is_some_and(|detail| detail.retry_safe);
-                assert!(retry_safe, "a refusal that is not retry-safe: {status:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let (served, answers) = client
+        .execute_until_applied(ingress, &request, Duration::from_secs(60), |status| {
+            assert!(
+                error_code(status).is_some(),
+                "the ingress gave no answer within the client's deadline \
+                 (it waited on the paused owner): {status:?}"
+            );
+            let retry_safe = cellfleet_router::status::detail_from_status(status)
+                .is_some_and(|detail| detail.retry_safe);
+            assert!(retry_safe, "a refusal that is not retry-safe: {status:?}");
+        })
+        .await;
     let took = paused_at.elapsed();
     println!(
         "first success through {} after SIGSTOP of {owner}: {took:?} (served by {}; earlier answers {answers:?})",
@@ -871,16 +857,12 @@ async fn a_paused_owner_s_cells_serve_through_other_nodes_once_its_lease_expires
     cluster.signal(victim, "CONT");
     // Through every node, the woken one included: never stale, each
     // acknowledged tag exactly once.
-    for node in &cluster.nodes {
-        for cell in &cells {
-            let counts = client.log_counts(node.client, cell).await;
-            let mut expected: HashMap<String, i64> = HashMap::new();
-            for tag in &acked[cell] {
-                *expected.entry(tag.clone()).or_default() += 1;
-            }
-            assert_eq!(counts, expected, "{cell} read through {}", node.id);
-        }
-    }
+    let via: Vec<(&str, std::net::SocketAddr)> = cluster
+        .nodes
+        .iter()
+        .map(|node| (node.id.as_str(), node.client))
+        .collect();
+    client.assert_exactly_once(&via, &acked).await;
 }
 
 /// `cellfleet drain NODE`, run as a user runs it (it used to panic with

@@ -217,27 +217,9 @@ async fn paused_between_put_and_reply(collect_first: bool) {
 
     // The same command (same id) through the ingress until another node
     // serves it: after the lease, it seals the owner's lane and takes over.
-    let mut answers = Vec::new();
-    let served = loop {
-        assert!(
-            paused_at.elapsed() < Duration::from_secs(60),
-            "no node served {cell} in 60 s with its owner {owner} paused: {answers:?}"
-        );
-        match client.execute(ingress, request.clone()).await {
-            Ok(response) => {
-                assert!(applied(&response), "{response:?}");
-                break response;
-            }
-            Err(status) => {
-                answers.push(format!(
-                    "{:?} after {:?}",
-                    error_code(&status),
-                    paused_at.elapsed()
-                ));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let (served, answers) = client
+        .execute_until_applied(ingress, &request, Duration::from_secs(60), |_| {})
+        .await;
     assert_ne!(served.served_by, owner, "served by a survivor");
     acked.get_mut(&cell).expect("warmed").push("held".into());
 
@@ -317,16 +299,13 @@ async fn paused_between_put_and_reply(collect_first: bool) {
     };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("sealed this session's log"), "{body}");
-    for node in cluster.nodes.iter().filter(|n| n.id != owner) {
-        for cell in &cells {
-            let counts = client.log_counts(node.client, cell).await;
-            let mut expected: HashMap<String, i64> = HashMap::new();
-            for tag in &acked[cell] {
-                *expected.entry(tag.clone()).or_default() += 1;
-            }
-            assert_eq!(counts, expected, "{cell} read through {}", node.id);
-        }
-    }
+    let survivors: Vec<(&str, SocketAddr)> = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.id != owner)
+        .map(|node| (node.id.as_str(), node.client))
+        .collect();
+    client.assert_exactly_once(&survivors, &acked).await;
     println!(
         "held {held}; served by {} after {:?}; answers {answers:?}",
         served.served_by,

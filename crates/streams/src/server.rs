@@ -1230,31 +1230,14 @@ impl Streams {
         position: Option<u64>,
         woke: tokio::time::Instant,
     ) -> Result<Arc<TailRead>, Response<Body>> {
-        let own = |(state, messages, from, next)| {
-            Arc::new(TailRead {
-                state,
-                messages,
-                from,
-                next,
-                body: Default::default(),
-                sse_data: Default::default(),
-            })
-        };
+        let own = |read| Arc::new(TailRead::new(read));
         let Some(at) = position else {
             return self.read_at(path, None).await.map(own);
         };
         let shared = self
             .reads
             .get(path, at, woke, || async {
-                let (state, messages, from, next) = self.read_at(path, Some(at)).await.ok()?;
-                Some(TailRead {
-                    state,
-                    messages,
-                    from,
-                    next,
-                    body: Default::default(),
-                    sse_data: Default::default(),
-                })
+                Some(TailRead::new(self.read_at(path, Some(at)).await.ok()?))
             })
             .await;
         match shared {

@@ -32,6 +32,20 @@ pub(crate) struct TailRead {
     pub sse_data: OnceLock<String>,
 }
 
+impl TailRead {
+    /// A read's result: state, messages, the position it started at, the next one.
+    pub fn new((state, messages, from, next): (StreamState, Vec<(u64, String)>, u64, u64)) -> Self {
+        TailRead {
+            state,
+            messages,
+            from,
+            next,
+            body: OnceLock::new(),
+            sse_data: OnceLock::new(),
+        }
+    }
+}
+
 type Slot = Arc<OnceCell<Option<Arc<TailRead>>>>;
 
 #[derive(Debug)]
@@ -146,14 +160,7 @@ mod tests {
     async fn read(n: &AtomicUsize, next: u64) -> Option<TailRead> {
         n.fetch_add(1, Ordering::SeqCst);
         tokio::task::yield_now().await;
-        Some(TailRead {
-            state: state(),
-            messages: vec![(0, "e30=".into())],
-            from: 0,
-            next,
-            body: OnceLock::new(),
-            sse_data: OnceLock::new(),
-        })
+        Some(TailRead::new((state(), vec![(0, "e30=".into())], 0, next)))
     }
 
     #[tokio::test]

@@ -473,6 +473,68 @@ impl TestClient {
             }
         }
     }
+
+    /// Sends `request` (one command id every time, as a client retrying
+    /// an ambiguous answer does) through `via` until a node applies it;
+    /// `refused` checks each answer before that. Returns the applying
+    /// answer and, in order, what was heard before it (with the time since
+    /// the first try). Panics after `bound`.
+    pub async fn execute_until_applied(
+        &mut self,
+        via: SocketAddr,
+        request: &v1::ExecuteRequest,
+        bound: Duration,
+        refused: impl Fn(&tonic::Status),
+    ) -> (v1::ExecuteResponse, Vec<String>) {
+        let started = Instant::now();
+        let mut answers = Vec::new();
+        loop {
+            assert!(
+                started.elapsed() < bound,
+                "no node applied the command through {via} in {bound:?}: {answers:?}"
+            );
+            match self.execute(via, request.clone()).await {
+                Ok(response) => {
+                    assert!(
+                        matches!(
+                            response.outcome,
+                            Some(v1::execute_response::Outcome::ResultJson(_))
+                        ),
+                        "{response:?}"
+                    );
+                    return (response, answers);
+                }
+                Err(status) => {
+                    refused(&status);
+                    answers.push(format!(
+                        "{:?} after {:?}",
+                        error_code(&status),
+                        started.elapsed()
+                    ));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Every tag acknowledged for each `log` Cell of `acked` is present
+    /// exactly once (and nothing else is), read through each of `via`.
+    pub async fn assert_exactly_once(
+        &mut self,
+        via: &[(&str, SocketAddr)],
+        acked: &HashMap<String, Vec<String>>,
+    ) {
+        for (node, addr) in via {
+            for (cell, tags) in acked {
+                let counts = self.log_counts(*addr, cell).await;
+                let mut expected: HashMap<String, i64> = HashMap::new();
+                for tag in tags {
+                    *expected.entry(tag.clone()).or_default() += 1;
+                }
+                assert_eq!(counts, expected, "{cell} read through {node}");
+            }
+        }
+    }
 }
 
 /// `GET path` on a plain HTTP listener: (status code, body).

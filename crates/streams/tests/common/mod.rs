@@ -28,6 +28,16 @@ pub async fn start_with(
     config: StreamsConfig,
     wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
 ) -> TestServer {
+    serve(prefix, wrap, |node| Streams::new(node, config)).await
+}
+
+/// A node on a (wrapped) local store in a temporary directory, serving
+/// the streams service `streams` builds over it.
+async fn serve(
+    prefix: &str,
+    wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+    streams: impl FnOnce(cellfleet_runtime::NodeHandle) -> Streams,
+) -> TestServer {
     let dir = tempfile::tempdir().expect("temp dir");
     let local: Arc<dyn ObjectStore> =
         Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
@@ -49,7 +59,7 @@ pub async fn start_with(
         .expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(Streams::new(node, config).serve(listener, shutdown));
+    tokio::spawn(streams(node).serve(listener, shutdown));
     TestServer {
         address,
         _dir: dir,
@@ -101,42 +111,23 @@ pub struct Counts {
 /// As [`start`], counting the queries and commands the server runs.
 #[allow(dead_code)]
 pub async fn start_counting(prefix: &str, config: StreamsConfig) -> (TestServer, Counts) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LocalStore::open(dir.path().join("bucket")).expect("local store"));
-    let node_config = NodeConfig::new(
-        NodeId::new("n1").expect("node id"),
-        dir.path().join("n1"),
-        prefix,
-    );
-    let kinds = Arc::new(
-        cellfleet_streams::with_kinds(Kinds::builtin())
-            .expect("the built-in and streams kinds have distinct names"),
-    );
-    let node = Node::start(node_config, store, Arc::new(SystemClock), kinds)
-        .await
-        .expect("node starts");
     let counts = Counts {
         queries: Default::default(),
         commands: Default::default(),
     };
-    let backend = Arc::new(Counting {
-        inner: Arc::new(cellfleet_streams::LocalBackend::new(node)),
-        queries: counts.queries.clone(),
-        commands: counts.commands.clone(),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(Streams::with_backend(backend, config).serve(listener, shutdown));
-    (
-        TestServer {
-            address,
-            _dir: dir,
-            _stop: stop,
+    let (queries, commands) = (counts.queries.clone(), counts.commands.clone());
+    let server = serve(
+        prefix,
+        |store| store,
+        move |node| {
+            let backend = Arc::new(Counting {
+                inner: Arc::new(cellfleet_streams::LocalBackend::new(node)),
+                queries,
+                commands,
+            });
+            Streams::with_backend(backend, config)
         },
-        counts,
     )
+    .await;
+    (server, counts)
 }

@@ -808,16 +808,7 @@ async fn a_paused_owner_s_cells_serve_through_other_nodes_once_its_lease_expires
             acked.entry(cell.clone()).or_default().push(tag);
         }
     }
-    let (cell, owner) = owners
-        .iter()
-        .find(|(_, owner)| owner.as_str() != cluster.nodes[2].id)
-        .map(|(cell, owner)| (cell.clone(), owner.clone()))
-        .expect("some cell is owned by a node other than the ingress");
-    let victim = cluster
-        .nodes
-        .iter()
-        .position(|node| node.id == owner)
-        .expect("the owner is a node");
+    let (cell, owner, victim) = cluster.owned_elsewhere(&owners, 2);
     cluster.signal(victim, "STOP");
     let paused_at = Instant::now();
     let request = client.command(

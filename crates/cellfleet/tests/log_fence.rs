@@ -182,16 +182,7 @@ async fn paused_between_put_and_reply(collect_first: bool) {
         owners.insert(cell.clone(), response.served_by.clone());
         acked.entry(cell.clone()).or_default().push("before".into());
     }
-    let (cell, owner) = owners
-        .iter()
-        .find(|(_, owner)| owner.as_str() != cluster.nodes[2].id)
-        .map(|(cell, owner)| (cell.clone(), owner.clone()))
-        .expect("some cell is owned by a node other than the ingress");
-    let victim = cluster
-        .nodes
-        .iter()
-        .position(|node| node.id == owner)
-        .expect("the owner is a node");
+    let (cell, owner, victim) = cluster.owned_elsewhere(&owners, 2);
 
     // The owner's next segment PUT is held; the command waits for it.
     *hold.rule.lock().unwrap() = Some((format!("/{prefix}/logs/{owner}/"), ".seg".into()));

@@ -150,6 +150,26 @@ impl Cluster {
         cluster
     }
 
+    /// A Cell of `owners` (Cell → owner id) owned by another node than
+    /// node `ingress`: (the Cell, its owner, the owner's index).
+    pub fn owned_elsewhere(
+        &self,
+        owners: &HashMap<String, String>,
+        ingress: usize,
+    ) -> (String, String, usize) {
+        let (cell, owner) = owners
+            .iter()
+            .find(|(_, owner)| owner.as_str() != self.nodes[ingress].id)
+            .map(|(cell, owner)| (cell.clone(), owner.clone()))
+            .expect("some cell is owned by a node other than the ingress");
+        let index = self
+            .nodes
+            .iter()
+            .position(|node| node.id == owner)
+            .expect("the owner is a node");
+        (cell, owner, index)
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

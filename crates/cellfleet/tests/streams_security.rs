@@ -355,6 +355,18 @@ async fn tokens_over_tls_allow_what_they_grant_and_nothing_else() {
     )
     .await;
     assert_eq!(r.status, 200, "{r:?}");
+    // Plain HTTP to the HTTPS port is told which scheme to use.
+    let plain = tokio::task::block_in_place(|| {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(nodes[0]).expect("connect");
+        tcp.write_all(b"GET /v1/stream/sec/room HTTP/1.1\r\nhost: x\r\n\r\n")
+            .expect("write");
+        let mut reply = String::new();
+        let _ = tcp.read_to_string(&mut reply);
+        reply
+    });
+    assert!(plain.starts_with("HTTP/1.1 400 "), "{plain}");
+    assert!(plain.contains("use https://"), "{plain}");
     // CORS preflights need no token.
     let r = https(&ca, nodes[0], false, "OPTIONS", stream, None, "").await;
     assert_eq!(r.status, 204);

@@ -365,6 +365,16 @@ impl Streams {
                         let _ = builder.serve_connection(io, handler).await;
                     }
                     Some(acceptor) => {
+                        // A TLS connection opens with a handshake record
+                        // (0x16); anything else is plain HTTP to an HTTPS
+                        // port, which gets told so instead of garbage.
+                        let mut first = [0u8; 1];
+                        let peeked =
+                            tokio::time::timeout(TLS_HANDSHAKE, stream.peek(&mut first)).await;
+                        if matches!(peeked, Ok(Ok(1))) && first[0] != 0x16 {
+                            plain_http_to_tls(stream).await;
+                            return;
+                        }
                         let handshake =
                             tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
                         let Ok(Ok(stream)) = handshake.await else {
@@ -1494,6 +1504,24 @@ impl SseSession {
             next = read.next;
         }
     }
+}
+
+/// Answers a plain HTTP request on the HTTPS listener with 400 and the
+/// scheme to use, and closes the connection (bounded: one write, one second).
+async fn plain_http_to_tls(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BODY: &str = "this port serves HTTPS: use https:// (the listener has TLS; \
+        listen.streams_tls = \"none\" turns it off)\n";
+    let reply = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(reply.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 /// Answers a connection over `connections_max` with 503 and closes it,

@@ -15,6 +15,7 @@
 
 pub mod auth;
 pub mod backend;
+pub mod clock;
 pub mod kind;
 pub mod notify;
 pub mod offset;

@@ -7,7 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::auth::{self, StreamsAuth};
 use crate::backend::{BackendError, LocalBackend, StreamBackend};
+use crate::clock::now_ms;
 use crate::kind::{
     Lineage, Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
     STREAM_KIND,
@@ -140,13 +141,6 @@ fn too_many(what: &str) -> Response<Body> {
 const EXPOSED: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
     Stream-TTL, Stream-Expires-At, Stream-Sse-Data-Encoding, Producer-Epoch, Producer-Seq, \
     Producer-Expected-Seq, Producer-Received-Seq, ETag, Location, Content-Type, WWW-Authenticate";
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
 
 fn full(body: impl Into<Bytes>) -> Body {
     Full::new(body.into()).boxed()

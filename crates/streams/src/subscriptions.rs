@@ -24,7 +24,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64URL};
 use base64::Engine;
@@ -38,6 +38,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::kind::{StreamCommand, StreamOutput, StreamQuery, STREAM_KIND};
 use crate::offset;
 use crate::server::{Body, Streams};
@@ -78,13 +79,6 @@ pub struct Subscriptions {
 struct Snapshot {
     subs: Vec<Registered>,
     explicit: Vec<(String, String)>,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<Body> {

@@ -282,13 +282,18 @@ impl NodeLog {
     /// successor declared the session dead (it was paused or cut off past
     /// its lease), so nothing it writes from now on counts.
     pub async fn wait_sealed(&self) {
-        let waits = self.lanes.iter().map(|lane| {
+        let mut waits = tokio::task::JoinSet::new();
+        for lane in &self.lanes {
             let mut verdict = lane.writer.verdict();
-            Box::pin(async move {
-                let _ = verdict.wait_for(|v| v.sealed_at.is_some()).await;
-            })
-        });
-        futures_select_all(waits).await;
+            waits.spawn(async move {
+                // A writer gone (the log dropped) is no seal: wait forever.
+                if verdict.wait_for(|v| v.sealed_at.is_some()).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            });
+        }
+        // The first sealed lane decides; the rest are aborted with the set.
+        let _ = waits.join_next().await;
     }
 
     /// Waits (at most `bound`) until every sealed lane has decided the
@@ -501,25 +506,6 @@ async fn commit_lane(
             }
         });
     }
-}
-
-/// Resolves when the first of `futures` does.
-async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(
-    futures: impl IntoIterator<Item = F>,
-) {
-    let mut futures: Vec<F> = futures.into_iter().collect();
-    if futures.is_empty() {
-        return std::future::pending().await;
-    }
-    std::future::poll_fn(|cx| {
-        for future in futures.iter_mut() {
-            if std::pin::Pin::new(future).poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -286,6 +286,18 @@ struct InFlight {
     answered: bool,
 }
 
+impl InFlight {
+    /// Counts this group's publication (either mode): one more, its size,
+    /// its time from the start of its upload.
+    fn count_publication(&self, metrics: &Metrics) {
+        metrics.publications_total.fetch_add(1, Ordering::Relaxed);
+        metrics.group_commands.observe(self.commands as f64);
+        metrics
+            .publication_total_seconds
+            .observe_duration(self.started.elapsed());
+    }
+}
+
 /// A record acknowledged in the log and not yet in the root's chain.
 #[derive(Debug)]
 struct Unckpt {
@@ -1096,12 +1108,8 @@ impl Actor {
         root: Versioned<RootRecord>,
         compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
     ) {
+        front.count_publication(&self.ctx.metrics);
         let metrics = &self.ctx.metrics;
-        metrics.publications_total.fetch_add(1, Ordering::Relaxed);
-        metrics.group_commands.observe(front.commands as f64);
-        metrics
-            .publication_total_seconds
-            .observe_duration(front.started.elapsed());
         if compaction.is_some() {
             metrics.compactions_total.fetch_add(1, Ordering::Relaxed);
         }
@@ -1341,7 +1349,7 @@ impl Actor {
             let _ = self.with_cell(|cell| cell.abort()).await;
         }
         if kind != FailKind::NotCommitted {
-            self.close_cell().await;
+            self.close_cell(false).await;
             self.ctx.activator.discard(&self.cell_id);
         }
     }
@@ -1376,9 +1384,19 @@ impl Actor {
         }
     }
 
-    async fn close_cell(&mut self) {
+    /// Closes the engine: tidily (WAL checkpointed into the file, `-wal`
+    /// and `-shm` removed) when its files stay, as at passivation; just
+    /// dropped when they are about to be discarded.
+    async fn close_cell(&mut self, tidy: bool) {
         if let Some(cell) = self.cell.take() {
-            let _ = tokio::task::spawn_blocking(move || cell.close()).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                if tidy {
+                    cell.close();
+                } else {
+                    drop(cell);
+                }
+            })
+            .await;
         }
     }
 
@@ -1388,7 +1406,11 @@ impl Actor {
         while let Ok(msg) = self.rx.try_recv() {
             answer_closed(msg, "the cell actor stopped");
         }
-        self.close_cell().await;
+        // Only a passivated Cell keeps its files (a drained one is
+        // released and discarded, a fenced or failed one discarded).
+        let parks = self.failed.is_none()
+            && !matches!(self.stopping, Some(StopHow::Drain | StopHow::Fence(_)));
+        self.close_cell(parks).await;
         let exit = match (&self.failed, &self.stopping) {
             (Some(_), _) | (None, Some(StopHow::Fence(_))) => (Exit::Gone, Ok(())),
             (None, Some(StopHow::Drain)) => {

@@ -126,12 +126,8 @@ impl Actor {
     }
 
     pub(super) async fn committed_log(&mut self, front: InFlight, seq: u64) {
+        front.count_publication(&self.ctx.metrics);
         let metrics = &self.ctx.metrics;
-        metrics.publications_total.fetch_add(1, Ordering::Relaxed);
-        metrics.group_commands.observe(front.commands as f64);
-        metrics
-            .publication_total_seconds
-            .observe_duration(front.started.elapsed());
         metrics
             .checkpoint_lag_records
             .fetch_add(1, Ordering::Relaxed);

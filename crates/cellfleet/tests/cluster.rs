@@ -1113,14 +1113,7 @@ async fn healthz_fails_once_another_session_replaced_the_lease() {
     // Owned by the cluster from here on, so a failure below still stops it.
     cluster.nodes.push(second);
     // The first process learns at its next renewal (every lease / 3 or so).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (status, body) = loop {
-        let answer = cluster_common::http_get(first, "/healthz");
-        if answer.0 != 200 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (status, body) = cluster_common::wait_unhealthy(first, Duration::from_secs(20)).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.starts_with("stopped serving: "), "{body}");
     assert_eq!(cluster_common::http_get(first, "/readyz").0, 503);

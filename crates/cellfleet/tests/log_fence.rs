@@ -279,15 +279,8 @@ async fn paused_between_put_and_reply(collect_first: bool) {
     // The woken owner found its session sealed: it ended the session
     // (retired its lease, so its Cells move at once) and serves nothing;
     // its liveness check says why, so a supervisor restarts it.
-    let http = cluster.nodes[victim].http;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (status, body) = loop {
-        let answer = cluster_common::http_get(http, "/healthz");
-        if answer.0 != 200 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (status, body) =
+        cluster_common::wait_unhealthy(cluster.nodes[victim].http, Duration::from_secs(30)).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("sealed this session's log"), "{body}");
     let survivors: Vec<(&str, SocketAddr)> = cluster

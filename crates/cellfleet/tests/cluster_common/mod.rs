@@ -557,6 +557,19 @@ impl TestClient {
     }
 }
 
+/// Polls `/healthz` on `address` until it is not 200, or `bound` passes;
+/// returns the last answer.
+pub async fn wait_unhealthy(address: SocketAddr, bound: Duration) -> (u16, String) {
+    let deadline = Instant::now() + bound;
+    loop {
+        let answer = http_get(address, "/healthz");
+        if answer.0 != 200 || Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `GET path` on a plain HTTP listener: (status code, body).
 pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};

@@ -455,6 +455,28 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 4
     );
+    // A passivated Cell is its database and lock file: only the (at most
+    // two) open ones keep a WAL and a shared-memory file.
+    let cells = dir.path().join("a").join("cells");
+    let sidecars = || {
+        std::fs::read_dir(&cells)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with("-wal") || name.ends_with("-shm")
+            })
+            .count()
+    };
+    let settled = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sidecars() > 4 && std::time::Instant::now() < settled {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        sidecars() <= 4,
+        "{} -wal/-shm files for at most 2 open cells",
+        sidecars()
+    );
     // Reopened on demand, with its state, and zero reads while the lease lives.
     store.reset_counts();
     assert_eq!(journal(&a, b"cell-0").await, vec!["t0"]);

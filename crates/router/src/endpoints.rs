@@ -17,12 +17,7 @@ pub fn lease_endpoints(client: &str, peer: &str, http: &str) -> Endpoints {
     }
 }
 
-/// `host:port` of a URL or address (scheme, path and query removed).
-pub fn host_port(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    &rest[..end]
-}
+pub use cellfleet_client::transport::host_port;
 
 #[cfg(test)]
 mod tests {

@@ -59,6 +59,7 @@ fn executed_to_proto(node: &NodeHandle, id: [u8; 16], executed: &Executed) -> v1
         receipt: stored.then(|| receipt_to_proto(&executed.receipt)),
         duplicate: executed.duplicate,
         served_by: node.node_id().as_str().to_owned(),
+        served_by_endpoint: node.endpoints().grpc.clone(),
     }
 }
 
@@ -108,6 +109,7 @@ pub async fn query(node: &NodeHandle, query: &VerifiedQuery) -> Result<v1::Query
         result_json: queried.value.to_string().into_bytes(),
         receipt: Some(receipt_to_proto(&queried.receipt)),
         served_by: node.node_id().as_str().to_owned(),
+        served_by_endpoint: node.endpoints().grpc.clone(),
     })
 }
 
@@ -124,6 +126,7 @@ pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1:
     let mut response = v1::ResolveResponse {
         command_id: resolve.command_id.to_vec(),
         served_by: node.node_id().as_str().to_owned(),
+        served_by_endpoint: node.endpoints().grpc.clone(),
         ..Default::default()
     };
     let state = match resolution {
@@ -192,6 +195,7 @@ pub async fn node_query(node: &NodeHandle, request: &v1::NodeQuery) -> Result<v1
         result_json: queried.value.to_string().into_bytes(),
         receipt: Some(receipt_to_proto(&queried.receipt)),
         served_by: node.node_id().as_str().to_owned(),
+        served_by_endpoint: node.endpoints().grpc.clone(),
     })
 }
 

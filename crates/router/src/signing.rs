@@ -9,72 +9,14 @@
 
 use std::path::Path;
 
-use cellfleet_proto::v1;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::pkcs8::EncodePrivateKey;
+use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 
 use crate::error::{Error, Result};
 
-/// Bytes in an Ed25519 signature.
-pub const SIGNATURE_BYTES: usize = 64;
-
-/// Which call a signature is for. Each has its own tag so a signature for
-/// one call can never be replayed as another.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Domain {
-    /// `Client.Execute`, body `CommandBody`.
-    Command,
-    /// `Client.Query`, body `QueryBody`.
-    Query,
-    /// `Client.Resolve`, body `ResolveBody`.
-    Resolve,
-    /// `Admin.Drain`, body `AdminBody`.
-    Admin,
-}
-
-impl Domain {
-    /// The tag bytes prepended to the body, zero byte included.
-    pub fn tag(self) -> &'static [u8] {
-        match self {
-            Domain::Command => b"cellfleet.v1.command\0",
-            Domain::Query => b"cellfleet.v1.query\0",
-            Domain::Resolve => b"cellfleet.v1.resolve\0",
-            Domain::Admin => b"cellfleet.v1.admin\0",
-        }
-    }
-
-    /// The tag without its zero byte (for messages).
-    pub fn name(self) -> &'static str {
-        match self {
-            Domain::Command => "cellfleet.v1.command",
-            Domain::Query => "cellfleet.v1.query",
-            Domain::Resolve => "cellfleet.v1.resolve",
-            Domain::Admin => "cellfleet.v1.admin",
-        }
-    }
-}
-
-fn message(domain: Domain, body: &[u8]) -> Vec<u8> {
-    let mut message = Vec::with_capacity(domain.tag().len() + body.len());
-    message.extend_from_slice(domain.tag());
-    message.extend_from_slice(body);
-    message
-}
-
-/// Signs `body` for `domain`.
-pub fn sign(domain: Domain, body: &[u8], key: &SigningKey) -> [u8; SIGNATURE_BYTES] {
-    key.sign(&message(domain, body)).to_bytes()
-}
-
-/// Wraps already-serialized body bytes into a signed envelope.
-pub fn seal(domain: Domain, body: Vec<u8>, key_id: &str, key: &SigningKey) -> v1::SignedEnvelope {
-    let signature = sign(domain, &body, key).to_vec();
-    v1::SignedEnvelope {
-        body,
-        signature,
-        key_id: key_id.to_owned(),
-    }
-}
+pub use cellfleet_client::signing::{
+    read_signing_key, seal, sign, signed_message, Domain, SIGNATURE_BYTES,
+};
 
 /// Checks `signature` over `TAG || body` with `key` (strict RFC 8032).
 pub fn verify(
@@ -90,7 +32,7 @@ pub fn verify(
     };
     let bytes: [u8; SIGNATURE_BYTES] = signature.try_into().map_err(|_| bad())?;
     let signature = Signature::from_bytes(&bytes);
-    key.verify_strict(&message(domain, body), &signature)
+    key.verify_strict(&signed_message(domain, body), &signature)
         .map_err(|_| bad())
 }
 
@@ -134,17 +76,6 @@ pub fn write_signing_key(path: &Path, key: &SigningKey) -> std::io::Result<()> {
     crate::certs::write_private_file(path, pem.as_bytes())
 }
 
-/// Reads a PKCS#8 PEM Ed25519 private key.
-pub fn read_signing_key(path: &Path) -> std::io::Result<SigningKey> {
-    let text = std::fs::read_to_string(path)?;
-    SigningKey::from_pkcs8_pem(&text).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{}: not a PKCS#8 Ed25519 private key: {e}", path.display()),
-        )
-    })
-}
-
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut out, b| {
@@ -156,6 +87,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ed25519_dalek::Signer;
 
     #[test]
     fn signature_binds_domain_and_exact_body() {

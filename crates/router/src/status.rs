@@ -48,8 +48,9 @@ use tonic::Code;
 
 use crate::error::{Error, OwnerHint};
 
-/// The binary trailing-metadata key that carries the serialized [`v1::ErrorDetail`].
-pub const ERROR_DETAIL_METADATA: &str = "cellfleet-error-bin";
+pub use cellfleet_client::error::{
+    decode_detail, detail_from_status, ERROR_DETAIL_BYTES_MAX, ERROR_DETAIL_METADATA,
+};
 
 /// Retry hint after a Cell moved (fenced, draining, lease lost): long
 /// enough for a takeover's authority read, short enough not to matter.
@@ -57,10 +58,6 @@ pub const MOVE_RETRY_AFTER_MS: u64 = 100;
 
 /// Retry hint for a query whose minimum receipt was not yet published.
 pub const RECEIPT_RETRY_AFTER_MS: u64 = 50;
-
-/// Bound on the serialized detail read back from a status (untrusted bytes
-/// from a peer): larger details are ignored.
-pub const ERROR_DETAIL_BYTES_MAX: usize = 16 * 1024;
 
 /// How one error is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,22 +147,6 @@ impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
         to_status(&error)
     }
-}
-
-/// Reads the detail back from a status (a peer's answer: untrusted bytes).
-/// `None` when absent, oversized or undecodable.
-pub fn detail_from_status(status: &tonic::Status) -> Option<v1::ErrorDetail> {
-    let value = status.metadata().get_bin(ERROR_DETAIL_METADATA)?;
-    let bytes = value.to_bytes().ok()?;
-    decode_detail(&bytes)
-}
-
-/// Decodes a serialized [`v1::ErrorDetail`] (bounded; never panics).
-pub fn decode_detail(bytes: &[u8]) -> Option<v1::ErrorDetail> {
-    if bytes.len() > ERROR_DETAIL_BYTES_MAX {
-        return None;
-    }
-    v1::ErrorDetail::decode(bytes).ok()
 }
 
 /// The owner hint of a NOT_OWNER detail, for the ingress's one retry.

@@ -10,11 +10,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
-use rustls::crypto::CryptoProvider;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{
@@ -25,13 +23,7 @@ use rustls::{
 use crate::certs::{CertError, Role, CA_CERT_FILE};
 use crate::error::Error;
 
-/// ALPN protocol of gRPC (HTTP/2); gRPC clients in other languages require it.
-pub const ALPN_H2: &[u8] = b"h2";
-
-/// The crypto provider every configuration uses.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+pub use cellfleet_client::tls::{provider, ALPN_H2};
 
 /// A node's or client's TLS identity: the cluster CA and its own certificate and key.
 pub struct TlsIdentity {
@@ -138,20 +130,8 @@ pub fn role_of(chain: &[CertificateDer<'_>]) -> Result<Role, CertError> {
 }
 
 fn role_of_der(der: &[u8]) -> Result<Role, CertError> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| CertError::Role(format!("unparseable certificate: {e}")))?;
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| CertError::Role(format!("bad subjectAltName: {e}")))?
-        .ok_or_else(|| CertError::Role("no subjectAltName".into()))?;
-    let mut roles = san
-        .value
-        .general_names
-        .iter()
-        .filter_map(|name| match name {
-            x509_parser::extensions::GeneralName::URI(uri) => Role::from_uri(uri),
-            _ => None,
-        });
+    let uris = cellfleet_client::tls::san_uris(der).map_err(CertError::Role)?;
+    let mut roles = uris.iter().filter_map(|uri| Role::from_uri(uri));
     let role = roles
         .next()
         .ok_or_else(|| CertError::Role("no cellfleet:// role URI".into()))??;
@@ -214,59 +194,6 @@ impl ClientCertVerifier for RoleClientVerifier {
             ))));
         }
         Ok(verified)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// webpki server verification plus "the server is a node".
-#[derive(Debug)]
-struct NodeServerVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-}
-
-impl ServerCertVerifier for NodeServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let verified = self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        )?;
-        match role_of_der(end_entity).map_err(role_failure)? {
-            Role::Node(_) => Ok(verified),
-            Role::Client(name) => Err(role_failure(CertError::Role(format!(
-                "server presented client certificate {name:?}"
-            )))),
-        }
     }
 
     fn verify_tls12_signature(
@@ -359,21 +286,15 @@ pub fn load_chain(
 }
 
 /// A client configuration: presents the identity's certificate and accepts
-/// only servers with a node certificate chained to the cluster CA; ALPN `h2`.
+/// only servers with a node certificate chained to the cluster CA; ALPN `h2`
+/// (the client library's, see `cellfleet_client::tls`).
 pub fn client_config(identity: &TlsIdentity) -> Result<Arc<ClientConfig>, CertError> {
-    let provider = provider();
-    let inner = WebPkiServerVerifier::builder_with_provider(identity.roots()?, provider.clone())
-        .build()
-        .map_err(|e| CertError::Tls(format!("server verifier: {e}")))?;
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| CertError::Tls(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(NodeServerVerifier { inner }))
-        .with_client_auth_cert(identity.chain.clone(), identity.key.clone_key())
-        .map_err(|e| CertError::Tls(format!("client certificate: {e}")))?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(Arc::new(config))
+    cellfleet_client::tls::client_config(
+        &identity.ca,
+        identity.chain.clone(),
+        identity.key.clone_key(),
+    )
+    .map_err(|e| CertError::Tls(e.to_string()))
 }
 
 #[cfg(test)]

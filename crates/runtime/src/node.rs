@@ -656,6 +656,11 @@ impl NodeHandle {
         &self.shared.me.node
     }
 
+    /// How clients and peers reach this node (as written into its lease).
+    pub fn endpoints(&self) -> &cellfleet_authority::Endpoints {
+        &self.shared.config.endpoints
+    }
+
     /// Resolves, with the reason, once the node stopped serving for good:
     /// its lease was replaced, or another node sealed its session's log.
     /// (Not on drain.)

@@ -77,6 +77,7 @@ impl v1::client_server::Client for Echo {
             result_json: body,
             receipt: None,
             served_by: ECHO.into(),
+            served_by_endpoint: String::new(),
         }))
     }
 

@@ -79,6 +79,7 @@ impl Client for EchoClient {
             receipt: Some(receipt(&command.kind, &command.key)),
             duplicate: false,
             served_by: self.node_id.clone(),
+            served_by_endpoint: String::new(),
         }))
     }
 
@@ -95,6 +96,7 @@ impl Client for EchoClient {
                 .into_bytes(),
             receipt: Some(receipt(&query.kind, &query.key)),
             served_by: self.node_id.clone(),
+            served_by_endpoint: String::new(),
         }))
     }
 
@@ -111,6 +113,7 @@ impl Client for EchoClient {
             outcome: None,
             receipt: None,
             served_by: self.node_id.clone(),
+            served_by_endpoint: String::new(),
         }))
     }
 }
@@ -135,6 +138,7 @@ impl Peer for EchoPeer {
                     .into_bytes(),
                 receipt: None,
                 served_by: self.node_id.clone(),
+                served_by_endpoint: String::new(),
             })),
         }))
     }

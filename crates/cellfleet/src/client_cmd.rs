@@ -23,77 +23,22 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
-use cellfleet_proto::v1;
-use cellfleet_proto::v1::admin_client::AdminClient;
-use cellfleet_proto::v1::client_client::ClientClient;
-use cellfleet_router::signing::{read_signing_key, seal, Domain};
-use cellfleet_router::status::detail_from_status;
-use cellfleet_router::tls::{self, TlsIdentity};
+use cellfleet_client::{
+    v1, Client, Command, CommandId, Config, Error, Outcome, Query, Receipt, RetryPolicy,
+};
 use clap::{Args, Subcommand};
-use prost::Message;
-use serde::{Deserialize, Serialize};
-use tonic::transport::Channel;
 
 /// The client config used when neither `--config` nor `CELLFLEET_CONFIG` is given.
-pub const DEFAULT_CLIENT_CONFIG: &str = ".cellfleet-dev/client.toml";
-/// Per-call timeout.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClientFile {
-    pub endpoints: Vec<String>,
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub signing_key: PathBuf,
-    pub key_id: String,
-    #[serde(default = "default_window_ms")]
-    pub window_ms: u64,
-}
-
-impl ClientFile {
-    /// Reads a client config; its relative paths become relative to its directory.
-    pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read the client config {}; start a local cluster with `cellfleet dev`, \
-                 or pass --config / set CELLFLEET_CONFIG",
-                path.display()
-            )
-        })?;
-        let mut file: ClientFile =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        for p in [
-            &mut file.ca,
-            &mut file.cert,
-            &mut file.key,
-            &mut file.signing_key,
-        ] {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        }
-        Ok(file)
-    }
-}
+pub const DEFAULT_CLIENT_CONFIG: &str = cellfleet_client::config::DEFAULT_CONFIG_PATH;
+/// The client config file (the client library's).
+pub type ClientFile = Config;
 
 /// The client config a command uses: `--config`, else `$CELLFLEET_CONFIG`,
 /// else `./.cellfleet-dev/client.toml`.
 pub fn client_config_path(explicit: Option<&Path>) -> PathBuf {
-    explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CELLFLEET_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CLIENT_CONFIG))
-}
-
-fn default_window_ms() -> u64 {
-    60_000
+    Config::path(explicit)
 }
 
 #[derive(Debug, Args)]
@@ -218,104 +163,29 @@ fn config_path(common: &Common) -> PathBuf {
     client_config_path(common.config.as_deref())
 }
 
-struct Client {
-    file: ClientFile,
-    tls: Arc<rustls::ClientConfig>,
-    signing: ed25519_dalek::SigningKey,
-}
-
-impl Client {
-    fn load(common: &Common) -> anyhow::Result<Self> {
-        let path = config_path(common);
-        let mut file = ClientFile::read(&path)?;
-        if let Some(node) = &common.node {
-            file.endpoints = vec![node.clone()];
-        }
-        if file.endpoints.is_empty() {
-            bail!(
-                "{}: endpoints is empty; list the nodes' client addresses",
-                path.display()
-            );
-        }
-        let identity =
-            TlsIdentity::load(&file.ca, &file.cert, &file.key).context("client certificate")?;
-        let tls = tls::client_config(&identity)?;
-        let signing = read_signing_key(&file.signing_key)
-            .with_context(|| format!("signing key {}", file.signing_key.display()))?;
-        Ok(Client { file, tls, signing })
+/// The client library, configured from the client file (`--node`: that
+/// node only). A one-shot command has no later request to route, so owner
+/// routing is off; retries follow the library's rule.
+fn load_client(common: &Common) -> anyhow::Result<Client> {
+    let path = config_path(common);
+    let mut file = Config::read(&path)?;
+    if let Some(node) = &common.node {
+        file.endpoints = vec![node.clone()];
     }
-
-    fn channel(&self, endpoint: &str) -> anyhow::Result<Channel> {
-        let target: cellfleet_router::transport::HostPort = endpoint
-            .parse()
-            .map_err(|reason: String| anyhow::anyhow!("endpoint {reason}"))?;
-        Ok(cellfleet_router::transport::channel_to(
-            &target,
-            self.tls.clone(),
-            Duration::from_secs(2),
-        )?)
-    }
-
-    /// Sign `body` under `domain` with this client's key.
-    fn seal(&self, domain: Domain, body: &impl Message) -> v1::SignedEnvelope {
-        seal(
-            domain,
-            body.encode_to_vec(),
-            &self.file.key_id,
-            &self.signing,
-        )
-    }
-
-    fn window(&self) -> (i64, i64) {
-        let now = now_ms();
-        (
-            now,
-            now + i64::try_from(self.file.window_ms).unwrap_or(60_000),
-        )
-    }
-
-    /// Calls `call` on each endpoint in turn until one answers something
-    /// other than "go elsewhere".
-    async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, tonic::Status>
-    where
-        F: FnMut(Channel) -> Fut,
-        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-    {
-        let mut last = tonic::Status::unavailable("no endpoint configured");
-        for endpoint in &self.file.endpoints {
-            let channel = match self.channel(endpoint) {
-                Ok(channel) => channel,
-                Err(e) => {
-                    last = tonic::Status::invalid_argument(e.to_string());
-                    continue;
-                }
-            };
-            match call(channel).await {
-                Ok(value) => return Ok(value),
-                Err(status) if elsewhere(&status) => last = status,
-                Err(status) => return Err(status),
-            }
-        }
-        Err(last)
-    }
-}
-
-/// Errors that another node may not have.
-fn elsewhere(status: &tonic::Status) -> bool {
-    match detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok()) {
-        Some(
-            v1::ErrorCode::Draining | v1::ErrorCode::LeaseLost | v1::ErrorCode::PeerUnavailable,
-        ) => true,
-        Some(_) => false,
-        None => status.code() == tonic::Code::Unavailable,
-    }
+    let endpoints = file.endpoints.len();
+    Ok(Client::builder_from_config(&file)?
+        .owner_routing(false)
+        // One pass over the configured nodes for calls that fail with
+        // nothing to settle; commands in doubt are retried within the budget.
+        .retry_policy(RetryPolicy {
+            attempts: u32::try_from(endpoints.max(4)).unwrap_or(4),
+            ..RetryPolicy::default()
+        })
+        .build()?)
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    cellfleet_client::now_ms()
 }
 
 fn parse_args(args: &[String], json: Option<&str>) -> anyhow::Result<serde_json::Value> {
@@ -371,23 +241,6 @@ fn parse_args_with(
     Ok(serde_json::Value::Object(object))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn parse_id(text: &str) -> anyhow::Result<[u8; 16]> {
-    let bytes: Result<Vec<u8>, _> = (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2).unwrap_or("x"), 16))
-        .collect();
-    match bytes {
-        Ok(bytes) if bytes.len() == 16 && text.len() == 32 => {
-            Ok(bytes.try_into().expect("16 bytes checked"))
-        }
-        _ => bail!("command id {text:?} must be 32 hex digits (as printed by `cellfleet exec`)"),
-    }
-}
-
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -399,53 +252,11 @@ pub const EXIT_REJECTED: u8 = 4;
 /// The exit code when a command's outcome is unknown.
 pub const EXIT_UNKNOWN: u8 = 3;
 
-/// Prints a failed call with what to do next; exit code 1 (3 when the outcome is unknown).
-/// What a status without a Cellfleet detail says: the server's own
-/// "not found", a TLS refusal (certificates) or a peer that does not speak
-/// TLS, no connection at all, or some other transport failure.
-fn transport_category(status: &tonic::Status) -> &'static str {
-    if status.code() == tonic::Code::NotFound {
-        return "NOT_FOUND";
-    }
-    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(error) = next {
-        let tls = error.downcast_ref::<rustls::Error>().or_else(|| {
-            error
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(tls) = tls {
-            return match tls {
-                rustls::Error::InvalidMessage(_)
-                | rustls::Error::InappropriateMessage { .. }
-                | rustls::Error::InappropriateHandshakeMessage { .. } => "NOT_TLS",
-                _ => "CERTIFICATE",
-            };
-        }
-        // io::Error's source() skips its payload: look inside it too.
-        next = error
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static))
-            .filter(|inner| !std::ptr::eq(*inner, error))
-            .or_else(|| error.source());
-    }
-    if cellfleet_router::transport::connect_failed(status) {
-        return "UNREACHABLE";
-    }
-    "TRANSPORT"
-}
-
-fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
-    let detail = detail_from_status(status);
-    let code = detail
-        .as_ref()
-        .and_then(|d| v1::ErrorCode::try_from(d.code).ok())
-        .map(|c| c.as_str_name().trim_start_matches("ERROR_CODE_").to_owned())
-        .unwrap_or_else(|| transport_category(status).into());
-    let retry_safe = detail.as_ref().is_some_and(|d| d.retry_safe);
-    let next = match code.as_str() {
+/// Prints a failed call with what to do next; exit code 1 (3 when the
+/// outcome is unknown).
+fn report_error(error: &Error, json: bool) -> ExitCode {
+    let code = error.name();
+    let next = match code {
         "NOT_FOUND" => "check the kind and key (`cellfleet cells` lists the Cells the cluster has)",
         "CERTIFICATE" => "the node refused this client's certificate or this client the node's: check ca, cert and key in the client config (an expired or another cluster's certificate?); reissue with `cellfleet certs issue client NAME`",
         "NOT_TLS" => "the endpoint did not answer TLS: give a node's client port (listen.client), not its HTTP, streams or peer port",
@@ -455,20 +266,28 @@ fn report_error(status: &tonic::Status, json: bool) -> ExitCode {
         "UNAUTHORIZED" => "grant the key this kind/operation in keys.toml (`cellfleet keys new --kinds --ops`)",
         "EXPIRED" | "FUTURE_DATED" => "check this machine's clock",
         "TRANSPORT" => "is the cluster running? (`cellfleet dev`, or check endpoints in the client config)",
-        _ if retry_safe => "retry (a command: with the same --id)",
+        "CONFIG" => "fix the client config or the request",
+        _ if error.retry_safe() => "retry (a command: with the same --id)",
         _ => "fix the request",
+    };
+    let grpc = error
+        .grpc_code()
+        .map_or_else(|| "-".to_owned(), |code| format!("{code:?}"));
+    let message = match error {
+        Error::Refused { message, .. } | Error::Transport { message, .. } => message.clone(),
+        other => other.to_string(),
     };
     if json {
         let view = serde_json::json!({
             "ok": false,
-            "grpc_status": format!("{:?}", status.code()),
+            "grpc_status": grpc,
             "code": code,
-            "retry_safe": retry_safe,
-            "message": status.message(),
+            "retry_safe": error.retry_safe(),
+            "message": message,
         });
         println!("{view}");
     } else {
-        eprintln!("error: {code} ({:?}): {}", status.code(), status.message());
+        eprintln!("error: {code} ({grpc}): {message}");
         eprintln!("next: {next}");
     }
     ExitCode::from(if code == "UNKNOWN_OUTCOME" {
@@ -492,202 +311,133 @@ fn receipt_json(receipt: &Option<v1::Receipt>) -> serde_json::Value {
     }
 }
 
-fn json_bytes(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
-}
-
-fn rejection_json(r: &v1::Rejection) -> serde_json::Value {
-    let code = v1::RejectCode::try_from(r.code)
-        .map(|c| {
-            c.as_str_name()
+fn outcome_json(outcome: &Outcome) -> (&'static str, serde_json::Value) {
+    match outcome {
+        Outcome::Applied(value) => ("applied", value.clone()),
+        Outcome::Rejected(r) => {
+            let code = r
+                .code
+                .as_str_name()
                 .trim_start_matches("REJECT_CODE_")
-                .to_owned()
-        })
-        .unwrap_or_default();
-    serde_json::json!({"code": code, "message": r.message})
+                .to_owned();
+            (
+                "rejected",
+                serde_json::json!({"code": code, "message": r.message}),
+            )
+        }
+    }
 }
 
 pub fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
+    let client = load_client(&args.common)?;
     let command_args = parse_args(&args.args, args.args_json.as_deref())?;
     let id = match &args.id {
-        Some(text) => parse_id(text)?,
-        None => rand::random(),
+        Some(text) => text.parse::<CommandId>().map_err(anyhow::Error::msg)?,
+        None => CommandId::random(),
     };
-    let (issued, expires) = client.window();
-    let body = v1::CommandBody {
-        kind: args.kind.clone(),
-        key: args.key.clone().into_bytes(),
-        command: args.command.clone(),
-        args_json: command_args.to_string().into_bytes(),
-        command_id: id.to_vec(),
-        issued_at_ms: issued,
-        expires_at_ms: expires,
-    };
-    let envelope = client.seal(Domain::Command, &body);
-    let result = runtime()?.block_on(client.call(|channel| {
-        let envelope = envelope.clone();
-        async move {
-            let mut request = tonic::Request::new(v1::ExecuteRequest {
-                envelope: Some(envelope),
-            });
-            request.set_timeout(CALL_TIMEOUT);
-            Ok(ClientClient::new(channel)
-                .execute(request)
-                .await?
-                .into_inner())
-        }
-    }));
-    let response = match result {
-        Ok(response) => response,
-        Err(status) => {
+    let command = Command::new(&args.kind, args.key.as_bytes(), &args.command)
+        .args(command_args)
+        .id(id);
+    let (issued, expires) = client.window_from_now();
+    let request = client.seal_command(&command, issued, expires)?;
+    let result = runtime()?.block_on(client.execute_sealed(&command, request, expires));
+    let executed = match result {
+        Ok(executed) => executed,
+        Err(error) => {
             if !args.common.json {
                 eprintln!(
-                    "command id {} expires at {expires} ms (retry with --id {}, or \
-                     `cellfleet resolve {} {} {} --expires-at-ms {expires}`)",
-                    hex(&id),
-                    hex(&id),
-                    args.kind,
-                    args.key,
-                    hex(&id)
+                    "command id {id} expires at {expires} ms (retry with --id {id}, or \
+                     `cellfleet resolve {} {} {id} --expires-at-ms {expires}`)",
+                    args.kind, args.key,
                 );
             }
-            return Ok(report_error(&status, args.common.json));
+            return Ok(report_error(&error, args.common.json));
         }
     };
-    let (state, outcome) = match &response.outcome {
-        Some(v1::execute_response::Outcome::ResultJson(json)) => ("applied", json_bytes(json)),
-        Some(v1::execute_response::Outcome::Rejected(r)) => ("rejected", rejection_json(r)),
-        None => ("unknown", serde_json::Value::Null),
-    };
-    let applied = state == "applied";
+    let (state, outcome) = outcome_json(&executed.outcome);
     if args.common.json {
         let view = serde_json::json!({
-            "ok": applied,
-            "command_id": hex(&response.command_id),
+            "ok": state == "applied",
+            "command_id": executed.command_id.to_string(),
             "expires_at_ms": expires,
             "outcome": state,
             "result": outcome,
-            "receipt": receipt_json(&response.receipt),
-            "duplicate": response.duplicate,
-            "served_by": response.served_by,
+            "receipt": receipt_json(&executed.receipt),
+            "duplicate": executed.duplicate,
+            "served_by": executed.served_by,
         });
         println!("{view}");
     } else {
         println!("{state:<10} {outcome}");
         println!(
             "command    {}{}",
-            hex(&response.command_id),
-            if response.duplicate {
+            executed.command_id,
+            if executed.duplicate {
                 " (duplicate: stored outcome of an earlier try)"
             } else {
                 ""
             }
         );
-        println!("receipt    {}", receipt_text(&response.receipt));
-        println!("served by  {}", response.served_by);
+        println!("receipt    {}", receipt_text(&executed.receipt));
+        println!("served by  {}", executed.served_by);
     }
     Ok(match state {
         "applied" => ExitCode::SUCCESS,
-        "rejected" => ExitCode::from(EXIT_REJECTED),
-        _ => ExitCode::from(EXIT_UNKNOWN),
+        _ => ExitCode::from(EXIT_REJECTED),
     })
 }
 
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
+    let client = load_client(&args.common)?;
     let query_args = parse_args(&args.args, args.args_json.as_deref())?;
-    let (issued, expires) = client.window();
     let cell_id = cellfleet_authority::CellId::for_kind_key(&args.kind, args.key.as_bytes());
-    let body = v1::QueryBody {
-        kind: args.kind.clone(),
-        key: args.key.clone().into_bytes(),
-        query: args.name.clone(),
-        args_json: query_args.to_string().into_bytes(),
-        min_receipt: args.min_txid.map(|txid| v1::Receipt {
+    let mut query = Query::new(&args.kind, args.key.as_bytes(), &args.name).args(query_args);
+    if let Some(txid) = args.min_txid {
+        query = query.after(&Receipt {
             cell_id: cell_id.as_str().to_owned(),
             epoch: 0,
             txid,
-        }),
-        request_id: rand::random::<[u8; 16]>().to_vec(),
-        issued_at_ms: issued,
-        expires_at_ms: expires,
-    };
-    let envelope = client.seal(Domain::Query, &body);
-    let result = runtime()?.block_on(client.call(|channel| {
-        let envelope = envelope.clone();
-        async move {
-            let mut request = tonic::Request::new(v1::QueryRequest {
-                envelope: Some(envelope),
-            });
-            request.set_timeout(CALL_TIMEOUT);
-            Ok(ClientClient::new(channel)
-                .query(request)
-                .await?
-                .into_inner())
-        }
-    }));
-    match result {
+        });
+    }
+    match runtime()?.block_on(client.query(&query)) {
         Ok(response) => {
-            let value = json_bytes(&response.result_json);
             if args.common.json {
                 println!(
                     "{}",
-                    serde_json::json!({"ok": true, "result": value,
+                    serde_json::json!({"ok": true, "result": response.value,
                         "receipt": receipt_json(&response.receipt), "served_by": response.served_by})
                 );
             } else {
-                println!("{}", serde_json::to_string_pretty(&value)?);
+                println!("{}", serde_json::to_string_pretty(&response.value)?);
                 println!("receipt    {}", receipt_text(&response.receipt));
                 println!("served by  {}", response.served_by);
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(status) => Ok(report_error(&status, args.common.json)),
+        Err(error) => Ok(report_error(&error, args.common.json)),
     }
 }
 
 pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
-    let id = parse_id(&args.id)?;
-    let (issued, expires) = client.window();
-    let body = v1::ResolveBody {
-        kind: args.kind.clone(),
-        key: args.key.clone().into_bytes(),
-        command_id: id.to_vec(),
-        issued_at_ms: issued,
-        expires_at_ms: expires,
-        command_expires_at_ms: args.expires_at_ms.unwrap_or(0),
-    };
-    let envelope = client.seal(Domain::Resolve, &body);
-    let result = runtime()?.block_on(client.call(|channel| {
-        let envelope = envelope.clone();
-        async move {
-            let mut request = tonic::Request::new(v1::ResolveRequest {
-                envelope: Some(envelope),
-            });
-            request.set_timeout(CALL_TIMEOUT);
-            Ok(ClientClient::new(channel)
-                .resolve(request)
-                .await?
-                .into_inner())
-        }
-    }));
+    let client = load_client(&args.common)?;
+    let id = args.id.parse::<CommandId>().map_err(anyhow::Error::msg)?;
+    let result = runtime()?.block_on(client.resolve(
+        &args.kind,
+        args.key.as_bytes(),
+        id,
+        args.expires_at_ms.unwrap_or(0),
+    ));
     match result {
         Ok(response) => {
-            let state = v1::CommandState::try_from(response.state)
-                .map(|s| {
-                    s.as_str_name()
-                        .trim_start_matches("COMMAND_STATE_")
-                        .to_owned()
-                })
-                .unwrap_or_default();
-            let outcome = match &response.outcome {
-                Some(v1::resolve_response::Outcome::ResultJson(json)) => json_bytes(json),
-                Some(v1::resolve_response::Outcome::Rejected(r)) => rejection_json(r),
-                None => serde_json::Value::Null,
-            };
+            let state = response
+                .state
+                .as_str_name()
+                .trim_start_matches("COMMAND_STATE_")
+                .to_owned();
+            let outcome = response
+                .outcome
+                .as_ref()
+                .map_or(serde_json::Value::Null, |o| outcome_json(o).1);
             if args.common.json {
                 println!(
                     "{}",
@@ -696,7 +446,7 @@ pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
                 );
             } else {
                 println!("{state:<10} {outcome}");
-                if response.state == v1::CommandState::NeedsExpiry as i32 {
+                if response.state == v1::CommandState::NeedsExpiry {
                     println!(
                         "           not in the ledger; resolve again with --expires-at-ms \
                          <the command's expires_at_ms> for ABSENT or EXPIRED"
@@ -707,26 +457,19 @@ pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(status) => Ok(report_error(&status, args.common.json)),
+        Err(error) => Ok(report_error(&error, args.common.json)),
     }
 }
 
 pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
-    let result = runtime()?.block_on(client.call(|channel| async move {
-        Ok(AdminClient::new(channel)
-            .list_leases(v1::ListLeasesRequest {})
-            .await?
-            .into_inner())
-    }));
-    let response = match result {
-        Ok(response) => response,
-        Err(status) => return Ok(report_error(&status, args.common.json)),
+    let client = load_client(&args.common)?;
+    let leases = match runtime()?.block_on(client.leases()) {
+        Ok(leases) => leases,
+        Err(error) => return Ok(report_error(&error, args.common.json)),
     };
     let now = now_ms();
     if args.common.json {
-        let leases: Vec<serde_json::Value> = response
-            .leases
+        let leases: Vec<serde_json::Value> = leases
             .iter()
             .map(|l| {
                 serde_json::json!({"node_id": l.node_id, "session_id": l.session_id,
@@ -743,7 +486,7 @@ pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
         "{:<12} {:<8} {:<26} {:>9} {:>9} {:>6}  SESSION",
         "NODE", "STATE", "ENDPOINT", "RENEWED", "EXPIRES", "CELLS"
     );
-    for l in &response.leases {
+    for l in &leases {
         let renewed = format!("{:.1}s ago", (now - l.renewed_at_ms) as f64 / 1000.0);
         let expires = format!("{:+.1}s", (l.expires_at_ms - now) as f64 / 1000.0);
         println!(
@@ -786,36 +529,20 @@ fn summary_json(c: &v1::CellSummary) -> serde_json::Value {
 }
 
 pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
+    let client = load_client(&args.common)?;
     let request = v1::ListCellsRequest {
         owner_node_id: args.owner.clone().unwrap_or_default(),
         limit: args.limit,
         page_token: args.page_token.clone().unwrap_or_default(),
     };
-    let result = runtime()?.block_on(client.call(|channel| {
-        let request = request.clone();
-        async move {
-            Ok(AdminClient::new(channel)
-                .list_cells(request)
-                .await?
-                .into_inner())
-        }
-    }));
-    let response = match result {
+    let runtime = runtime()?;
+    let response = match runtime.block_on(client.cells(request)) {
         Ok(response) => response,
-        Err(status) => return Ok(report_error(&status, args.common.json)),
+        Err(error) => return Ok(report_error(&error, args.common.json)),
     };
     // Owners whose lease is not live are marked: their Cells move to
     // another node at the next request.
-    let leases = runtime()?
-        .block_on(client.call(|channel| async move {
-            Ok(AdminClient::new(channel)
-                .list_leases(v1::ListLeasesRequest {})
-                .await?
-                .into_inner())
-        }))
-        .map(|r| r.leases)
-        .unwrap_or_default();
+    let leases = runtime.block_on(client.leases()).unwrap_or_default();
     let now = now_ms();
     let owner_state = |owner: &str| -> Option<&'static str> {
         leases
@@ -900,25 +627,11 @@ pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
 
 pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
     let CellCommand::Show(args) = command;
-    let client = Client::load(&args.common)?;
-    let request = v1::DescribeCellRequest {
-        cell: Some(v1::describe_cell_request::Cell::Address(v1::CellAddress {
-            kind: args.kind.clone(),
-            key: args.key.clone().into_bytes(),
-        })),
-    };
-    let result = runtime()?.block_on(client.call(|channel| {
-        let request = request.clone();
-        async move {
-            Ok(AdminClient::new(channel)
-                .describe_cell(request)
-                .await?
-                .into_inner())
-        }
-    }));
+    let client = load_client(&args.common)?;
+    let result = runtime()?.block_on(client.describe_cell(&args.kind, args.key.as_bytes()));
     let response = match result {
         Ok(response) => response,
-        Err(status) => return Ok(report_error(&status, args.common.json)),
+        Err(error) => return Ok(report_error(&error, args.common.json)),
     };
     let summary = response.summary.unwrap_or_default();
     if args.common.json {
@@ -970,43 +683,9 @@ pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::load(&args.common)?;
-    let runtime = runtime()?;
-    let leases = match runtime.block_on(client.call(|channel| async move {
-        Ok(AdminClient::new(channel)
-            .list_leases(v1::ListLeasesRequest {})
-            .await?
-            .into_inner())
-    })) {
-        Ok(response) => response.leases,
-        Err(status) => return Ok(report_error(&status, args.common.json)),
-    };
-    let Some(lease) = leases.iter().find(|l| l.node_id == args.node_id) else {
-        bail!(
-            "no node {:?} in the leases; `cellfleet leases` lists them",
-            args.node_id
-        );
-    };
-    let (issued, expires) = client.window();
-    let body = v1::AdminBody {
-        operation: "drain".into(),
-        node_id: args.node_id.clone(),
-        issued_at_ms: issued,
-        expires_at_ms: expires,
-    };
-    let envelope = client.seal(Domain::Admin, &body);
-    // A channel spawns its connection task: it is made inside the runtime.
-    let result = runtime.block_on(async {
-        let channel = client.channel(&lease.endpoint)?;
-        let mut request = tonic::Request::new(v1::DrainRequest {
-            envelope: Some(envelope),
-        });
-        request.set_timeout(Duration::from_secs(120));
-        anyhow::Ok(AdminClient::new(channel).drain(request).await)
-    })?;
-    match result {
+    let client = load_client(&args.common)?;
+    match runtime()?.block_on(client.drain(&args.node_id)) {
         Ok(response) => {
-            let response = response.into_inner();
             if args.common.json {
                 println!(
                     "{}",
@@ -1020,7 +699,9 @@ pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(status) => Ok(report_error(&status, args.common.json)),
+        // No lease of that id: a usage error (the message says where to look).
+        Err(Error::Config(message)) => bail!(message),
+        Err(error) => Ok(report_error(&error, args.common.json)),
     }
 }
 

@@ -57,6 +57,7 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         ("forwarded_command", 1),
         ("local_query", 1),
         ("forwarded_query", 1),
+        ("routed_query", 1),
         ("serial_query", 1),
         ("hot_cell", 64),
     ] {

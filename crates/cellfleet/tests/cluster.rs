@@ -373,8 +373,9 @@ async fn local_store_cluster_routes_and_refuses_bad_requests_without_touching_st
     let ca_pem = std::fs::read_to_string(cluster.path("certs/ca.pem")).expect("ca");
     let identity =
         TlsIdentity::from_pem(&ca_pem, &issued.cert_pem, &issued.key_pem).expect("identity");
-    let mut intruder = cluster.client("dev");
-    intruder.tls = tls::client_config(&identity).expect("tls");
+    let mut intruder = cluster
+        .client("dev")
+        .with_tls(tls::client_config(&identity).expect("tls"));
     let request = intruder.command(
         "log",
         "cell-0",

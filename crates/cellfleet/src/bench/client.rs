@@ -1,21 +1,17 @@
-//! The benchmark's gRPC client: one mTLS channel per node (HTTP/2, shared by every worker), envelopes signed with the cluster's client key.
+//! The benchmark's gRPC client: the client library (`cellfleet-client`) with one pooled mTLS channel per node, shared by every worker; the workloads pick the ingress node themselves, except `routed_query`, which lets the library route.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cellfleet_client::{Client, Command, Error, Query};
 use cellfleet_proto::v1;
-use cellfleet_proto::v1::client_client::ClientClient;
-use cellfleet_router::signing::{seal, Domain};
-use cellfleet_router::status::detail_from_status;
 use ed25519_dalek::SigningKey;
-use prost::Message;
-use tonic::transport::Channel;
 
 /// Per-call timeout.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Validity window of the signed envelopes.
-const ENVELOPE_WINDOW_MS: i64 = 120_000;
+const ENVELOPE_WINDOW: Duration = Duration::from_secs(120);
 /// Largest response accepted (the exactness check reads whole logs).
 const RESPONSE_BYTES_MAX: usize = 256 * 1024 * 1024;
 
@@ -37,31 +33,18 @@ impl std::fmt::Debug for Signer {
 /// Cheap to clone: workers each hold one.
 #[derive(Clone, Debug)]
 pub struct BenchClient {
-    channels: Vec<Channel>,
-    signer: Signer,
+    library: Client,
+    endpoints: Arc<Vec<String>>,
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-/// A status in a few words: the Cellfleet error code if any, else the gRPC code.
+/// A status in a few words: the Cellfleet error code if any, else the transport's.
 pub fn describe(status: &tonic::Status) -> String {
-    match detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok()) {
-        Some(code) => format!("{}: {}", code.as_str_name(), status.message()),
-        None => format!("{:?}: {}", status.code(), status.message()),
-    }
+    Error::from_status(status).to_string()
 }
 
 /// Whether the same request may be sent again (same envelope, same id).
 pub fn retry_safe(status: &tonic::Status) -> bool {
-    match detail_from_status(status) {
-        Some(detail) => detail.retry_safe,
-        None => status.code() == tonic::Code::Unavailable,
-    }
+    Error::from_status(status).retry_safe()
 }
 
 impl BenchClient {
@@ -71,23 +54,26 @@ impl BenchClient {
         addrs: &[SocketAddr],
         signer: Signer,
     ) -> anyhow::Result<Self> {
-        let channels = addrs
-            .iter()
-            .map(|addr| {
-                cellfleet_router::transport::channel(
-                    *addr,
-                    &addr.ip().to_string(),
-                    tls.clone(),
-                    Duration::from_secs(2),
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(BenchClient { channels, signer })
+        let endpoints: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        let library = Client::builder(endpoints.clone())
+            .tls(tls)
+            .signer(signer.key_id.clone(), (*signer.key).clone())
+            .window(ENVELOPE_WINDOW)
+            .max_response_bytes(RESPONSE_BYTES_MAX)
+            .build()?;
+        Ok(BenchClient {
+            library,
+            endpoints: Arc::new(endpoints),
+        })
     }
 
-    fn client(&self, node: usize) -> ClientClient<Channel> {
-        ClientClient::new(self.channels[node % self.channels.len()].clone())
-            .max_decoding_message_size(RESPONSE_BYTES_MAX)
+    /// The library client (owner-aware routing, retries) over the same channels.
+    pub fn library(&self) -> &Client {
+        &self.library
+    }
+
+    fn endpoint(&self, node: usize) -> &str {
+        &self.endpoints[node % self.endpoints.len()]
     }
 
     /// A signed `command` on the Cell `kind`/`key` with a fresh id.
@@ -98,24 +84,11 @@ impl BenchClient {
         command: &str,
         args: &serde_json::Value,
     ) -> v1::ExecuteRequest {
-        let now = now_ms();
-        let body = v1::CommandBody {
-            kind: kind.into(),
-            key: key.as_bytes().to_vec(),
-            command: command.into(),
-            args_json: args.to_string().into_bytes(),
-            command_id: rand::random::<[u8; 16]>().to_vec(),
-            issued_at_ms: now,
-            expires_at_ms: now + ENVELOPE_WINDOW_MS,
-        };
-        v1::ExecuteRequest {
-            envelope: Some(seal(
-                Domain::Command,
-                body.encode_to_vec(),
-                &self.signer.key_id,
-                &self.signer.key,
-            )),
-        }
+        let (issued, expires) = self.library.window_from_now();
+        let command = Command::new(kind, key, command).args(args.clone());
+        self.library
+            .seal_command(&command, issued, expires)
+            .expect("the bench's arguments are JSON objects")
     }
 
     /// A signed query.
@@ -126,25 +99,9 @@ impl BenchClient {
         query: &str,
         args: &serde_json::Value,
     ) -> v1::QueryRequest {
-        let now = now_ms();
-        let body = v1::QueryBody {
-            kind: kind.into(),
-            key: key.as_bytes().to_vec(),
-            query: query.into(),
-            args_json: args.to_string().into_bytes(),
-            min_receipt: None,
-            request_id: rand::random::<[u8; 16]>().to_vec(),
-            issued_at_ms: now,
-            expires_at_ms: now + ENVELOPE_WINDOW_MS,
-        };
-        v1::QueryRequest {
-            envelope: Some(seal(
-                Domain::Query,
-                body.encode_to_vec(),
-                &self.signer.key_id,
-                &self.signer.key,
-            )),
-        }
+        self.library
+            .seal_query(&Query::new(kind, key, query).args(args.clone()))
+            .expect("the bench's arguments are JSON objects")
     }
 
     pub async fn execute(
@@ -152,9 +109,9 @@ impl BenchClient {
         node: usize,
         request: v1::ExecuteRequest,
     ) -> Result<v1::ExecuteResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(CALL_TIMEOUT);
-        Ok(self.client(node).execute(call).await?.into_inner())
+        self.library
+            .execute_on(self.endpoint(node), request, CALL_TIMEOUT)
+            .await
     }
 
     pub async fn query(
@@ -162,8 +119,8 @@ impl BenchClient {
         node: usize,
         request: v1::QueryRequest,
     ) -> Result<v1::QueryResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(CALL_TIMEOUT);
-        Ok(self.client(node).query(call).await?.into_inner())
+        self.library
+            .query_on(self.endpoint(node), request, CALL_TIMEOUT)
+            .await
     }
 }

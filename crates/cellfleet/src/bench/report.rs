@@ -35,6 +35,12 @@ const FLEET_LARGE_CELLS: usize = 100_000;
 const FLEET_LARGE_SHARE: f64 = 0.8;
 /// Goal 6: `local_query` at c=16, queries per second at least.
 const LOCAL_QUERY_GOAL_PER_S: f64 = 50_000.0;
+/// Goals 7 and 8: `routed_query` (the client library's owner-aware routing,
+/// Cells of every node) p50 at most this times `local_query`'s...
+const ROUTED_QUERY_P50_FACTOR: f64 = 1.1;
+/// ...and its c16 throughput at least this share of `local_query`'s (what
+/// the library's signing, routing and retry layer may cost).
+const ROUTED_QUERY_THROUGHPUT_SHARE: f64 = 0.95;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -379,6 +385,35 @@ impl Report {
                 echo.p50_ms + QUERY_GOAL_SLACK_MS,
             ));
         }
+        for concurrency in self.levels() {
+            if let (Some(routed), Some(local)) = (
+                self.workload(Workload::RoutedQuery, concurrency),
+                self.workload(Workload::LocalQuery, concurrency),
+            ) {
+                goals.push(Goal::at_most(
+                    format!("routed_query p50 <= {ROUTED_QUERY_P50_FACTOR} x local_query p50"),
+                    concurrency,
+                    routed.summary.p50_ms,
+                    ROUTED_QUERY_P50_FACTOR * local.summary.p50_ms,
+                ));
+            }
+        }
+        let goal =
+            format!("routed_query >= {ROUTED_QUERY_THROUGHPUT_SHARE} x local_query queries/s");
+        goals.push(
+            match (
+                self.workload(Workload::RoutedQuery, 16),
+                self.workload(Workload::LocalQuery, 16),
+            ) {
+                (Some(routed), Some(local)) => Goal::at_least(
+                    goal,
+                    16,
+                    routed.summary.throughput_per_s,
+                    ROUTED_QUERY_THROUGHPUT_SHARE * local.summary.throughput_per_s,
+                ),
+                _ => Goal::unmeasured(goal, 16, "/s"),
+            },
+        );
         let concurrency = COMMAND_GOAL_CONCURRENCY;
         let goal = format!("forwarded_command p99 <= {COMMAND_GOAL_FACTOR} x local_command p99");
         goals.push(

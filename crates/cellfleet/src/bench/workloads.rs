@@ -43,6 +43,9 @@ pub enum Workload {
     ForwardedCommand,
     LocalQuery,
     ForwardedQuery,
+    /// Queries through the client library's owner-aware routing on Cells
+    /// of every node (the library learns each owner from its first answer).
+    RoutedQuery,
     SerialQuery,
     HotCell,
     Capacity,
@@ -62,11 +65,12 @@ pub enum Shape {
 
 impl Workload {
     /// The default run, in order.
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 9] = [
         Workload::LocalCommand,
         Workload::ForwardedCommand,
         Workload::LocalQuery,
         Workload::ForwardedQuery,
+        Workload::RoutedQuery,
         Workload::SerialQuery,
         Workload::HotCell,
         Workload::Capacity,
@@ -79,6 +83,7 @@ impl Workload {
             Workload::ForwardedCommand => "forwarded_command",
             Workload::LocalQuery => "local_query",
             Workload::ForwardedQuery => "forwarded_query",
+            Workload::RoutedQuery => "routed_query",
             Workload::SerialQuery => "serial_query",
             Workload::HotCell => "hot_cell",
             Workload::Capacity => "capacity",
@@ -93,6 +98,7 @@ impl Workload {
             Workload::ForwardedCommand => "fc",
             Workload::LocalQuery => "lq",
             Workload::ForwardedQuery => "fq",
+            Workload::RoutedQuery => "rq",
             Workload::SerialQuery => "sq",
             Workload::HotCell => "hc",
             Workload::Capacity => "cap",
@@ -105,7 +111,8 @@ impl Workload {
             Workload::LocalCommand
             | Workload::ForwardedCommand
             | Workload::LocalQuery
-            | Workload::ForwardedQuery => Shape::PerLevel,
+            | Workload::ForwardedQuery
+            | Workload::RoutedQuery => Shape::PerLevel,
             Workload::SerialQuery => Shape::Fixed(1),
             Workload::HotCell => Shape::Fixed(HOT_CELL_CONCURRENCY),
             Workload::Capacity | Workload::Fleet => Shape::Own,
@@ -130,7 +137,10 @@ impl Workload {
     pub fn command(self) -> bool {
         !matches!(
             self,
-            Workload::LocalQuery | Workload::ForwardedQuery | Workload::SerialQuery
+            Workload::LocalQuery
+                | Workload::ForwardedQuery
+                | Workload::RoutedQuery
+                | Workload::SerialQuery
         )
     }
 }
@@ -293,6 +303,20 @@ impl Context {
 
     async fn query(&self, worker: usize) -> Result<Timing, String> {
         let (cell, ingress) = self.target(worker);
+        if self.workload == Workload::RoutedQuery {
+            // Signed, routed and retried by the library, as an application does.
+            let query = cellfleet_client::Query::new(LOG_KIND, &cell.key, COUNT);
+            let sent = Instant::now();
+            let response = self
+                .client
+                .library()
+                .query(&query)
+                .await
+                .map_err(|error| error.to_string())?;
+            let elapsed = sent.elapsed();
+            self.check_owner(cell, &response.served_by);
+            return Ok(Timing::total(elapsed));
+        }
         let request = self
             .client
             .query_request(LOG_KIND, &cell.key, COUNT, &serde_json::json!({}));

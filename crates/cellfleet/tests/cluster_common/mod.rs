@@ -12,11 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellfleet_proto::v1;
-use cellfleet_proto::v1::client_client::ClientClient;
-use cellfleet_router::signing::{read_signing_key, seal, Domain};
-use cellfleet_router::status::detail_from_status;
+use cellfleet_router::signing::read_signing_key;
 use cellfleet_router::tls::{self, TlsIdentity};
-use prost::Message;
 use tonic::transport::Channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cellfleet");
@@ -283,12 +280,18 @@ impl Cluster {
         } else {
             self.path(&format!("{key_id}.ed25519.pem"))
         };
-        TestClient {
-            tls: tls::client_config(&identity).expect("tls"),
-            key: Arc::new(read_signing_key(&key_file).expect("signing key")),
-            key_id: key_id.to_owned(),
-            channels: HashMap::new(),
-        }
+        TestClient::new(
+            self.nodes.iter().map(|n| n.client.to_string()).collect(),
+            tls::client_config(&identity).expect("tls"),
+            key_id,
+            read_signing_key(&key_file).expect("signing key"),
+        )
+    }
+
+    /// The client library configured for this cluster (every node, the
+    /// `dev` key), as an application would use it.
+    pub fn library_client(&self) -> cellfleet_client::Client {
+        self.client("dev").inner
     }
 }
 
@@ -309,26 +312,45 @@ pub fn now_ms() -> i64 {
 }
 
 pub fn error_code(status: &tonic::Status) -> Option<v1::ErrorCode> {
-    detail_from_status(status).and_then(|d| v1::ErrorCode::try_from(d.code).ok())
+    cellfleet_client::Error::from_status(status).code()
 }
 
+/// Low-level calls for tests that must pick the node, the id or the
+/// envelope: built on the client library's sealing and channels.
 pub struct TestClient {
-    pub tls: Arc<rustls::ClientConfig>,
+    pub inner: cellfleet_client::Client,
     pub key: Arc<ed25519_dalek::SigningKey>,
     pub key_id: String,
-    channels: HashMap<SocketAddr, Channel>,
+    endpoints: Vec<String>,
 }
 
 impl TestClient {
+    fn new(
+        endpoints: Vec<String>,
+        tls: Arc<rustls::ClientConfig>,
+        key_id: &str,
+        key: ed25519_dalek::SigningKey,
+    ) -> TestClient {
+        let inner = cellfleet_client::Client::builder(endpoints.clone())
+            .tls(tls)
+            .signer(key_id, key.clone())
+            .build()
+            .expect("client");
+        TestClient {
+            inner,
+            key: Arc::new(key),
+            key_id: key_id.to_owned(),
+            endpoints,
+        }
+    }
+
+    /// The same client with another TLS configuration.
+    pub fn with_tls(self, tls: Arc<rustls::ClientConfig>) -> TestClient {
+        TestClient::new(self.endpoints, tls, &self.key_id, (*self.key).clone())
+    }
+
     pub fn channel(&mut self, addr: SocketAddr) -> Channel {
-        let tls = self.tls.clone();
-        self.channels
-            .entry(addr)
-            .or_insert_with(|| {
-                cellfleet_router::transport::channel(addr, "127.0.0.1", tls, Duration::from_secs(2))
-                    .expect("channel")
-            })
-            .clone()
+        self.inner.channel(&addr.to_string()).expect("channel")
     }
 
     pub fn command(
@@ -340,23 +362,12 @@ impl TestClient {
         id: [u8; 16],
     ) -> v1::ExecuteRequest {
         let now = now_ms();
-        let body = v1::CommandBody {
-            kind: kind.into(),
-            key: key.as_bytes().to_vec(),
-            command: command.into(),
-            args_json: args.to_string().into_bytes(),
-            command_id: id.to_vec(),
-            issued_at_ms: now,
-            expires_at_ms: now + 120_000,
-        };
-        v1::ExecuteRequest {
-            envelope: Some(seal(
-                Domain::Command,
-                body.encode_to_vec(),
-                &self.key_id,
-                &self.key,
-            )),
-        }
+        let command = cellfleet_client::Command::new(kind, key, command)
+            .args(args)
+            .id(cellfleet_client::CommandId(id));
+        self.inner
+            .seal_command(&command, now, now + 120_000)
+            .expect("seal")
     }
 
     pub async fn execute(
@@ -364,12 +375,9 @@ impl TestClient {
         addr: SocketAddr,
         request: v1::ExecuteRequest,
     ) -> Result<v1::ExecuteResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(Duration::from_secs(30));
-        Ok(ClientClient::new(self.channel(addr))
-            .execute(call)
-            .await?
-            .into_inner())
+        self.inner
+            .execute_on(&addr.to_string(), request, Duration::from_secs(30))
+            .await
     }
 
     pub async fn query(
@@ -393,31 +401,12 @@ impl TestClient {
         args: serde_json::Value,
         min_receipt: Option<v1::Receipt>,
     ) -> Result<v1::QueryResponse, tonic::Status> {
-        let now = now_ms();
-        let body = v1::QueryBody {
-            kind: kind.into(),
-            key: key.as_bytes().to_vec(),
-            query: name.into(),
-            args_json: args.to_string().into_bytes(),
-            min_receipt,
-            request_id: Vec::new(),
-            issued_at_ms: now,
-            expires_at_ms: now + 60_000,
-        };
-        let request = v1::QueryRequest {
-            envelope: Some(seal(
-                Domain::Query,
-                body.encode_to_vec(),
-                &self.key_id,
-                &self.key,
-            )),
-        };
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(Duration::from_secs(30));
-        Ok(ClientClient::new(self.channel(addr))
-            .query(call)
-            .await?
-            .into_inner())
+        let mut query = cellfleet_client::Query::new(kind, key, name).args(args);
+        query.min_receipt = min_receipt;
+        let request = self.inner.seal_query(&query).expect("seal");
+        self.inner
+            .query_on(&addr.to_string(), request, Duration::from_secs(30))
+            .await
     }
 
     pub async fn resolve(
@@ -439,27 +428,15 @@ impl TestClient {
         id: [u8; 16],
         command_expires_at_ms: i64,
     ) -> Result<v1::ResolveResponse, tonic::Status> {
-        let now = now_ms();
-        let body = v1::ResolveBody {
-            kind: kind.into(),
-            key: key.as_bytes().to_vec(),
-            command_id: id.to_vec(),
-            issued_at_ms: now,
-            expires_at_ms: now + 60_000,
+        let request = self.inner.seal_resolve(
+            kind,
+            key.as_bytes(),
+            cellfleet_client::CommandId(id),
             command_expires_at_ms,
-        };
-        let request = v1::ResolveRequest {
-            envelope: Some(seal(
-                Domain::Resolve,
-                body.encode_to_vec(),
-                &self.key_id,
-                &self.key,
-            )),
-        };
-        Ok(ClientClient::new(self.channel(addr))
-            .resolve(request)
-            .await?
-            .into_inner())
+        );
+        self.inner
+            .resolve_on(&addr.to_string(), request, Duration::from_secs(30))
+            .await
     }
 
     /// Per-tag counts of a `log` Cell, read through `addr`, retrying

@@ -159,7 +159,10 @@ async fn commands_across_an_owner_kill_9_apply_exactly_once() {
         retried += retries;
     }
     // The kill happened under load: some commands needed more than one try.
-    assert!(retried > 0, "no command was retried: the kill missed the load");
+    assert!(
+        retried > 0,
+        "no command was retried: the kill missed the load"
+    );
     let mut check = cluster.client("dev");
     let survivors: Vec<(&str, std::net::SocketAddr)> = (0..3)
         .filter(|&i| i != victim)

@@ -570,6 +570,22 @@ impl Client {
             .max_decoding_message_size(self.inner.response_bytes_max))
     }
 
+    /// The stub for `endpoint` and `request` with its deadline.
+    #[allow(clippy::result_large_err)]
+    fn prepare<R>(
+        &self,
+        endpoint: &str,
+        request: R,
+        timeout: Duration,
+    ) -> Result<(ClientClient<Channel>, tonic::Request<R>), tonic::Status> {
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(timeout);
+        let client = self
+            .client(endpoint)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        Ok((client, call))
+    }
+
     /// One `Execute` call to `endpoint`: no retry, no routing (the
     /// low-level form, for tools that must pick the node).
     pub async fn execute_on(
@@ -578,11 +594,7 @@ impl Client {
         request: v1::ExecuteRequest,
         timeout: Duration,
     ) -> Result<v1::ExecuteResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(timeout);
-        let mut client = self
-            .client(endpoint)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let (mut client, call) = self.prepare(endpoint, request, timeout)?;
         Ok(client.execute(call).await?.into_inner())
     }
 
@@ -593,11 +605,7 @@ impl Client {
         request: v1::QueryRequest,
         timeout: Duration,
     ) -> Result<v1::QueryResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(timeout);
-        let mut client = self
-            .client(endpoint)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let (mut client, call) = self.prepare(endpoint, request, timeout)?;
         Ok(client.query(call).await?.into_inner())
     }
 
@@ -608,11 +616,7 @@ impl Client {
         request: v1::ResolveRequest,
         timeout: Duration,
     ) -> Result<v1::ResolveResponse, tonic::Status> {
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(timeout);
-        let mut client = self
-            .client(endpoint)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let (mut client, call) = self.prepare(endpoint, request, timeout)?;
         Ok(client.resolve(call).await?.into_inner())
     }
 

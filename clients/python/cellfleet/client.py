@@ -164,7 +164,7 @@ def error_from_rpc(error: grpc.RpcError) -> CellfleetError:
 class RetryPolicy:
     """Bounds on one call's retries (the Rust crate's defaults)."""
 
-    attempts: int = 8
+    attempts: int = 32
     budget_s: float = 30.0
     backoff_min_s: float = 0.025
     backoff_max_s: float = 1.0

@@ -25,9 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use cellfleet_client::{
-    v1, Client, Command, CommandId, Config, Error, Outcome, Query, Receipt, RetryPolicy,
-};
+use cellfleet_client::{v1, Client, Command, CommandId, Config, Error, Outcome, Query, Receipt};
 use clap::{Args, Subcommand};
 
 /// The client config used when neither `--config` nor `CELLFLEET_CONFIG` is given.
@@ -172,15 +170,8 @@ fn load_client(common: &Common) -> anyhow::Result<Client> {
     if let Some(node) = &common.node {
         file.endpoints = vec![node.clone()];
     }
-    let endpoints = file.endpoints.len();
     Ok(Client::builder_from_config(&file)?
         .owner_routing(false)
-        // One pass over the configured nodes for calls that fail with
-        // nothing to settle; commands in doubt are retried within the budget.
-        .retry_policy(RetryPolicy {
-            attempts: u32::try_from(endpoints.max(4)).unwrap_or(4),
-            ..RetryPolicy::default()
-        })
         .build()?)
 }
 

@@ -226,3 +226,56 @@ async fn failures_are_typed() {
     );
     assert!(!error.retry_safe());
 }
+
+/// `cellfleet exec` (built on the library) rides out its owner's kill -9:
+/// it retries with the same id until a survivor takes the Cell over, and
+/// exits 0 with the new owner's answer.
+#[test]
+fn cli_exec_rides_out_an_owner_kill_9() {
+    let mut cluster = Cluster::start(3, Store::Local, 2_000);
+    let endpoints: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("\"{}\"", n.client))
+        .collect();
+    let config = cluster.path("cli-client.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "endpoints = [{}]\nca = \"certs/ca.pem\"\ncert = \"certs/client-dev.pem\"\n\
+             key = \"certs/client-dev.key\"\nsigning_key = \"dev.ed25519.pem\"\nkey_id = \"dev\"\n",
+            endpoints.join(", ")
+        ),
+    )
+    .expect("config");
+    let exec = |value: &str| {
+        std::process::Command::new(cluster_common::BIN)
+            .args(["exec", "kv", "cli-kill", "put", "--json", "--config"])
+            .arg(&config)
+            .args(["--arg", "key=k", "--arg", &format!("value={value}")])
+            .output()
+            .expect("run cellfleet exec")
+    };
+    let first = exec("1");
+    assert!(first.status.success(), "{first:?}");
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).expect("json");
+    let owner = first["served_by"].as_str().expect("served_by").to_owned();
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| n.id == owner)
+        .expect("the owner is a node");
+    cluster.kill9(victim);
+    let second = exec("2");
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&second.stdout),
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let second: serde_json::Value = serde_json::from_slice(&second.stdout).expect("json");
+    assert_eq!(second["outcome"], "applied", "{second}");
+    assert_ne!(second["served_by"], owner, "{second}");
+    assert_eq!(second["result"]["previous"], 1, "{second}");
+}

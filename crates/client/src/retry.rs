@@ -25,11 +25,12 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 8 attempts within 30 s, backoff 25 ms doubling to 1 s, 10 s per
-    /// attempt: enough to ride out an owner's lease expiry and takeover.
+    /// Up to 32 attempts within 30 s, backoff 25 ms doubling to 1 s, 10 s
+    /// per attempt: the budget, not the count, ends the retries, and it
+    /// rides out an owner's lease expiry and takeover (5 s leases in `dev`).
     fn default() -> Self {
         RetryPolicy {
-            attempts: 8,
+            attempts: 32,
             budget: Duration::from_secs(30),
             backoff_min: Duration::from_millis(25),
             backoff_max: Duration::from_secs(1),

@@ -642,6 +642,23 @@ impl Client {
         endpoints[(start + attempt as usize - 1) % endpoints.len()].clone()
     }
 
+    /// The rule's view of a failure, with one addition: once every
+    /// configured node in a row was unreachable (nothing listens: the
+    /// cluster is down or the config is wrong), retrying is pointless and
+    /// the call ends instead of spending its whole budget.
+    fn failure(&self, error: &Error, unreachable: &mut usize) -> Failure {
+        let mut failure = Failure::of(error);
+        if error.unreachable() {
+            *unreachable += 1;
+            if *unreachable >= self.inner.endpoints.len() {
+                failure.retry_safe = false;
+            }
+        } else {
+            *unreachable = 0;
+        }
+        failure
+    }
+
     fn start(&self) -> usize {
         self.inner.cursor.fetch_add(1, Ordering::Relaxed)
     }
@@ -722,6 +739,7 @@ impl Client {
         let start = self.start();
         let mut hint = None;
         let mut in_doubt = false;
+        let mut unreachable = 0;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -744,7 +762,7 @@ impl Client {
             };
             hint = self.after_failure(&cell, &target, &error);
             tracing::debug!(%target, attempt, error = %error, "command attempt failed");
-            let failure = Failure::of(&error);
+            let failure = self.failure(&error, &mut unreachable);
             let step = retry::after_command_failure(
                 &policy,
                 attempt,
@@ -868,6 +886,7 @@ impl Client {
         let started = Instant::now();
         let start = self.start();
         let mut hint = None;
+        let mut unreachable = 0;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -882,7 +901,7 @@ impl Client {
                 &policy,
                 attempt,
                 started.elapsed(),
-                Failure::of(&error),
+                self.failure(&error, &mut unreachable),
             ) {
                 Step::Retry { after } => tokio::time::sleep(after).await,
                 Step::Fail | Step::Resolve => return Err(error),
@@ -900,6 +919,7 @@ impl Client {
         let policy = self.inner.policy;
         let started = Instant::now();
         let start = self.start();
+        let mut unreachable = 0;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -916,7 +936,7 @@ impl Client {
                 &policy,
                 attempt,
                 started.elapsed(),
-                Failure::of(&error),
+                self.failure(&error, &mut unreachable),
             ) {
                 Step::Retry { after } => tokio::time::sleep(after).await,
                 Step::Fail | Step::Resolve => return Err(error),

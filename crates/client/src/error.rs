@@ -201,10 +201,25 @@ impl Error {
     pub fn retry_safe(&self) -> bool {
         match self {
             Error::Refused { retry_safe, .. } => *retry_safe,
-            Error::Transport { category, .. } => *category != Transport::NotFound,
+            // A refused certificate or a port that is not TLS does not fix
+            // itself: retrying cannot help.
+            Error::Transport { category, .. } => {
+                matches!(category, Transport::Unreachable | Transport::Interrupted)
+            }
             Error::UnknownOutcome { .. } => true,
             Error::Config(_) => false,
         }
+    }
+
+    /// Whether no node was reached at all (nothing listens there).
+    pub fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::Transport {
+                category: Transport::Unreachable,
+                ..
+            }
+        )
     }
 
     /// How long to wait before retrying, when the node said.

@@ -665,13 +665,17 @@ impl Client {
 
     /// Remembers that `endpoint` served the Cell.
     fn learn(&self, cell: &(String, Vec<u8>), endpoint: &str) {
-        if self.inner.owner_routing && !endpoint.is_empty() && endpoint.parse::<HostPort>().is_ok()
-        {
-            let endpoint = host_port(endpoint).to_owned();
-            let mut owners = self.owners();
-            if owners.peek(cell) != Some(&endpoint) {
-                owners.put(cell.clone(), endpoint);
-            }
+        if !self.inner.owner_routing || endpoint.is_empty() {
+            return;
+        }
+        let endpoint = host_port(endpoint);
+        let mut owners = self.owners();
+        // The usual answer: the owner already known (no parse, no copy).
+        if owners.peek(cell).is_some_and(|known| known == endpoint) {
+            return;
+        }
+        if endpoint.parse::<HostPort>().is_ok() {
+            owners.put(cell.clone(), endpoint.to_owned());
         }
     }
 

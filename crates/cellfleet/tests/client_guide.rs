@@ -77,25 +77,6 @@ fn blocks(language: &str) -> Vec<String> {
     out
 }
 
-fn write_config(cluster: &Cluster) -> std::path::PathBuf {
-    let endpoints: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("\"{}\"", n.client))
-        .collect();
-    let path = cluster.path("guide-client.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "endpoints = [{}]\nca = \"certs/ca.pem\"\ncert = \"certs/client-dev.pem\"\n\
-             key = \"certs/client-dev.key\"\nsigning_key = \"dev.ed25519.pem\"\nkey_id = \"dev\"\n",
-            endpoints.join(", ")
-        ),
-    )
-    .expect("write the client config");
-    path
-}
-
 #[test]
 fn the_guide_rust_block_is_the_code_that_runs() {
     let begin = THIS_FILE.find("// guide:begin\n").expect("begin marker") + 15;
@@ -113,7 +94,7 @@ fn the_guide_rust_block_is_the_code_that_runs() {
 #[test]
 fn the_guide_examples_run_against_a_real_cluster() {
     let cluster = Cluster::start(3, Store::Local, 5_000);
-    let config = write_config(&cluster);
+    let config = cluster.write_client_config("guide-client.toml");
     // The examples read $CELLFLEET_CONFIG, as an application would.
     std::env::set_var("CELLFLEET_CONFIG", &config);
     tokio::runtime::Builder::new_multi_thread()

@@ -233,21 +233,7 @@ async fn failures_are_typed() {
 #[test]
 fn cli_exec_rides_out_an_owner_kill_9() {
     let mut cluster = Cluster::start(3, Store::Local, 2_000);
-    let endpoints: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("\"{}\"", n.client))
-        .collect();
-    let config = cluster.path("cli-client.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "endpoints = [{}]\nca = \"certs/ca.pem\"\ncert = \"certs/client-dev.pem\"\n\
-             key = \"certs/client-dev.key\"\nsigning_key = \"dev.ed25519.pem\"\nkey_id = \"dev\"\n",
-            endpoints.join(", ")
-        ),
-    )
-    .expect("config");
+    let config = cluster.write_client_config("cli-client.toml");
     let exec = |value: &str| {
         std::process::Command::new(cluster_common::BIN)
             .args(["exec", "kv", "cli-kill", "put", "--json", "--config"])

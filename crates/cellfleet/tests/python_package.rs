@@ -7,21 +7,7 @@ use cluster_common::{Cluster, Store};
 #[test]
 fn the_python_package_passes_its_tests_against_a_real_cluster() {
     let cluster = Cluster::start(3, Store::Local, 2_000);
-    let endpoints: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("\"{}\"", n.client))
-        .collect();
-    let config = cluster.path("python-client.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "endpoints = [{}]\nca = \"certs/ca.pem\"\ncert = \"certs/client-dev.pem\"\n\
-             key = \"certs/client-dev.key\"\nsigning_key = \"dev.ed25519.pem\"\nkey_id = \"dev\"\n",
-            endpoints.join(", ")
-        ),
-    )
-    .expect("write the client config");
+    let config = cluster.write_client_config("python-client.toml");
     let nodes: Vec<String> = cluster
         .nodes
         .iter()

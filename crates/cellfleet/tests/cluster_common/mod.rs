@@ -288,6 +288,28 @@ impl Cluster {
         )
     }
 
+    /// Writes a client config (`client.toml` format) naming every node's
+    /// client endpoint and the `dev` key, as `name` in the cluster's
+    /// directory; returns its path.
+    pub fn write_client_config(&self, name: &str) -> PathBuf {
+        let endpoints: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("\"{}\"", n.client))
+            .collect();
+        let path = self.path(name);
+        std::fs::write(
+            &path,
+            format!(
+                "endpoints = [{}]\nca = \"certs/ca.pem\"\ncert = \"certs/client-dev.pem\"\n\
+                 key = \"certs/client-dev.key\"\nsigning_key = \"dev.ed25519.pem\"\nkey_id = \"dev\"\n",
+                endpoints.join(", ")
+            ),
+        )
+        .expect("write the client config");
+        path
+    }
+
     /// The client library configured for this cluster (every node, the
     /// `dev` key), as an application would use it.
     pub fn library_client(&self) -> cellfleet_client::Client {

@@ -203,6 +203,36 @@ pub struct Resolved {
 }
 
 /// Builds a [`Client`]; [`Client::from_config`] covers the usual case.
+///
+/// ```
+/// use std::time::Duration;
+/// use cellfleet_client::{Client, Error, RetryPolicy};
+/// use ed25519_dalek::SigningKey;
+/// # fn offline_tls() -> std::sync::Arc<rustls::ClientConfig> {
+/// #     std::sync::Arc::new(
+/// #         rustls::ClientConfig::builder_with_provider(cellfleet_client::tls::provider())
+/// #             .with_safe_default_protocol_versions()
+/// #             .unwrap()
+/// #             .with_root_certificates(rustls::RootCertStore::empty())
+/// #             .with_no_client_auth(),
+/// #     )
+/// # }
+/// // Usually: cellfleet_client::tls::client_config_from_files(ca, cert, key)?
+/// let tls = offline_tls();
+/// let client = Client::builder(["https://n1.cluster:7001", "n2.cluster:7001"])
+///     .tls(tls.clone())
+///     .signer("app-1", SigningKey::from_bytes(&[7; 32]))
+///     .window(Duration::from_secs(30))
+///     .retry_policy(RetryPolicy { budget: Duration::from_secs(10), ..Default::default() })
+///     .owner_cache_size(50_000)
+///     .build()?; // no connection yet
+/// assert_eq!(client.endpoints(), ["n1.cluster:7001", "n2.cluster:7001"]);
+///
+/// // What is missing is named:
+/// let unsigned = Client::builder(["127.0.0.1:7001"]).tls(tls).build();
+/// assert!(matches!(unsigned, Err(Error::Config(why)) if why.contains("signing key")));
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Builder {
     endpoints: Vec<String>,
@@ -494,6 +524,29 @@ impl Client {
 
     /// Signs `command` with this client's key, valid from `issued_at_ms`
     /// to `expires_at_ms` (the low-level form; [`Client::execute`] does it).
+    ///
+    /// ```
+    /// use cellfleet_client::{Client, Command};
+    /// # fn offline_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    /// #     std::sync::Arc::new(
+    /// #         rustls::ClientConfig::builder_with_provider(cellfleet_client::tls::provider())
+    /// #             .with_safe_default_protocol_versions()
+    /// #             .unwrap()
+    /// #             .with_root_certificates(rustls::RootCertStore::empty())
+    /// #             .with_no_client_auth(),
+    /// #     )
+    /// # }
+    /// # let client = Client::builder(["127.0.0.1:7001"]).tls(offline_tls())
+    /// #     .signer("app-1", ed25519_dalek::SigningKey::from_bytes(&[7; 32])).build()?;
+    /// let put = Command::new("kv", "user-1", "put").args(serde_json::json!({"key": "a", "value": 1}));
+    /// let (issued, expires) = client.window_from_now();
+    /// let request = client.seal_command(&put, issued, expires)?;
+    /// // Keep `request` (or `put`) to retry later: the same bytes, the same id.
+    /// let envelope = request.envelope.as_ref().unwrap();
+    /// assert_eq!(envelope.key_id, "app-1");
+    /// assert_eq!(envelope.signature.len(), 64);
+    /// # Ok::<(), cellfleet_client::Error>(())
+    /// ```
     pub fn seal_command(
         &self,
         command: &Command,
@@ -588,6 +641,21 @@ impl Client {
 
     /// One `Execute` call to `endpoint`: no retry, no routing (the
     /// low-level form, for tools that must pick the node).
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// use std::time::Duration;
+    /// use cellfleet_client::{Command, Error};
+    /// let put = Command::new("kv", "user-1", "put").args(serde_json::json!({"key": "a", "value": 1}));
+    /// let (issued, expires) = client.window_from_now();
+    /// let request = client.seal_command(&put, issued, expires)?;
+    /// // Exactly this node, one attempt, no retry: the caller decides what next.
+    /// match client.execute_on("127.0.0.1:7002", request, Duration::from_secs(5)).await {
+    ///     Ok(response) => println!("served by {}", response.served_by),
+    ///     Err(status) => println!("{}", Error::from_status(&status)),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn execute_on(
         &self,
         endpoint: &str,
@@ -599,6 +667,19 @@ impl Client {
     }
 
     /// One `Query` call to `endpoint` (no retry, no routing).
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// use std::time::Duration;
+    /// use cellfleet_client::Query;
+    /// let request = client.seal_query(&Query::new("kv", "user-1", "get").args(serde_json::json!({"key": "a"})))?;
+    /// let response = client
+    ///     .query_on("127.0.0.1:7001", request, Duration::from_secs(5))
+    ///     .await
+    ///     .map_err(|status| cellfleet_client::Error::from_status(&status))?;
+    /// println!("{}", String::from_utf8_lossy(&response.result_json));
+    /// # Ok(()) }
+    /// ```
     pub async fn query_on(
         &self,
         endpoint: &str,
@@ -731,6 +812,18 @@ impl Client {
     /// [`Client::execute`] for a request already signed by
     /// [`Client::seal_command`] (with `expires_at_ms` its expiry): retries
     /// send exactly these bytes.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// use cellfleet_client::Command;
+    /// let put = Command::new("kv", "user-1", "put").args(serde_json::json!({"key": "a", "value": 1}));
+    /// let (issued, expires) = client.window_from_now();
+    /// let request = client.seal_command(&put, issued, expires)?;
+    /// // e.g. stored in an outbox before sending, re-sent after a restart:
+    /// let executed = client.execute_sealed(&put, request, expires).await?;
+    /// println!("{:?} after {} attempt(s)", executed.outcome, executed.attempts);
+    /// # Ok(()) }
+    /// ```
     pub async fn execute_sealed(
         &self,
         command: &Command,
@@ -844,6 +937,21 @@ impl Client {
     /// `expires_at_ms` ([`Executed::expires_at_ms`], or
     /// [`Error::UnknownOutcome`]'s) for a definite answer about a command
     /// the ledger does not hold; 0 means unknown.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// use cellfleet_client::{CommandId, Outcome};
+    /// use cellfleet_client::v1::CommandState;
+    /// // An id and expiry kept from an earlier Error::UnknownOutcome:
+    /// let id: CommandId = "000102030405060708090a0b0c0d0e0f".parse().unwrap();
+    /// let resolved = client.resolve("kv", b"user-1", id, 1_767_225_600_000).await?;
+    /// match (resolved.state, resolved.outcome) {
+    ///     (CommandState::Committed, Some(Outcome::Applied(result))) => println!("it ran: {result}"),
+    ///     (CommandState::Absent | CommandState::Expired, _) => println!("it never ran and never will"),
+    ///     (state, _) => println!("not settled yet: {state:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn resolve(
         &self,
         kind: &str,
@@ -949,6 +1057,14 @@ impl Client {
     }
 
     /// Every node's lease: id, session, endpoints, liveness, owned Cells.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// for lease in client.leases().await? {
+    ///     println!("{} live={} endpoint={}", lease.node_id, lease.live, lease.endpoint);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn leases(&self) -> Result<Vec<v1::NodeLease>, Error> {
         self.admin(|mut admin, timeout| async move {
             let mut request = tonic::Request::new(v1::ListLeasesRequest {});
@@ -959,6 +1075,17 @@ impl Client {
     }
 
     /// One page of the cluster's Cells (see `admin.proto`).
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// let page = client
+    ///     .cells(cellfleet_client::v1::ListCellsRequest { owner_node_id: "n1".into(), limit: 100, ..Default::default() })
+    ///     .await?;
+    /// for cell in &page.cells {
+    ///     println!("{cell:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn cells(
         &self,
         request: v1::ListCellsRequest,
@@ -974,6 +1101,17 @@ impl Client {
     /// A Cell's authority root: owner, epoch, TXID, checksum, LTX chain and
     /// log pointer. [`crate::Transport::NotFound`] when the cluster has no
     /// such Cell.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// use cellfleet_client::{Error, Transport};
+    /// match client.describe_cell("kv", b"user-1").await {
+    ///     Ok(cell) => println!("{cell:?}"),
+    ///     Err(Error::Transport { category: Transport::NotFound, .. }) => println!("no such Cell"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn describe_cell(
         &self,
         kind: &str,
@@ -996,6 +1134,13 @@ impl Client {
     /// Drains node `node_id`: it releases its Cells and retires its lease.
     /// Sent to that node's own endpoint (from its lease); needs a key with
     /// `admin = true`. [`Error::Config`] when no lease has that id.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// let drained = client.drain("n2").await?; // the key needs admin = true
+    /// println!("{drained:?}");
+    /// # Ok(()) }
+    /// ```
     pub async fn drain(&self, node_id: &str) -> Result<v1::DrainResponse, Error> {
         let leases = self.leases().await?;
         let lease = leases

@@ -53,6 +53,15 @@ fn default_window_ms() -> u64 {
 impl Config {
     /// Reads a client config; its relative paths become relative to its
     /// directory.
+    ///
+    /// ```no_run
+    /// use cellfleet_client::{Client, Config};
+    /// // --config, else $CELLFLEET_CONFIG, else .cellfleet-dev/client.toml
+    /// let config = Config::read(&Config::path(None))?;
+    /// let client = Client::from_config(&config)?;
+    /// # let _ = client;
+    /// # Ok::<(), cellfleet_client::Error>(())
+    /// ```
     pub fn read(path: &Path) -> Result<Config, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Error::Config(format!(
@@ -66,6 +75,25 @@ impl Config {
     }
 
     /// Parses config text; relative paths are taken relative to `base`.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use cellfleet_client::Config;
+    /// let text = r#"
+    ///     endpoints = ["127.0.0.1:7001", "127.0.0.1:7002"]
+    ///     ca = "certs/ca.pem"
+    ///     cert = "certs/client-dev.pem"
+    ///     key = "certs/client-dev.key"
+    ///     signing_key = "dev.ed25519.pem"
+    ///     key_id = "dev"
+    /// "#;
+    /// let config = Config::parse(text, Path::new("/srv/app")).unwrap();
+    /// assert_eq!(config.ca, Path::new("/srv/app/certs/ca.pem"));
+    /// assert_eq!(config.window_ms, 60_000);
+    /// // A typo is an error naming it, not a silently ignored key.
+    /// let typo = text.replace("key_id", "keyid");
+    /// assert!(Config::parse(&typo, Path::new("/")).unwrap_err().contains("keyid"));
+    /// ```
     pub fn parse(text: &str, base: &Path) -> Result<Config, String> {
         let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         for path in [

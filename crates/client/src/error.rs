@@ -28,6 +28,15 @@ pub fn decode_detail(bytes: &[u8]) -> Option<v1::ErrorDetail> {
 }
 
 /// A failure below Cellfleet: no node answered with an error code.
+///
+/// ```
+/// use cellfleet_client::error::Transport;
+/// // Nothing listened: the request never left, any retry is safe.
+/// assert!(Transport::Unreachable.never_sent());
+/// // Broken mid-call: it may have been delivered.
+/// assert!(!Transport::Interrupted.never_sent());
+/// assert_eq!(Transport::Interrupted.as_str(), "TRANSPORT");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Transport {
@@ -82,6 +91,43 @@ pub struct OwnerHint {
 
 /// Every way a call can fail. Act on the variants and their fields, never
 /// on the message text.
+///
+/// ```
+/// use cellfleet_client::error::{Error, ERROR_DETAIL_METADATA};
+/// use cellfleet_proto::v1;
+/// use prost::Message;
+///
+/// // What a node answers when it does not own the Cell: a status whose
+/// // trailing metadata carries the detail (here built by hand).
+/// let detail = v1::ErrorDetail {
+///     code: v1::ErrorCode::NotOwner as i32,
+///     retry_safe: true,
+///     owner_hint: Some(v1::OwnerHint {
+///         endpoint: "https://127.0.0.1:7002".into(),
+///         ..Default::default()
+///     }),
+///     ..Default::default()
+/// };
+/// let mut status = tonic::Status::unavailable("not the owner");
+/// status.metadata_mut().insert_bin(
+///     ERROR_DETAIL_METADATA,
+///     tonic::metadata::MetadataValue::from_bytes(&detail.encode_to_vec()),
+/// );
+///
+/// let error = Error::from_status(&status);
+/// assert_eq!(error.name(), "NOT_OWNER");
+/// assert!(error.retry_safe()); // the same request, to another node
+/// assert!(!error.maybe_applied()); // refused before it ran
+/// let hint = error.owner_hint().and_then(|hint| hint.endpoint.as_deref());
+/// assert_eq!(hint, Some("https://127.0.0.1:7002"));
+///
+/// // Act on the variants, never the text:
+/// match error {
+///     Error::Refused { code: v1::ErrorCode::NotOwner, .. } => { /* retry elsewhere */ }
+///     Error::UnknownOutcome { command_id, .. } => println!("resolve {command_id} later"),
+///     other => println!("failed: {other}"),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

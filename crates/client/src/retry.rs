@@ -10,6 +10,21 @@
 use std::time::Duration;
 
 /// Bounds on one call's retries.
+///
+/// ```
+/// use std::time::Duration;
+/// use cellfleet_client::retry::RetryPolicy;
+///
+/// // Give up sooner than the default (30 s) in an interactive tool.
+/// let policy = RetryPolicy {
+///     budget: Duration::from_secs(5),
+///     ..RetryPolicy::default()
+/// };
+/// assert_eq!(policy.backoff(1), Duration::from_millis(25));
+/// assert_eq!(policy.backoff(2), Duration::from_millis(50));
+/// assert_eq!(policy.backoff(30), policy.backoff_max);
+/// assert_eq!(RetryPolicy::once().attempts, 1);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts at most, the first included (at least 1).
@@ -113,6 +128,30 @@ fn retry_within(
 /// The rule for a command: `attempt` attempts made (the failed one
 /// included), `elapsed` since the first, `in_doubt` when an earlier attempt
 /// may have applied.
+///
+/// ```
+/// use std::time::Duration;
+/// use cellfleet_client::retry::{after_command_failure, Failure, RetryPolicy, Step};
+///
+/// let policy = RetryPolicy::default();
+/// // The connection broke after the request was sent: it may have applied.
+/// let broken = Failure { retry_safe: true, maybe_applied: true, retry_after: None };
+/// assert!(matches!(
+///     after_command_failure(&policy, 1, Duration::ZERO, false, broken),
+///     Step::Retry { .. }
+/// ));
+/// // Out of budget while in doubt: resolve, never a definite failure.
+/// assert_eq!(
+///     after_command_failure(&policy, 2, Duration::from_secs(60), true, broken),
+///     Step::Resolve
+/// );
+/// // Refused before anything ran (e.g. a bad signature): fail.
+/// let refused = Failure { retry_safe: false, maybe_applied: false, retry_after: None };
+/// assert_eq!(
+///     after_command_failure(&policy, 1, Duration::ZERO, false, refused),
+///     Step::Fail
+/// );
+/// ```
 pub fn after_command_failure(
     policy: &RetryPolicy,
     attempt: u32,

@@ -65,6 +65,27 @@ pub fn sign(domain: Domain, body: &[u8], key: &SigningKey) -> [u8; SIGNATURE_BYT
 }
 
 /// Wraps already-serialized body bytes into a signed envelope.
+///
+/// What a node checks, step by step (any language can do the same):
+///
+/// ```
+/// use cellfleet_client::signing::{seal, signed_message, Domain};
+/// use ed25519_dalek::{Signature, SigningKey, Verifier};
+///
+/// let key = SigningKey::from_bytes(&[7; 32]);
+/// let body = b"serialized CommandBody bytes".to_vec();
+/// let envelope = seal(Domain::Command, body.clone(), "app-1", &key);
+/// assert_eq!(envelope.key_id, "app-1");
+///
+/// let signature = Signature::from_slice(&envelope.signature).unwrap();
+/// let message = signed_message(Domain::Command, &envelope.body);
+/// assert!(message.starts_with(b"cellfleet.v1.command\0"));
+/// assert!(key.verifying_key().verify(&message, &signature).is_ok());
+/// // The same bytes under another call's tag do not verify: no replay
+/// // of a command's signature as a query.
+/// let as_query = signed_message(Domain::Query, &envelope.body);
+/// assert!(key.verifying_key().verify(&as_query, &signature).is_err());
+/// ```
 pub fn seal(domain: Domain, body: Vec<u8>, key_id: &str, key: &SigningKey) -> v1::SignedEnvelope {
     let signature = sign(domain, &body, key).to_vec();
     v1::SignedEnvelope {
@@ -75,6 +96,12 @@ pub fn seal(domain: Domain, body: Vec<u8>, key_id: &str, key: &SigningKey) -> v1
 }
 
 /// Reads a PKCS#8 PEM Ed25519 private key (as `cellfleet keys new` writes it).
+///
+/// ```no_run
+/// let key = cellfleet_client::signing::read_signing_key(".cellfleet-dev/dev.ed25519.pem".as_ref())?;
+/// println!("public key {:02x?}", key.verifying_key().to_bytes());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn read_signing_key(path: &Path) -> std::io::Result<SigningKey> {
     let text = std::fs::read_to_string(path)?;
     SigningKey::from_pkcs8_pem(&text).map_err(|e| {

@@ -77,6 +77,18 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 /// A client configuration from PEM files: the cluster CA, this client's
 /// certificate and its key (as `cellfleet certs issue client NAME` writes
 /// them).
+///
+/// ```no_run
+/// use cellfleet_client::tls::client_config_from_files;
+/// let tls = client_config_from_files(
+///     ".cellfleet-dev/certs/ca.pem".as_ref(),
+///     ".cellfleet-dev/certs/client-dev.pem".as_ref(),
+///     ".cellfleet-dev/certs/client-dev.key".as_ref(),
+/// )?;
+/// let builder = cellfleet_client::Client::builder(["127.0.0.1:7001"]).tls(tls);
+/// # let _ = builder;
+/// # Ok::<(), cellfleet_client::tls::TlsError>(())
+/// ```
 pub fn client_config_from_files(
     ca: &Path,
     cert: &Path,

@@ -16,6 +16,12 @@ use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
 /// `host:port` of a URL or address (scheme, path and query removed).
+///
+/// ```
+/// use cellfleet_client::transport::host_port;
+/// assert_eq!(host_port("https://n1.cluster:7001/x?y"), "n1.cluster:7001");
+/// assert_eq!(host_port("127.0.0.1:7001"), "127.0.0.1:7001");
+/// ```
 pub fn host_port(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -80,6 +86,14 @@ fn endpoint_for(uri: String) -> Result<Endpoint, tonic::transport::Error> {
 }
 
 /// A `host:port` endpoint: an IP address (`[..]` for IPv6) or a DNS name.
+///
+/// ```
+/// use cellfleet_client::transport::HostPort;
+/// let node: HostPort = "https://[::1]:7001".parse().unwrap();
+/// assert_eq!((node.host.as_str(), node.port), ("::1", 7001));
+/// assert!("no-port".parse::<HostPort>().is_err());
+/// assert!("bad host!:7001".parse::<HostPort>().is_err());
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostPort {
     /// The host: an IP literal (without brackets) or a DNS name.
@@ -122,6 +136,17 @@ impl std::str::FromStr for HostPort {
 /// an IP address) over TLS with `config`, checking the server's certificate
 /// for that host. A name is resolved at each connect, so a peer that moves
 /// to a new address (a restarted pod) is found again.
+///
+/// ```no_run
+/// # fn run(tls: std::sync::Arc<rustls::ClientConfig>) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use cellfleet_client::transport::{channel_to, HostPort};
+/// use cellfleet_proto::v1::client_client::ClientClient;
+///
+/// let channel = channel_to(&"127.0.0.1:7001".parse::<HostPort>()?, tls, Duration::from_secs(2))?;
+/// let stub = ClientClient::new(channel); // the generated stub; Client wraps it
+/// # let _ = stub; Ok(()) }
+/// ```
 pub fn channel_to(
     endpoint: &HostPort,
     config: Arc<ClientConfig>,

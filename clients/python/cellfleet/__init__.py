@@ -24,11 +24,12 @@ from cellfleet.client import (
     RetryPolicy,
     TransportError,
     UnknownOutcome,
+    Unreachable,
     after_failure,
 )
 
 __all__ = [
     "AsyncClient", "CellfleetError", "Client", "Config", "ConfigError", "Executed",
     "Queried", "Receipt", "Refused", "Resolved", "RetryPolicy", "TransportError",
-    "UnknownOutcome", "after_failure",
+    "UnknownOutcome", "Unreachable", "after_failure",
 ]

@@ -16,12 +16,19 @@ crate ``cellfleet-client``:
   goes straight there (a bounded cache), falling back to the configured
   nodes when it fails.
 
-One difference from the Rust crate: Python's gRPC does not tell a connection
-that was never made from one that broke after sending, so every failure
-without a Cellfleet error detail counts as "may have been delivered" (the
-safe reading: such a command is settled by resolve, never reported as not
-applied). Python's gRPC also checks the node's certificate against the
-cluster CA only, not that it is a node's (the Rust crate checks its role).
+Python's gRPC does not say whether a failed call was ever sent, so before
+sending on a channel not known to be connected, the client waits (at most
+``CONNECT_TIMEOUT_S``) for the channel to become ready: a channel that never
+does raises :class:`Unreachable` (never sent, safe to retry), and once every
+configured node in a row was unreachable the call ends instead of spending
+its whole budget, as in the Rust crate. Any other failure without a
+Cellfleet error detail counts as "may have been delivered" (a command is
+then settled by resolve, never reported as not applied).
+
+One difference from the Rust crate: Python's gRPC checks the node's
+certificate against the cluster CA only, not that it is a node's
+certificate (the Rust crate checks its role), and a refused certificate
+looks like an unreachable node.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ ERROR_DETAIL_METADATA = "cellfleet-error-bin"
 ERROR_DETAIL_BYTES_MAX = 16 * 1024
 DEFAULT_CONFIG_PATH = ".cellfleet-dev/client.toml"
 OWNER_CACHE_DEFAULT = 10_000
+CONNECT_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 120.0
 
 
 def now_ms() -> int:
@@ -108,6 +117,22 @@ class TransportError(CellfleetError):
         if grpc_code == grpc.StatusCode.NOT_FOUND:
             self.name = "NOT_FOUND"
         super().__init__(f"{self.name} ({grpc_code.name}): {message}")
+
+
+class Unreachable(TransportError):
+    """No connection to the node could be made (nothing listens there, or
+    the TLS handshake failed): the request was never sent, so nothing was
+    applied and a retry is safe."""
+
+    def __init__(self, endpoint: str, timeout_s: float):
+        self.endpoint = endpoint
+        super().__init__(grpc.StatusCode.UNAVAILABLE,
+                         f"no connection to {endpoint} within {timeout_s:.1f} s; is the "
+                         f"node running, and is {endpoint} its client listener?")
+        self.name = "UNREACHABLE"
+        self.retry_safe = True
+        self.maybe_applied = False
+        self.args = (f"UNREACHABLE: {self.message}",)
 
 
 class UnknownOutcome(CellfleetError):
@@ -349,6 +374,8 @@ class _Core:
         self.owners: OrderedDict[tuple[str, bytes], str] = OrderedDict()
         self.owners_max = max(owner_cache_size, 1)
         self.cursor = 0
+        # Endpoints whose channel answered the last call (no readiness wait).
+        self.connected: set[str] = set()
 
     def credentials(self):
         return grpc.ssl_channel_credentials(
@@ -385,6 +412,25 @@ class _Core:
             expires_at_ms=expires, command_expires_at_ms=command_expires_at_ms)
         return client_pb2.ResolveRequest(envelope=self.seal(RESOLVE_TAG, body))
 
+    @staticmethod
+    def cells_request(owner_node_id: str, limit: int, page_token: str):
+        return admin_pb2.ListCellsRequest(
+            owner_node_id=owner_node_id, limit=limit, page_token=page_token)
+
+    @staticmethod
+    def describe_request(kind: str, key: bytes):
+        return admin_pb2.DescribeCellRequest(address=admin_pb2.CellAddress(kind=kind, key=key))
+
+    def drain_request(self, node_id: str, leases) -> tuple[str, Any]:
+        """The node's own endpoint (from its lease) and the signed request."""
+        endpoint = next((lease.endpoint for lease in leases if lease.node_id == node_id), None)
+        if endpoint is None:
+            raise ConfigError(f"no node {node_id!r} in the leases; `cellfleet leases` lists them")
+        issued, expires = self.window()
+        body = envelope_pb2.AdminBody(operation="drain", node_id=node_id,
+                                   issued_at_ms=issued, expires_at_ms=expires)
+        return _host_port(endpoint), admin_pb2.DrainRequest(envelope=self.seal(ADMIN_TAG, body))
+
     def start(self) -> int:
         self.cursor += 1
         return self.cursor - 1
@@ -409,6 +455,15 @@ class _Core:
             del self.owners[cell]
         hint = getattr(error, "owner_endpoint", "")
         return _host_port(hint) if hint else None
+
+    def step(self, attempt: int, started: float, in_doubt: bool, error: CellfleetError,
+             command: bool, streak: int) -> tuple[str, float]:
+        """The retry rule, plus: once every configured node in a row was
+        unreachable (``streak``), retrying is pointless."""
+        if streak >= len(self.endpoints):
+            return (RESOLVE if command and in_doubt else FAIL), 0.0
+        return after_failure(self.policy, attempt, time.monotonic() - started,
+                             in_doubt, error, command)
 
     def attempt_timeout(self, started: float, until_ms: Optional[int] = None) -> float:
         left = self.policy.budget_s - (time.monotonic() - started)
@@ -502,20 +557,40 @@ class Client:
             self._channels[endpoint] = channel
         return channel
 
+    def _connect(self, endpoint: str, timeout: float):
+        """Waits until the channel to ``endpoint`` is ready, unless its last
+        call went through; :class:`Unreachable` if it does not get there."""
+        if endpoint in self._core.connected:
+            return
+        wait = min(timeout, CONNECT_TIMEOUT_S)
+        try:
+            grpc.channel_ready_future(self._channel(endpoint)).result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            raise Unreachable(endpoint, wait) from None
+
     def _call(self, cell, command: bool, send: Callable[[str, float], Any],
               until_ms: Optional[int] = None):
         core = self._core
         started, start, hint, in_doubt, attempt = time.monotonic(), core.start(), None, False, 0
+        streak = 0
         while True:
             attempt += 1
             target = core.target(cell, hint, start, attempt)
+            timeout = core.attempt_timeout(started, until_ms)
             try:
-                return send(target, core.attempt_timeout(started, until_ms)), attempt
+                self._connect(target, timeout)
+                response = send(target, timeout)
+                core.connected.add(target)
+                return response, attempt
+            except Unreachable as unreachable:
+                error = unreachable
+                streak += 1
             except grpc.RpcError as rpc:
                 error = error_from_rpc(rpc)
+                core.connected.discard(target)
+                streak = 0
             hint = core.after_failure(cell, target, error)
-            step, pause = after_failure(core.policy, attempt, time.monotonic() - started,
-                                        in_doubt, error, command)
+            step, pause = core.step(attempt, started, in_doubt, error, command, streak)
             in_doubt = in_doubt or error.maybe_applied
             if step == RETRY:
                 time.sleep(pause)
@@ -583,6 +658,39 @@ class Client:
         response, _ = self._call(("", b""), False, send)
         return list(response.leases)
 
+    def cells(self, owner_node_id: str = "", limit: int = 0, page_token: str = ""):
+        """One page of the cluster's Cells (a cellfleet.v1.ListCellsResponse:
+        ``cells`` and ``next_page_token``; pass it back for the next page)."""
+        request = _Core.cells_request(owner_node_id, limit, page_token)
+
+        def send(target, timeout):
+            return admin_pb2_grpc.AdminStub(self._channel(target)).ListCells(
+                request, timeout=timeout)
+        response, _ = self._call(("", b""), False, send)
+        return response
+
+    def describe_cell(self, kind: str, key):
+        """A Cell's authority root (cellfleet.v1.DescribeCellResponse: owner,
+        epoch, TXID, LTX chain, log pointer); :class:`TransportError` named
+        ``NOT_FOUND`` when the cluster has no such Cell."""
+        request = _Core.describe_request(kind, _key(key))
+
+        def send(target, timeout):
+            return admin_pb2_grpc.AdminStub(self._channel(target)).DescribeCell(
+                request, timeout=timeout)
+        response, _ = self._call(("", b""), False, send)
+        return response
+
+    def drain(self, node_id: str):
+        """Drains node ``node_id`` (it releases its Cells and retires its
+        lease); sent once to that node's endpoint; the key needs ``admin = true``."""
+        endpoint, request = self._core.drain_request(node_id, self.leases())
+        try:
+            return admin_pb2_grpc.AdminStub(self._channel(endpoint)).Drain(
+                request, timeout=DRAIN_TIMEOUT_S)
+        except grpc.RpcError as rpc:
+            raise error_from_rpc(rpc) from None
+
 
 class _InDoubt(Exception):
     def __init__(self, error: CellfleetError, attempts: int):
@@ -629,19 +737,38 @@ class AsyncClient:
             self._channels[endpoint] = channel
         return channel
 
+    async def _connect(self, endpoint: str, timeout: float):
+        """As :meth:`Client._connect`."""
+        if endpoint in self._core.connected:
+            return
+        wait = min(timeout, CONNECT_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._channel(endpoint).channel_ready(), wait)
+        except asyncio.TimeoutError:
+            raise Unreachable(endpoint, wait) from None
+
     async def _call(self, cell, command: bool, send, until_ms: Optional[int] = None):
         core = self._core
         started, start, hint, in_doubt, attempt = time.monotonic(), core.start(), None, False, 0
+        streak = 0
         while True:
             attempt += 1
             target = core.target(cell, hint, start, attempt)
+            timeout = core.attempt_timeout(started, until_ms)
             try:
-                return await send(target, core.attempt_timeout(started, until_ms)), attempt
+                await self._connect(target, timeout)
+                response = await send(target, timeout)
+                core.connected.add(target)
+                return response, attempt
+            except Unreachable as unreachable:
+                error = unreachable
+                streak += 1
             except grpc.RpcError as rpc:
                 error = error_from_rpc(rpc)
+                core.connected.discard(target)
+                streak = 0
             hint = core.after_failure(cell, target, error)
-            step, pause = after_failure(core.policy, attempt, time.monotonic() - started,
-                                        in_doubt, error, command)
+            step, pause = core.step(attempt, started, in_doubt, error, command, streak)
             in_doubt = in_doubt or error.maybe_applied
             if step == RETRY:
                 await asyncio.sleep(pause)
@@ -696,3 +823,40 @@ class AsyncClient:
         response, _ = await self._call((kind, key), False, send)
         core.learn((kind, key), response.served_by_endpoint)
         return core.resolved(response, command_id)
+
+    async def leases(self) -> list:
+        """As :meth:`Client.leases`."""
+        def send(target, timeout):
+            stub = admin_pb2_grpc.AdminStub(self._channel(target))
+            return stub.ListLeases(admin_pb2.ListLeasesRequest(), timeout=timeout)
+        response, _ = await self._call(("", b""), False, send)
+        return list(response.leases)
+
+    async def cells(self, owner_node_id: str = "", limit: int = 0, page_token: str = ""):
+        """As :meth:`Client.cells`."""
+        request = _Core.cells_request(owner_node_id, limit, page_token)
+
+        def send(target, timeout):
+            return admin_pb2_grpc.AdminStub(self._channel(target)).ListCells(
+                request, timeout=timeout)
+        response, _ = await self._call(("", b""), False, send)
+        return response
+
+    async def describe_cell(self, kind: str, key):
+        """As :meth:`Client.describe_cell`."""
+        request = _Core.describe_request(kind, _key(key))
+
+        def send(target, timeout):
+            return admin_pb2_grpc.AdminStub(self._channel(target)).DescribeCell(
+                request, timeout=timeout)
+        response, _ = await self._call(("", b""), False, send)
+        return response
+
+    async def drain(self, node_id: str):
+        """As :meth:`Client.drain`."""
+        endpoint, request = self._core.drain_request(node_id, await self.leases())
+        try:
+            return await admin_pb2_grpc.AdminStub(self._channel(endpoint)).Drain(
+                request, timeout=DRAIN_TIMEOUT_S)
+        except grpc.RpcError as rpc:
+            raise error_from_rpc(rpc) from None

@@ -9,8 +9,8 @@ import unittest
 
 import grpc
 
-from cellfleet import (AsyncClient, Client, Refused, RetryPolicy, TransportError,
-                       after_failure)
+from cellfleet import (AsyncClient, Client, ConfigError, Refused, RetryPolicy,
+                       TransportError, UnknownOutcome, Unreachable, after_failure)
 from cellfleet.client import FAIL, RESOLVE, RETRY
 
 from common import config, nodes
@@ -62,6 +62,75 @@ class ClusterTest(unittest.TestCase):
         with Client(nowhere, policy=RetryPolicy(attempts=1)) as client:
             with self.assertRaises(TransportError):
                 client.query("kv", "py-4", "get", {"key": "k"})
+
+    def test_a_cluster_nobody_listens_on_is_a_definite_failure(self):
+        # Nothing listens on these ports: every attempt is never sent, so a
+        # command is definitely not applied (not "unknown"), and the call
+        # ends once each configured node was unreachable, within the budget.
+        nowhere = dataclasses.replace(config(), endpoints=["127.0.0.1:1", "127.0.0.1:2"])
+        with Client(nowhere) as client:
+            with self.assertRaises(Unreachable) as failed:
+                client.execute("kv", "py-6", "put", {"key": "k", "value": 1})
+            self.assertNotIsInstance(failed.exception, UnknownOutcome)
+            self.assertFalse(failed.exception.maybe_applied)
+            self.assertEqual(failed.exception.name, "UNREACHABLE")
+            self.assertIn(failed.exception.endpoint, nowhere.endpoints)
+            with self.assertRaises(Unreachable):
+                client.query("kv", "py-6", "get", {"key": "k"})
+
+        async def run():
+            async with AsyncClient(nowhere) as client:
+                await client.execute("kv", "py-6", "put", {"key": "k", "value": 1})
+        with self.assertRaises(Unreachable):
+            asyncio.run(run())
+
+    def test_an_unreachable_node_is_skipped_for_a_live_one(self):
+        # The first endpoint is dead, the rest live: the call is served.
+        endpoints = ["127.0.0.1:1"] + [endpoint for _, endpoint in nodes().values()]
+        with Client(dataclasses.replace(config(), endpoints=endpoints),
+                    owner_routing=False) as client:
+            for attempt in range(3):
+                put = client.execute("kv", "py-7", "put", {"key": "k", "value": attempt})
+                self.assertTrue(put.applied, put)
+
+    def test_admin_calls(self):
+        put = self.client.execute("kv", "py-8", "put", {"key": "k", "value": 1})
+        described = self.client.describe_cell("kv", "py-8")
+        self.assertEqual(described.summary.owner_node_id, put.served_by)
+        self.assertEqual(described.summary.kind, "kv")
+        self.assertEqual(described.summary.epoch, put.receipt.epoch)
+        # The root holds the checkpointed state; newer records are in the
+        # owner's node log, which the root then points at.
+        self.assertLessEqual(described.summary.txid, put.receipt.txid)
+        if described.summary.txid < put.receipt.txid:
+            self.assertTrue(described.HasField("log"), described)
+        with self.assertRaises(TransportError) as missing:
+            self.client.describe_cell("kv", "py-never-created")
+        self.assertEqual(missing.exception.name, "NOT_FOUND")
+        keys, token = set(), ""
+        for _ in range(1000):
+            page = self.client.cells(owner_node_id=put.served_by, limit=2, page_token=token)
+            self.assertLessEqual(len(page.cells), 2)
+            keys.update(cell.key for cell in page.cells)
+            token = page.next_page_token
+            if not token:
+                break
+        self.assertIn(b"py-8", keys)
+        with self.assertRaises(ConfigError):
+            self.client.drain("no-such-node")
+        limited = dataclasses.replace(config(), key_id="limited",
+                                      signing_key=config().signing_key.parent / "limited.ed25519.pem")
+        with Client(limited) as client:
+            with self.assertRaises(Refused) as refused:
+                client.drain(put.served_by)
+        self.assertEqual(refused.exception.name, "UNAUTHORIZED")
+
+        async def run():
+            async with AsyncClient(config()) as client:
+                return (await client.leases(), await client.describe_cell("kv", "py-8"))
+        leases, described = asyncio.run(run())
+        self.assertEqual({lease.node_id for lease in leases}, set(nodes()))
+        self.assertEqual(described.summary.owner_node_id, put.served_by)
 
     def test_asyncio_client(self):
         async def run():

@@ -24,11 +24,21 @@
 //! because it was collected is always below the floor it uses. Seals are
 //! never deleted, so a zombie writer that wakes after GC still finds the
 //! seal in the slot it writes next.
+//!
+//! A sealer slow between reading the floor and creating its seal may find
+//! the slot it planned empty because it was collected meanwhile (another
+//! successor sealed above it, replayed it, and the lane was collected up
+//! to that seal), and create a **stale seal** there, below the floor. It
+//! ends nothing: readers and sealers start at the floor. A writer whose
+//! resend of that slot meets it must not read it as the end of its lane:
+//! only written slots are collected, so its own segment was there and
+//! counted; [`crate::store::LaneWriter`] checks the floor before calling a
+//! slot sealed. The model check in `tests/model.rs` found this.
 
 use std::collections::BTreeMap;
 
 /// What a listing shows in a slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Listed {
     /// A segment.
     Segment,

@@ -6,7 +6,9 @@
 //!   whose outcome is unknown, or that failed without applying, is sent
 //!   again with the *same bytes*; a refused one (412) is settled by reading
 //!   the slot: this session's bytes there mean written, a seal means the
-//!   lane has ended. What the writer knows becomes a [`lane::Verdict`]
+//!   lane has ended — except in a slot below the lane's floor, which was
+//!   written and collected (see [`crate::seal`] on stale seals). What the
+//!   writer knows becomes a [`lane::Verdict`]
 //!   ([`lane::verdict`]), published on a watch channel: replies wait on it.
 //! * [`seal_lane`] ends a dead session's lane ([`seal::plan`]), idempotent
 //!   under racing successors.
@@ -232,8 +234,24 @@ impl LaneWriter {
                             return self.set(seq, SlotState::Written)
                         }
                         // A seal, or anything not ours: the lane has ended
-                        // for this session at this slot.
-                        Ok(_) => return self.set(seq, SlotState::Sealed),
+                        // for this session at this slot — unless the slot
+                        // is below the lane's floor. Only written slots are
+                        // collected, so ours was there, counted and
+                        // collected, and a sealer that read the floor
+                        // before that collection sealed the emptied slot
+                        // (found by the model check, tests/model.rs).
+                        Ok(_) => {
+                            match read_floor(self.store.as_ref(), &self.layout, &self.lane).await {
+                                Ok(floor) if seq < floor => {
+                                    return self.set(seq, SlotState::Written)
+                                }
+                                Ok(_) => return self.set(seq, SlotState::Sealed),
+                                Err(read) => {
+                                    tracing::warn!(%key, error = %read, "reading the lane's floor failed; retrying");
+                                    self.set(seq, SlotState::InDoubt);
+                                }
+                            }
+                        }
                         Err(read) => {
                             tracing::warn!(%key, error = %read, "reading a refused slot failed; retrying");
                             self.set(seq, SlotState::InDoubt);

@@ -3,14 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, SessionId};
 use cellfleet_nodelog::lane::GroupFate;
-use cellfleet_nodelog::segment::{encode_segment, Part};
+use cellfleet_nodelog::segment::{encode_seal, encode_segment, Part};
 use cellfleet_nodelog::store::{
     collect, list_lanes, list_sessions, read_floor, read_lane, read_records, read_written_run,
     seal_lane, LaneWriter, WriterConfig,
 };
-use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
+use cellfleet_nodelog::Seal;
+use cellfleet_store::{Fault, FaultStore, ObjectStore, Op, PutCondition};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -290,6 +292,83 @@ async fn racing_sealers_agree_and_a_zombie_after_gc_still_hits_the_seal() {
         assert_eq!(
             again, 3,
             "{backend}: sealing stays idempotent after collection"
+        );
+    }
+}
+
+/// Found by the model check (`tests/model.rs`): a sealer that read the
+/// floor before a collection seals the slot the collection emptied. A
+/// writer still resending that slot (its first reply was lost) then finds
+/// a seal where its own segment was written, counted and collected: that
+/// is written, not "not committed", since only written slots are ever
+/// collected (the slot lies below the floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_seal_in_a_collected_slot_does_not_refuse_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("lane-stale-seal", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = LaneWriter::new(
+            store.clone(),
+            layout.clone(),
+            lane.clone(),
+            0,
+            WriterConfig {
+                backoff_first: Duration::from_secs(2),
+                ..WriterConfig::default()
+            },
+        );
+        store.inject(
+            Fault::lose_reply(Op::PutIfNoneMatch)
+                .key_prefix(layout.segment_key(&lane, 0))
+                .times(1),
+        );
+        let seq = writer.reserve().unwrap();
+        writer.write(seq, segment(&writer, seq, &["a"]));
+        // The first PUT applied; its reply was lost, so the writer waits
+        // to resend the same bytes. Meanwhile a successor seals after it,
+        // reads it, and the dead lane is collected.
+        let deadline = std::time::Instant::now() + BOUND;
+        while read_written_run(store.as_ref(), &layout, &lane)
+            .await
+            .unwrap()
+            .is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend}: never landed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let sealed = seal_lane(store.as_ref(), &layout, &lane, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(sealed, 1, "{backend}");
+        let read = read_lane(store.as_ref(), &layout, &lane).await.unwrap();
+        assert_eq!(read.counted, vec![0], "{backend}: the record counts");
+        assert_eq!(
+            collect(store.as_ref(), &layout, &lane, 0, 1).await.unwrap(),
+            1
+        );
+        // A second sealer that listed and read the floor before all that
+        // seals the slot it saw empty.
+        let stale = Bytes::from(encode_seal(&Seal {
+            header: writer.header(0, 1),
+            sealed_by: successor(),
+        }));
+        store
+            .put(
+                &layout.segment_key(&lane, 0),
+                stale,
+                PutCondition::IfNoneMatch,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            writer.fate(0, BOUND).await,
+            Some(GroupFate::Acknowledged),
+            "{backend}: the slot was written and counted"
         );
     }
 }

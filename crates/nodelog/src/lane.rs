@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 /// What the writing session knows of one of its slots.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SlotState {
     /// The PUT was sent; no answer yet.
     InFlight,

@@ -75,7 +75,8 @@
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
 //! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
-//! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_GC_MIN_AGE_MS`.
+//! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_LOG_CHECKPOINT_RECORDS`,
+//! `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
 //! prefix, page size and kinds manifest digest (no manifest: the empty
@@ -573,6 +574,11 @@ impl NodeFile {
                 u16::try_from(v)
                     .map_err(|_| anyhow::anyhow!("CELLFLEET_LOG_LANES={v} is over 65535"))?,
             );
+        }
+        if let Some(v) = env("CELLFLEET_LOG_CHECKPOINT_RECORDS") {
+            self.publication.checkpoint_records = Some(v.parse::<usize>().with_context(|| {
+                format!("CELLFLEET_LOG_CHECKPOINT_RECORDS={v:?} is not a whole number of records")
+            })?);
         }
         if let Some(v) = env_u64("CELLFLEET_LOG_SEGMENTS_INFLIGHT")? {
             self.publication.segments_inflight_max = Some(v);

@@ -182,13 +182,60 @@ pub fn to_wire<T: Serialize>(value: &T) -> Result<(String, Value), serde_json::E
 fn from_wire<T: DeserializeOwned>(name: &str, args: &Value) -> Result<T, KindError> {
     let tagged = serde_json::json!({"name": name, "args": args});
     serde_json::from_value(tagged).map_err(|e| {
-        let message = e.to_string();
-        if message.contains("unknown variant") {
-            KindError::reject(RejectCode::UnknownCommand, message)
+        let code = if names_a_variant::<T>(name) {
+            RejectCode::BadParameters
         } else {
-            KindError::reject(RejectCode::BadParameters, message)
-        }
+            RejectCode::UnknownCommand
+        };
+        KindError::reject(code, e.to_string())
     })
+}
+
+/// The error of [`names_a_variant`]'s probe: whether serde reported an
+/// unknown variant (a typed answer, where serde_json's error has only text).
+#[derive(Debug)]
+struct VariantProbe {
+    unknown_variant: bool,
+}
+
+impl fmt::Display for VariantProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.unknown_variant {
+            "unknown variant"
+        } else {
+            "another error"
+        })
+    }
+}
+
+impl std::error::Error for VariantProbe {}
+
+impl serde::de::Error for VariantProbe {
+    fn custom<M: fmt::Display>(_: M) -> Self {
+        VariantProbe {
+            unknown_variant: false,
+        }
+    }
+
+    fn unknown_variant(_: &str, _: &'static [&'static str]) -> Self {
+        VariantProbe {
+            unknown_variant: true,
+        }
+    }
+}
+
+/// Whether `name` is one of the adjacently tagged enum `T`'s variants:
+/// deserializes `{"name": name, "args": ""}` with an error type that
+/// records serde's own "unknown variant" call (the args are never valid,
+/// so a known name fails later, on them).
+fn names_a_variant<T: DeserializeOwned>(name: &str) -> bool {
+    use serde::de::value::MapDeserializer;
+    let probe: MapDeserializer<'_, _, VariantProbe> =
+        MapDeserializer::new([("name", name), ("args", "")].into_iter());
+    match T::deserialize(probe) {
+        Ok(_) => true,
+        Err(error) => !error.unknown_variant,
+    }
 }
 
 fn output_json<T: Serialize>(output: T) -> Result<Value, KindError> {
@@ -213,5 +260,54 @@ impl<K: RustKind> Kind for Typed<K> {
     fn query(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError> {
         let query = from_wire::<K::Query>(name, args)?;
         output_json(self.0.query(conn, query)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvCommand;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(tag = "name", content = "args", rename_all = "snake_case")]
+    enum Mixed {
+        Ping,
+        Echo { text: String },
+    }
+
+    fn code(error: KindError) -> RejectCode {
+        match error {
+            KindError::Rejected(rejection) => rejection.code,
+            other => panic!("not a rejection: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_and_bad_arguments_are_told_apart_by_type() {
+        let bad = from_wire::<KvCommand>("put", &serde_json::json!({"key": 1}));
+        assert_eq!(code(bad.unwrap_err()), RejectCode::BadParameters);
+        let unknown = from_wire::<KvCommand>("nope", &serde_json::json!({"key": "a"}));
+        assert_eq!(code(unknown.unwrap_err()), RejectCode::UnknownCommand);
+        let good = from_wire::<KvCommand>("delete", &serde_json::json!({"key": "a"})).unwrap();
+        assert_eq!(good, KvCommand::Delete { key: "a".into() });
+        // A variant without arguments, and one with.
+        assert!(names_a_variant::<Mixed>("ping"));
+        assert!(names_a_variant::<Mixed>("echo"));
+        assert!(!names_a_variant::<Mixed>("Ping"));
+        let wrong = from_wire::<Mixed>("echo", &serde_json::json!({}));
+        assert_eq!(code(wrong.unwrap_err()), RejectCode::BadParameters);
+        let echo = from_wire::<Mixed>("echo", &serde_json::json!({"text": "hi"})).unwrap();
+        assert_eq!(echo, Mixed::Echo { text: "hi".into() });
+    }
+
+    proptest! {
+        /// Any name a client sends is classified exactly: a variant of the
+        /// kind's enum or not.
+        #[test]
+        fn a_name_is_a_variant_exactly_when_the_enum_has_it(name in "\\PC{0,12}") {
+            let known = ["put", "delete", "cas"].contains(&name.as_str());
+            prop_assert_eq!(names_a_variant::<KvCommand>(&name), known);
+        }
     }
 }

@@ -73,3 +73,206 @@ fn only_layout_spells_bucket_keys() {
         found.join("\n")
     );
 }
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every crate's name (its directory under `crates/`) and its library and
+/// binary sources, unit-test modules cut off (by house style they close a
+/// file), comments and doc comments dropped: `(crate, file, line number,
+/// code)`.
+fn code_lines() -> Vec<(String, PathBuf, usize, String)> {
+    let mut out = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap() {
+        let dir = krate.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let src = dir.join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (number, line) in text
+                .lines()
+                .take_while(|line| line.trim() != "#[cfg(test)]")
+                .enumerate()
+            {
+                let trimmed = line.trim_start();
+                if trimmed.starts_with("//") {
+                    continue;
+                }
+                let code = line.split("//").next().unwrap_or_default().to_owned();
+                out.push((name.clone(), file.clone(), number + 1, code));
+            }
+        }
+    }
+    assert!(out.len() > 10_000, "found only {} lines of code", out.len());
+    out
+}
+
+fn report(what: &str, found: &[String]) {
+    assert!(found.is_empty(), "{what}:\n{}", found.join("\n"));
+}
+
+/// "Errors the code must act on are typed, never matched by their text":
+/// no production code decides on the text of an error, a status or a
+/// message (`.contains("…")` on one). Reading a child process's output
+/// line is not an error's text and is not caught by the spelling below.
+#[test]
+fn no_decision_reads_an_error_s_text() {
+    let receivers = [
+        "message",
+        "error",
+        "err.",
+        "err)",
+        "status",
+        "reason",
+        "msg",
+        "to_string()",
+        "what",
+    ];
+    let found: Vec<String> = code_lines()
+        .into_iter()
+        .filter(|(_, _, _, code)| {
+            code.contains(".contains(\"") && receivers.iter().any(|r| code.contains(r))
+        })
+        .map(|(_, file, line, code)| format!("{}:{line}: {}", file.display(), code.trim()))
+        .collect();
+    report(
+        "decisions on error text (match a typed error instead)",
+        &found,
+    );
+}
+
+/// The wall clock is read in one place per component: `authority::clock`
+/// (behind the injected `Clock`), `streams::clock`, the client library's
+/// `now_ms` (it runs in applications, without the runtime) and the binary.
+#[test]
+fn the_wall_clock_is_read_only_in_the_clock_modules() {
+    let allowed = [
+        "authority/src/clock.rs",
+        "streams/src/clock.rs",
+        "client/src/client.rs",
+    ];
+    let found: Vec<String> = code_lines()
+        .into_iter()
+        .filter(|(krate, file, _, code)| {
+            code.contains("SystemTime::now")
+                && krate != "cellfleet"
+                && !allowed
+                    .iter()
+                    .any(|a| file.to_string_lossy().replace('\\', "/").ends_with(a))
+        })
+        .map(|(_, file, line, code)| format!("{}:{line}: {}", file.display(), code.trim()))
+        .collect();
+    report("SystemTime::now outside the clock modules", &found);
+}
+
+/// Tasks are owned by the async shells only: the pure crates (`ltx`,
+/// `authority`, `cell`, `proto`, `client`) never spawn a task or a thread.
+#[test]
+fn the_pure_crates_spawn_nothing() {
+    let pure = ["ltx", "authority", "cell", "proto", "client"];
+    let spawns = [
+        "tokio::spawn",
+        "spawn_blocking",
+        "JoinSet",
+        "thread::spawn",
+        "task::spawn",
+    ];
+    let found: Vec<String> = code_lines()
+        .into_iter()
+        .filter(|(krate, _, _, code)| {
+            pure.contains(&krate.as_str()) && spawns.iter().any(|s| code.contains(s))
+        })
+        .map(|(_, file, line, code)| format!("{}:{line}: {}", file.display(), code.trim()))
+        .collect();
+    report("tasks spawned in a pure crate", &found);
+}
+
+/// The `[dependencies]` of `crates/{name}/Cargo.toml`: their names.
+fn dependencies(name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(crates_dir().join(name).join("Cargo.toml")).unwrap();
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+            continue;
+        }
+        if inside && !line.is_empty() && !line.starts_with('#') {
+            let name = line
+                .split(['=', '.', ' '])
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// "Dependencies point down this tree only" (ARCHITECTURE.md's crate
+/// tree): each crate has a layer, and may depend only on crates of lower
+/// layers; `ltx` depends on no other crate of ours and on nothing async,
+/// networked or SQLite; `client` links no SQLite and no S3 SDK.
+#[test]
+fn crate_dependencies_point_down() {
+    let layers: &[(&str, u32)] = &[
+        ("ltx", 0),
+        ("proto", 0),
+        ("store", 0),
+        ("authority", 1),
+        ("cell", 1),
+        ("client", 1),
+        ("nodelog", 2),
+        ("runtime", 3),
+        ("router", 4),
+        ("streams", 4),
+        ("cellfleet", 5),
+    ];
+    let mut on_disk: Vec<String> = std::fs::read_dir(crates_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| crates_dir().join(name).join("Cargo.toml").is_file())
+        .collect();
+    on_disk.sort();
+    let mut known: Vec<String> = layers.iter().map(|(n, _)| (*n).to_owned()).collect();
+    known.sort();
+    assert_eq!(on_disk, known, "every crate has a layer here");
+    let layer = |name: &str| layers.iter().find(|(n, _)| *n == name).map(|(_, l)| *l);
+    let mut found = Vec::new();
+    for (name, own) in layers {
+        for dependency in dependencies(name) {
+            let Some(ours) = dependency.strip_prefix("cellfleet-") else {
+                continue;
+            };
+            let Some(theirs) = layer(ours) else {
+                found.push(format!("{name} depends on unknown crate {dependency}"));
+                continue;
+            };
+            if theirs >= *own {
+                found.push(format!(
+                    "{name} (layer {own}) depends on {ours} (layer {theirs})"
+                ));
+            }
+        }
+    }
+    for dependency in dependencies("ltx") {
+        if dependency.starts_with("cellfleet-")
+            || ["tokio", "rusqlite", "aws-sdk-s3", "hyper", "tonic"].contains(&dependency.as_str())
+        {
+            found.push(format!("ltx depends on {dependency}"));
+        }
+    }
+    for dependency in dependencies("client") {
+        if ["rusqlite", "aws-sdk-s3", "aws-config"].contains(&dependency.as_str()) {
+            found.push(format!("client depends on {dependency}"));
+        }
+    }
+    report("dependencies that do not point down", &found);
+}

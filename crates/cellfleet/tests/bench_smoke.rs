@@ -176,3 +176,24 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         );
     }
 }
+
+/// The shipped binary carries no path of the machine it was built on:
+/// outside a checkout, with no S3 server configured, `bench --store s3`
+/// says what to do instead of running a script that is not there.
+#[test]
+fn bench_outside_a_checkout_without_an_s3_server_says_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(BIN)
+        .args(["bench", "local_query", "--store", "s3", "--duration", "1"])
+        .current_dir(dir.path())
+        .env_remove("CELLFLEET_S3_ENDPOINT")
+        .output()
+        .expect("run cellfleet bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("CELLFLEET_S3_ENDPOINT") && stderr.contains("--store local"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

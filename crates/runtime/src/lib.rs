@@ -52,6 +52,8 @@ mod metrics;
 pub mod node;
 pub mod publication;
 mod replay;
+/// Test support (feature `testkit`: for this workspace's tests and examples).
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use config::{GcSettings, LogSettings, NodeConfig, NodeLimits, PublicationMode};

@@ -73,7 +73,26 @@ impl S3Config {
     /// `_ACCESS_KEY`, `_SECRET_KEY` and `_PATH_STYLE` (path style defaults to
     /// on when an endpoint is set).
     pub fn from_env(bucket: impl Into<String>) -> Self {
-        let var = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+        Self::from_vars(bucket, |name| std::env::var(name).ok())
+    }
+
+    /// As [`S3Config::from_env`], from the `export NAME=value` lines a
+    /// shell script prints (what `scripts/seaweedfs.sh start` prints);
+    /// other lines are ignored.
+    pub fn from_shell_exports(bucket: impl Into<String>, text: &str) -> Self {
+        let exports: std::collections::HashMap<&str, &str> = text
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("export "))
+            .filter_map(|assignment| assignment.split_once('='))
+            .map(|(name, value)| (name, value.trim_matches('"')))
+            .collect();
+        Self::from_vars(bucket, |name| exports.get(name).map(|v| (*v).to_owned()))
+    }
+
+    /// [`S3Config::new`] overridden by the `CELLFLEET_S3_*` values `var`
+    /// finds (an empty value counts as unset).
+    pub fn from_vars(bucket: impl Into<String>, var: impl Fn(&str) -> Option<String>) -> Self {
+        let var = |name: &str| var(name).filter(|value| !value.is_empty());
         let mut config = Self::new(bucket);
         config.endpoint = var(ENV_ENDPOINT);
         config.region = var(ENV_REGION);

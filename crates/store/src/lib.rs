@@ -40,6 +40,8 @@ mod object;
 pub mod probe;
 mod retry;
 mod s3;
+/// Test support (feature `testkit`: for this workspace's tests and examples).
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 use std::fmt::Debug;
@@ -48,7 +50,7 @@ use std::ops::Range;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-pub use config::{open, S3Config, StoreConfig};
+pub use config::{open, S3Config, StoreConfig, ENV_ENDPOINT};
 pub use error::{Error, Outcome, Result};
 pub use fault::{Fault, FaultStore, OpCounts};
 pub use local::LocalStore;

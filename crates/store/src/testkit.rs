@@ -7,7 +7,6 @@
 //! There is no silent skip: if no server can be had, the test panics saying
 //! why. Each test gets a unique key prefix in the shared test bucket.
 
-use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,13 +18,14 @@ use crate::S3Store;
 /// The bucket every test shares (tests separate themselves by prefix).
 pub const TEST_BUCKET: &str = "cellfleet-test";
 
-static SERVER_ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+/// What `scripts/seaweedfs.sh start` printed (its `export` lines).
+static SERVER_EXPORTS: OnceLock<String> = OnceLock::new();
 
 fn script_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/seaweedfs.sh")
 }
 
-fn start_server() -> HashMap<String, String> {
+fn start_server() -> String {
     let lock_path = std::env::temp_dir().join("cellfleet-seaweedfs-harness.lock");
     let lock = OpenOptions::new()
         .create(true)
@@ -57,15 +57,7 @@ fn start_server() -> HashMap<String, String> {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    parse_exports(&String::from_utf8_lossy(&output.stdout))
-}
-
-fn parse_exports(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter_map(|line| line.trim().strip_prefix("export "))
-        .filter_map(|assignment| assignment.split_once('='))
-        .map(|(name, value)| (name.to_owned(), value.trim_matches('"').to_owned()))
-        .collect()
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The S3 settings of the test server (starting it if needed), for `bucket`.
@@ -73,18 +65,19 @@ pub fn s3_config(bucket: &str) -> S3Config {
     if std::env::var(ENV_ENDPOINT).is_ok_and(|value| !value.is_empty()) {
         return S3Config::from_env(bucket);
     }
-    let env = SERVER_ENV.get_or_init(start_server);
-    let get = |name: &str| {
-        env.get(name).cloned().unwrap_or_else(|| {
-            panic!("scripts/seaweedfs.sh start did not print {name}; got {env:?}")
-        })
-    };
-    let mut config = S3Config::new(bucket);
-    config.endpoint = Some(get(ENV_ENDPOINT));
-    config.region = Some(get(ENV_REGION));
-    config.access_key = Some(get(ENV_ACCESS_KEY));
-    config.secret_key = Some(get(ENV_SECRET_KEY));
-    config.path_style = true;
+    let exports = SERVER_EXPORTS.get_or_init(start_server);
+    let config = S3Config::from_shell_exports(bucket, exports);
+    for (name, value) in [
+        (ENV_ENDPOINT, &config.endpoint),
+        (ENV_REGION, &config.region),
+        (ENV_ACCESS_KEY, &config.access_key),
+        (ENV_SECRET_KEY, &config.secret_key),
+    ] {
+        assert!(
+            value.is_some(),
+            "scripts/seaweedfs.sh start did not print {name}; it printed:\n{exports}"
+        );
+    }
     config
 }
 
@@ -131,8 +124,13 @@ mod tests {
 
     #[test]
     fn exports_are_parsed() {
-        let env = parse_exports("export A=1\nnoise\nexport B=\"x y\"\n");
-        assert_eq!(env.get("A").map(String::as_str), Some("1"));
-        assert_eq!(env.get("B").map(String::as_str), Some("x y"));
+        let config = S3Config::from_shell_exports(
+            "b",
+            "export CELLFLEET_S3_ENDPOINT=http://127.0.0.1:8333\nnoise\nexport CELLFLEET_S3_REGION=\"us east\"\n",
+        );
+        assert_eq!(config.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        assert_eq!(config.region.as_deref(), Some("us east"));
+        assert_eq!(config.access_key, None);
+        assert!(config.path_style, "on with an endpoint");
     }
 }

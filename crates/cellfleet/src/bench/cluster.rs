@@ -56,6 +56,51 @@ pub enum StoreSetup {
     },
 }
 
+/// The S3 server the bench uses: the one `CELLFLEET_S3_ENDPOINT` (and the
+/// other `CELLFLEET_S3_*` variables) names, else a SeaweedFS started by the
+/// `scripts/seaweedfs.sh` of the Cellfleet checkout the bench runs in (the
+/// current directory or one above it). The shipped binary carries no path
+/// of the machine it was built on.
+fn bench_s3_config(bucket: &str) -> anyhow::Result<S3Config> {
+    if std::env::var(cellfleet_store::ENV_ENDPOINT).is_ok_and(|v| !v.is_empty()) {
+        return Ok(S3Config::from_env(bucket));
+    }
+    let here = std::env::current_dir().context("reading the current directory")?;
+    let script = here
+        .ancestors()
+        .map(|dir| dir.join("scripts/seaweedfs.sh"))
+        .find(|script| script.is_file())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no S3 server: set CELLFLEET_S3_ENDPOINT (and the other CELLFLEET_S3_* \
+                 variables), or run the bench inside a Cellfleet checkout, where \
+                 scripts/seaweedfs.sh starts SeaweedFS; or use --store local"
+            )
+        })?;
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("start")
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "{} start failed ({}): {}; set CELLFLEET_S3_ENDPOINT to use another server, \
+             or use --store local",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let config = S3Config::from_shell_exports(bucket, &String::from_utf8_lossy(&output.stdout));
+    if config.endpoint.is_none() {
+        anyhow::bail!(
+            "{} start printed no CELLFLEET_S3_ENDPOINT; set it to use another server",
+            script.display()
+        );
+    }
+    Ok(config)
+}
+
 impl StoreSetup {
     /// For S3: the server's settings (starting SeaweedFS through the
     /// repository's script when `CELLFLEET_S3_ENDPOINT` is unset, as the
@@ -69,17 +114,7 @@ impl StoreSetup {
         match kind {
             StoreKind::Local => Ok(StoreSetup::Local),
             StoreKind::S3 => {
-                // testkit panics with its reason when no server can be had;
-                // on its own thread that becomes an error here.
-                let config =
-                    std::thread::spawn(|| cellfleet_store::testkit::s3_config(BENCH_BUCKET))
-                        .join()
-                        .map_err(|_| {
-                            anyhow::anyhow!(
-                            "no S3 server: set CELLFLEET_S3_ENDPOINT (and the other CELLFLEET_S3_* \
-                             variables) or run `scripts/seaweedfs.sh start`; or use --store local"
-                        )
-                        })?;
+                let config = bench_s3_config(BENCH_BUCKET)?;
                 runtime.block_on(async {
                     let store = S3Store::connect(&config)
                         .await

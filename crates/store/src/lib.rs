@@ -34,6 +34,7 @@
 mod config;
 mod error;
 mod fault;
+mod key;
 mod local;
 mod memory;
 mod object;
@@ -53,11 +54,10 @@ use bytes::Bytes;
 pub use config::{open, S3Config, StoreConfig, ENV_ENDPOINT};
 pub use error::{Error, Outcome, Result};
 pub use fault::{Fault, FaultStore, OpCounts};
+pub use key::validate_key;
 pub use local::LocalStore;
 pub use memory::MemoryStore;
-pub use object::{
-    validate_key, ETag, ListEntry, ListPage, Object, ObjectMeta, Op, PutCondition, KEY_BYTES_MAX,
-};
+pub use object::{ETag, ListEntry, ListPage, Object, ObjectMeta, Op, PutCondition, KEY_BYTES_MAX};
 pub use retry::{RetryPolicy, RetryStore};
 pub use s3::S3Store;
 

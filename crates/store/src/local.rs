@@ -34,10 +34,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::error::{Error, Outcome, Result};
-use crate::object::{
-    clamp_range, content_etag, validate_key, validate_prefix, ETag, ListEntry, ListPage, Object,
-    Op, PutCondition,
-};
+use crate::key::{clamp_range, validate_key, validate_prefix};
+use crate::object::{content_etag, ETag, ListEntry, ListPage, Object, Op, PutCondition};
 use crate::{ObjectStore, LIST_PAGE_KEYS_MAX};
 
 const LOCK_STRIPES: u64 = 64;

@@ -8,10 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::object::{
-    clamp_range, content_etag, validate_key, validate_prefix, ETag, ListEntry, ListPage, Object,
-    PutCondition,
-};
+use crate::key::{clamp_range, validate_key, validate_prefix};
+use crate::object::{content_etag, ETag, ListEntry, ListPage, Object, PutCondition};
 use crate::{ObjectStore, LIST_PAGE_KEYS_MAX};
 
 /// An object store held in memory (lost when dropped). ETags are SHA-256

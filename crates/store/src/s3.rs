@@ -30,9 +30,8 @@ use bytes::Bytes;
 
 use crate::config::S3Config;
 use crate::error::{Error, Outcome, Result};
-use crate::object::{
-    validate_key, validate_prefix, ETag, ListEntry, ListPage, Object, ObjectMeta, Op, PutCondition,
-};
+use crate::key::{validate_key, validate_prefix};
+use crate::object::{ETag, ListEntry, ListPage, Object, ObjectMeta, Op, PutCondition};
 use crate::{ObjectStore, LIST_PAGE_KEYS_MAX};
 
 /// An S3 bucket as an [`ObjectStore`]. Cheap to clone.

@@ -174,23 +174,3 @@ pub enum Error {
         retryable: bool,
     },
 }
-
-impl Error {
-    /// Whether sending the same request again (for a command: the same
-    /// command id and payload) cannot apply anything twice and may succeed.
-    pub fn is_retryable(&self) -> bool {
-        crate::status::rule(self).retry_safe
-    }
-
-    /// How long to wait before a retry, when there is a hint.
-    pub fn retry_after_ms(&self) -> Option<u64> {
-        match self {
-            Error::ResourceExhausted { retry_after_ms, .. } => Some(*retry_after_ms),
-            Error::ReceiptNotReached { .. } => Some(crate::status::RECEIPT_RETRY_AFTER_MS),
-            Error::Draining | Error::LeaseLost(_) | Error::Fenced(_) => {
-                Some(crate::status::MOVE_RETRY_AFTER_MS)
-            }
-            _ => None,
-        }
-    }
-}

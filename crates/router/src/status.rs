@@ -78,6 +78,26 @@ const fn rule_of(code: Code, error_code: v1::ErrorCode, retry_safe: bool) -> Sta
     }
 }
 
+// The retry answers of an error come from its status rule, so they live
+// with it (error.rs only defines the type: no cycle between the two).
+impl Error {
+    /// Whether sending the same request again (for a command: the same
+    /// command id and payload) cannot apply anything twice and may succeed.
+    pub fn is_retryable(&self) -> bool {
+        rule(self).retry_safe
+    }
+
+    /// How long to wait before a retry, when there is a hint.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Error::ResourceExhausted { retry_after_ms, .. } => Some(*retry_after_ms),
+            Error::ReceiptNotReached { .. } => Some(RECEIPT_RETRY_AFTER_MS),
+            Error::Draining | Error::LeaseLost(_) | Error::Fenced(_) => Some(MOVE_RETRY_AFTER_MS),
+            _ => None,
+        }
+    }
+}
+
 /// The table (see the module docs).
 pub fn rule(error: &Error) -> StatusRule {
     use v1::ErrorCode as E;

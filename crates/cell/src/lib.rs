@@ -5,6 +5,7 @@ mod capture;
 mod cell;
 pub mod command;
 mod compaction;
+mod connection;
 mod error;
 mod guard;
 pub mod hex;

@@ -14,7 +14,7 @@ use std::path::Path;
 use cellfleet_ltx::Txid;
 use rusqlite::Connection;
 
-use crate::cell::{open_connection, CellConfig};
+use crate::connection::{open_connection, CellConfig};
 use crate::guard::Guard;
 use crate::{ledger, Error, Result};
 

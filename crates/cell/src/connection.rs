@@ -1,0 +1,99 @@
+//! How a Cell's SQLite database is opened, and the engine's settings: shared by the writer ([`crate::Cell`]) and its readers ([`crate::reader`]).
+
+use std::path::Path;
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags};
+
+use crate::guard::Guard;
+use crate::{Error, Result};
+
+/// Settings of one Cell engine.
+#[derive(Clone, Debug)]
+pub struct CellConfig {
+    /// Page size of a new database (power of two, 512..=65536).
+    pub page_size: u32,
+    /// `PRAGMA auto_vacuum = FULL` on a new database, so deletes shrink it.
+    pub auto_vacuum: bool,
+    /// Most commands in one group.
+    pub group_commands_max: usize,
+    /// A delta with more page bytes than this is published as a snapshot.
+    pub snapshot_delta_bytes: u64,
+    /// When a confirm leaves nothing pending, checkpoint once the WAL is
+    /// this big; while anything is pending, a WAL this big refuses new
+    /// groups ([`crate::Error::CheckpointDue`]) until the pipeline drains.
+    pub checkpoint_wal_bytes: u64,
+    /// Most publications pending at once (at least 1): a group may execute
+    /// while this many minus one earlier ones are still being published.
+    pub pending_publications_max: usize,
+    /// Furthest a command's expiry may lie in the future.
+    pub validity_ms_max: i64,
+    /// Clock skew margin: ledger entries live until expiry plus this.
+    pub skew_margin_ms: i64,
+    /// Most expired ledger entries pruned per group.
+    pub ledger_prune_max: u32,
+    /// SQLite VM instructions one command or query may take.
+    pub statement_steps_max: u64,
+    /// Write the rolling database checksums into the LTX files (header
+    /// flags 0, as LiteFS does). Off by default: files are then written as
+    /// Litestream writes them (flag `0x2`, zero checksums), which is the
+    /// only form Litestream 0.5's `restore` accepts. Either way the engine
+    /// computes the checksums and returns them in each [`crate::Publication`].
+    pub ltx_checksums_in_file: bool,
+}
+
+impl Default for CellConfig {
+    fn default() -> Self {
+        CellConfig {
+            page_size: 4096,
+            auto_vacuum: true,
+            group_commands_max: 1024,
+            snapshot_delta_bytes: 16 << 20,
+            checkpoint_wal_bytes: 4 << 20,
+            pending_publications_max: 2,
+            validity_ms_max: 24 * 3600 * 1000,
+            skew_margin_ms: 500,
+            ledger_prune_max: 256,
+            statement_steps_max: 50_000_000,
+            ltx_checksums_in_file: false,
+        }
+    }
+}
+
+pub(crate) fn open_connection(
+    path: &Path,
+    read_only: bool,
+    config: &CellConfig,
+) -> Result<(Connection, Guard)> {
+    // A database with no page yet takes the configured page size.
+    let exists = std::fs::metadata(path)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let mut conn = Connection::open_with_flags(path, flags)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    if !read_only {
+        if !exists {
+            conn.execute_batch(&format!(
+                "PRAGMA page_size = {}; PRAGMA auto_vacuum = {};",
+                config.page_size,
+                if config.auto_vacuum { "FULL" } else { "NONE" }
+            ))?;
+        }
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Wal(format!("journal mode is {mode}, not wal")));
+        }
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA synchronous = NORMAL;")?;
+    } else {
+        conn.execute_batch("PRAGMA query_only = 1;")?;
+    }
+    let guard = Guard::install(&mut conn, config.statement_steps_max)?;
+    Ok((conn, guard))
+}

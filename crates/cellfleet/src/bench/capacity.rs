@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::bench::client::BenchClient;
 use crate::bench::exactness::AckLog;
+use crate::bench::load::Summary;
 use crate::bench::load::{self, Window};
-use crate::bench::report::Summary;
 use crate::bench::workloads::{self, BenchCell};
 
 /// Fraction of the offered rate a served step must achieve.

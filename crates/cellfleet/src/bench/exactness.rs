@@ -16,7 +16,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bench::client::{describe, BenchClient};
-use crate::bench::workloads::LOG_KIND;
+
+/// The kind every workload uses (an append-only log; see
+/// `dev_cmd::EXAMPLE_KINDS`), its command and its query: what the check
+/// counts.
+pub const LOG_KIND: &str = "log";
+pub const APPEND: &str = "append";
+pub const COUNT: &str = "count";
 
 /// The paged read of a log (see `cluster::BENCH_QUERIES`).
 const COUNT_AFTER: &str = "count_after";

@@ -20,9 +20,9 @@ use serde::Serialize;
 
 use crate::bench::client::BenchClient;
 use crate::bench::exactness::AckLog;
+use crate::bench::load::Summary;
 use crate::bench::load::{self, Window};
 use crate::bench::node_stats::{self, Phases, ProcessStats};
-use crate::bench::report::Summary;
 use crate::bench::workloads::{self, BenchCell, Workload};
 
 /// Cell creations in flight at once during set-up.

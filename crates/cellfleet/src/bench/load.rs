@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use serde::Serialize;
 
 /// Largest latency a histogram holds (longer ones are clamped to it).
 const HISTOGRAM_MAX_MICROS: u64 = 120_000_000;
@@ -391,5 +392,65 @@ where
         },
         offered,
         dropped,
+    }
+}
+
+/// Percentiles, count and rate of one series.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub errors: u64,
+    pub throughput_per_s: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub error_samples: Vec<String>,
+}
+
+fn ms(micros: u64) -> f64 {
+    micros as f64 / 1e3
+}
+
+impl Summary {
+    pub fn of(histogram: &Histogram<u64>, errors: u64, wall_s: f64, samples: &[String]) -> Self {
+        let count = histogram.len();
+        let at = |q: f64| {
+            if count == 0 {
+                0.0
+            } else {
+                ms(histogram.value_at_quantile(q))
+            }
+        };
+        Summary {
+            count,
+            errors,
+            throughput_per_s: if wall_s > 0.0 {
+                count as f64 / wall_s
+            } else {
+                0.0
+            },
+            p50_ms: at(0.50),
+            p95_ms: at(0.95),
+            p99_ms: at(0.99),
+            max_ms: if count == 0 { 0.0 } else { ms(histogram.max()) },
+            mean_ms: if count == 0 {
+                0.0
+            } else {
+                histogram.mean() / 1e3
+            },
+            error_samples: samples.to_vec(),
+        }
+    }
+
+    pub fn of_measured(measured: &Measured) -> Self {
+        Summary::of(
+            &measured.histogram,
+            measured.errors,
+            measured.wall.as_secs_f64(),
+            &measured.error_samples,
+        )
     }
 }

@@ -29,9 +29,10 @@ use serde::Serialize;
 use crate::bench::client::{describe, BenchClient};
 use crate::bench::cluster::{self, BenchCluster};
 use crate::bench::exactness::{self, AckLog};
+use crate::bench::exactness::{APPEND, LOG_KIND};
 use crate::bench::fleet::SETUP_CONCURRENCY;
 use crate::bench::node_stats;
-use crate::bench::workloads::{self, BenchCell, APPEND, LOG_KIND};
+use crate::bench::workloads::{self, BenchCell};
 use crate::bench::{Publication, StoreKind};
 
 /// How often a Cell not served yet is tried again.

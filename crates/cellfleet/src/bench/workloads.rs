@@ -21,13 +21,9 @@ use cellfleet_proto::v1;
 use clap::ValueEnum;
 
 use crate::bench::client::{describe, retry_safe, BenchClient};
-use crate::bench::exactness::AckLog;
+use crate::bench::exactness::{AckLog, APPEND, COUNT, LOG_KIND};
 use crate::bench::load::{self, Sample, Timing, Window};
 
-/// The kind every workload uses (an append-only log; see `dev_cmd::EXAMPLE_KINDS`).
-pub const LOG_KIND: &str = "log";
-pub const APPEND: &str = "append";
-pub const COUNT: &str = "count";
 /// How long set-up retries one Cell's first command.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -276,3 +276,133 @@ fn crate_dependencies_point_down() {
     }
     report("dependencies that do not point down", &found);
 }
+
+/// The modules of `crates/{krate}/src` (by file: `bench/report.rs` is
+/// `bench::report`, `actor/mod.rs` is `actor`; the crate root is left out)
+/// and, for each, the other modules its code names through `crate::`.
+fn module_graph(
+    krate: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let src = crates_dir().join(krate).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut modules: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).unwrap().with_extension("");
+        let mut parts: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|p| p == "mod") {
+            parts.pop();
+        }
+        if parts == ["lib"] || parts == ["main"] {
+            continue;
+        }
+        modules.insert(parts.join("::"), file);
+    }
+    let related = |a: &str, b: &str| {
+        a == b || a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
+    };
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code: Vec<&str> = text
+            .lines()
+            .take_while(|line| line.trim() != "#[cfg(test)]")
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect();
+        let code = code.join("\n");
+        let mut paths: Vec<String> = Vec::new();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                paths.extend(group.split(',').map(|item| item.trim().to_owned()));
+            } else {
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .unwrap_or(rest.len());
+                paths.push(rest[..end].to_owned());
+            }
+        }
+        let edges = graph.entry(module.clone()).or_default();
+        for path in paths {
+            let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+            let target = (1..=parts.len())
+                .rev()
+                .map(|n| parts[..n].join("::"))
+                .find(|candidate| modules.contains_key(candidate));
+            if let Some(target) = target {
+                if !related(module, &target) {
+                    edges.insert(target);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The groups of modules that depend on each other in a circle.
+fn cycles(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    // Two modules are in one cycle when each reaches the other.
+    let reach = |from: &str| {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut pending = vec![from.to_owned()];
+        while let Some(module) = pending.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    pending.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: std::collections::BTreeMap<&String, _> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for module in graph.keys() {
+        let mut group: Vec<String> = graph
+            .keys()
+            .filter(|other| reaches[module].contains(*other) && reaches[other].contains(module))
+            .cloned()
+            .collect();
+        if group.len() > 1 {
+            group.sort();
+            if !found.contains(&group) {
+                found.push(group);
+            }
+        }
+    }
+    found
+}
+
+/// No two modules of a crate need each other: the code map reads as a
+/// tree. `streams` keeps one circle until its reshaping (the streams
+/// issue): the server, its subscriptions and its auth.
+#[test]
+fn no_module_cycles() {
+    let known: &[(&str, &[&str])] = &[("streams", &["auth", "server", "subscriptions"])];
+    let mut found = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap() {
+        let name = krate.unwrap().file_name().to_string_lossy().into_owned();
+        if !crates_dir().join(&name).join("src").is_dir() {
+            continue;
+        }
+        for cycle in cycles(&module_graph(&name)) {
+            let allowed = known.iter().any(|(k, modules)| {
+                *k == name && cycle.iter().map(String::as_str).eq(modules.iter().copied())
+            });
+            if !allowed {
+                found.push(format!("{name}: {}", cycle.join(" <-> ")));
+            }
+        }
+    }
+    report("modules that depend on each other", &found);
+    // The check sees real edges: the binary's bench report names the
+    // workloads module.
+    assert!(module_graph("cellfleet")["bench::report"].contains("bench::workloads"));
+}

@@ -226,16 +226,7 @@ impl Dirs {
             })
             .collect();
         entries.sort_by(|a, b| a.key.cmp(&b.key));
-        let next_start_after = if entries.len() > max_keys {
-            entries.truncate(max_keys);
-            entries.last().map(|entry| entry.key.clone())
-        } else {
-            None
-        };
-        Ok(ListPage {
-            entries,
-            next_start_after,
-        })
+        Ok(ListPage::first_of(entries, max_keys))
     }
 }
 

@@ -91,27 +91,16 @@ impl ObjectStore for MemoryStore {
         validate_prefix(prefix)?;
         let max_keys = max_keys.clamp(1, LIST_PAGE_KEYS_MAX);
         let objects = self.objects();
-        let mut entries: Vec<ListEntry> = objects
+        let sorted = objects
             .range(prefix.to_owned()..)
             .take_while(|(key, _)| key.starts_with(prefix))
             .filter(|(key, _)| start_after.is_none_or(|after| key.as_str() > after))
-            .take(max_keys + 1)
             .map(|(key, (body, etag))| ListEntry {
                 key: key.clone(),
                 size: body.len() as u64,
                 etag: Some(etag.clone()),
-            })
-            .collect();
-        let next_start_after = if entries.len() > max_keys {
-            entries.truncate(max_keys);
-            entries.last().map(|entry| entry.key.clone())
-        } else {
-            None
-        };
-        Ok(ListPage {
-            entries,
-            next_start_after,
-        })
+            });
+        Ok(ListPage::first_of(sorted, max_keys))
     }
 
     fn describe(&self) -> String {

@@ -107,6 +107,25 @@ pub struct ListPage {
     pub next_start_after: Option<String>,
 }
 
+impl ListPage {
+    /// The first `max_keys` of `sorted` (entries in key order, already
+    /// past `start_after`), and where the next page starts if more remain:
+    /// the page rule of the backends that list themselves.
+    pub(crate) fn first_of(sorted: impl IntoIterator<Item = ListEntry>, max_keys: usize) -> Self {
+        let mut entries: Vec<ListEntry> = sorted.into_iter().take(max_keys + 1).collect();
+        let next_start_after = if entries.len() > max_keys {
+            entries.truncate(max_keys);
+            entries.last().map(|entry| entry.key.clone())
+        } else {
+            None
+        };
+        ListPage {
+            entries,
+            next_start_after,
+        }
+    }
+}
+
 /// The kinds of store operation, for counters, fault rules and errors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {

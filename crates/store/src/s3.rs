@@ -347,20 +347,36 @@ async fn read_body(op: Op, key: &str, body: aws_sdk_s3::primitives::ByteStream) 
         .into_bytes())
 }
 
-#[async_trait]
-impl ObjectStore for S3Store {
-    async fn get(&self, key: &str) -> Result<Object> {
-        validate_key(key)?;
+impl S3Store {
+    /// One GET of `key` (of `range`, an HTTP `Range` value, when given):
+    /// its ETag, the object's total size when the reply says it, the body.
+    async fn fetch(
+        &self,
+        op: Op,
+        key: &str,
+        range: Option<String>,
+    ) -> Result<(ETag, Option<u64>, Bytes)> {
         let output = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
+            .set_range(range)
             .send()
             .await
-            .map_err(|e| map_error(Op::Get, key, e))?;
+            .map_err(|e| map_error(op, key, e))?;
         let etag = reply_etag(key, output.e_tag())?;
-        let body = read_body(Op::Get, key, output.body).await?;
+        let size = total_size(output.content_range());
+        let body = read_body(op, key, output.body).await?;
+        Ok((etag, size, body))
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    async fn get(&self, key: &str) -> Result<Object> {
+        validate_key(key)?;
+        let (etag, _, body) = self.fetch(Op::Get, key, None).await?;
         Ok(Object {
             size: body.len() as u64,
             body,
@@ -378,18 +394,8 @@ impl ObjectStore for S3Store {
                 size: 0,
             });
         }
-        let output = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .range(format!("bytes={}-{}", range.start, range.end - 1))
-            .send()
-            .await
-            .map_err(|e| map_error(Op::GetRange, key, e))?;
-        let etag = reply_etag(key, output.e_tag())?;
-        let size = total_size(output.content_range());
-        let body = read_body(Op::GetRange, key, output.body).await?;
+        let http_range = format!("bytes={}-{}", range.start, range.end - 1);
+        let (etag, size, body) = self.fetch(Op::GetRange, key, Some(http_range)).await?;
         let size = size.unwrap_or(range.start + body.len() as u64);
         Ok(Object { body, etag, size })
     }

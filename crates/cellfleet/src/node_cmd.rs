@@ -70,7 +70,8 @@
 //! `CELLFLEET_PREFIX`, `CELLFLEET_LISTEN_CLIENT`, `CELLFLEET_LISTEN_PEER`,
 //! `CELLFLEET_LISTEN_HTTP`, `CELLFLEET_LISTEN_STREAMS` (empty: off),
 //! `CELLFLEET_STREAMS_TLS` (`node` or `none`), `CELLFLEET_STREAMS_AUTH` (`token` or `none`),
-//! `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_STORE_DIR`,
+//! `CELLFLEET_ADVERTISE_HOST`, `CELLFLEET_TLS_CERT`, `CELLFLEET_TLS_KEY`,
+//! `CELLFLEET_STORE_DIR`,
 //! `CELLFLEET_S3_BUCKET` (switches the store to S3) with `CELLFLEET_S3_ENDPOINT`,
 //! `_REGION`, `_ACCESS_KEY`, `_SECRET_KEY`, `_PATH_STYLE`,
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
@@ -129,6 +130,12 @@ pub struct NodeArgs {
     /// whose manifest differs from the cluster's refuses to start.
     #[arg(long)]
     accept_kinds_change: bool,
+    /// Check the config and every file it names (kinds manifest, node
+    /// certificate and its role, key registry, streams TLS files) and the
+    /// listeners' addresses, print a summary and exit: nothing is bound,
+    /// written or contacted (`cellfleet store probe` checks the store).
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -533,6 +540,13 @@ impl NodeFile {
         if let Some(v) = env("CELLFLEET_ADVERTISE_HOST") {
             self.listen.advertise_host = Some(v);
         }
+        // One config for many nodes (a StatefulSet): each its own certificate.
+        if let Some(v) = env("CELLFLEET_TLS_CERT") {
+            self.tls.cert = v.into();
+        }
+        if let Some(v) = env("CELLFLEET_TLS_KEY") {
+            self.tls.key = v.into();
+        }
         if let Some(v) = env("CELLFLEET_STORE_DIR") {
             self.store = StoreFile {
                 kind: "local".into(),
@@ -708,6 +722,15 @@ impl NodeFile {
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     init_logging();
     let file = NodeFile::load(&args.config)?;
+    if args.check_config {
+        let summary =
+            check_config(&file).with_context(|| format!("config {}", args.config.display()))?;
+        println!("config {}: OK", args.config.display());
+        for line in summary {
+            println!("  {line}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -831,6 +854,139 @@ fn advertised(addr: SocketAddr, host: Option<&str>) -> String {
     }
 }
 
+/// The kinds manifest (if the config names one) and the kinds it serves,
+/// the built-in ones included.
+fn load_kinds(file: &NodeFile) -> anyhow::Result<(Option<cellfleet_cell::Manifest>, Kinds)> {
+    let manifest = match &file.kinds.manifest {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the kinds manifest {}", path.display()))?;
+            Some(
+                cellfleet_cell::Manifest::parse(&text)
+                    .with_context(|| format!("kinds manifest {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let kinds = cellfleet_streams::with_kinds(match &manifest {
+        Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
+        None => Kinds::builtin(),
+    })
+    .context("kinds manifest")?;
+    Ok((manifest, kinds))
+}
+
+/// The node's TLS identity, refused unless its certificate is this node's.
+fn load_identity(file: &NodeFile) -> anyhow::Result<TlsIdentity> {
+    let identity = TlsIdentity::load(&file.tls.ca, &file.tls.cert, &file.tls.key)
+        .context("node certificate")?;
+    match identity.role().context("node certificate")? {
+        cellfleet_router::certs::Role::Node(id) if id == file.node_id => Ok(identity),
+        role => bail!(
+            "the certificate {} is for {}, not node {:?}; issue one with `cellfleet certs issue node {}`",
+            file.tls.cert.display(),
+            role.uri(),
+            file.node_id,
+            file.node_id
+        ),
+    }
+}
+
+/// The streams listener's TLS from its own certificate and key files.
+fn streams_tls_files(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let (chain, key) = tls::load_chain(cert, key).context("listen.streams_cert/streams_key")?;
+    tls::public_server_config(chain, key).context("listen.streams_cert/streams_key")
+}
+
+/// What `--check-config` checks (see [`NodeArgs::check_config`]), as
+/// summary lines; the first failure is the error.
+fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
+    let mut summary = Vec::new();
+    NodeId::new(&file.node_id).map_err(|e| anyhow::anyhow!("node_id: {e}"))?;
+    summary.push(format!("node {} (prefix {:?})", file.node_id, file.prefix));
+    let listeners = [
+        ("listen.client", Some(&file.listen.client)),
+        ("listen.peer", Some(&file.listen.peer)),
+        ("listen.http", Some(&file.listen.http)),
+        ("listen.streams", file.listen.streams.as_ref()),
+    ];
+    let mut shown = Vec::new();
+    for (name, address) in listeners {
+        let Some(address) = address else { continue };
+        address
+            .parse::<cellfleet_client::transport::HostPort>()
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        shown.push(format!("{} {address}", name.trim_start_matches("listen.")));
+    }
+    summary.push(format!("listeners: {}", shown.join(", ")));
+    summary.push(match file.store_config() {
+        StoreConfig::S3(config) => format!(
+            "store: S3 bucket {:?} at {} (not contacted: `cellfleet store probe` checks it)",
+            config.bucket,
+            config
+                .endpoint
+                .as_deref()
+                .unwrap_or("the AWS default endpoint")
+        ),
+        StoreConfig::Local { dir } => format!("store: local directory {}", dir.display()),
+        StoreConfig::Memory => "store: memory".to_owned(),
+    });
+    let (_, kinds) = load_kinds(file)?;
+    let mut names: Vec<&str> = kinds.names().collect();
+    names.sort_unstable();
+    summary.push(format!(
+        "kinds: {} ({})",
+        names.join(", "),
+        file.kinds
+            .manifest
+            .as_ref()
+            .map_or("built-in only".to_owned(), |p| format!(
+                "manifest {}",
+                p.display()
+            ))
+    ));
+    load_identity(file)?
+        .check_chain()
+        .context("node certificate")?;
+    summary.push(format!(
+        "certificate {} is node {}'s, chained to {}",
+        file.tls.cert.display(),
+        file.node_id,
+        file.tls.ca.display()
+    ));
+    let registry = KeyRegistry::load(&file.keys.registry)?;
+    summary.push(format!(
+        "key registry {}: {} key(s)",
+        file.keys.registry.display(),
+        registry.len()
+    ));
+    if file.listen.streams.is_some() {
+        let tls = match file.listen.streams_tls()? {
+            StreamsTls::None => "plain HTTP".to_owned(),
+            StreamsTls::Node => "HTTPS with the node certificate".to_owned(),
+            StreamsTls::Files { cert, key } => {
+                streams_tls_files(&cert, &key)?;
+                format!("HTTPS with {}", cert.display())
+            }
+        };
+        let auth = if file.listen.streams_tokens()? {
+            "bearer tokens"
+        } else {
+            "no auth"
+        };
+        summary.push(format!("streams: {tls}, {auth}"));
+    }
+    let mode = match file.publication.mode()? {
+        PublicationMode::Log => "log",
+        PublicationMode::Cell => "cell",
+    };
+    summary.push(format!("publication mode {mode}"));
+    Ok(summary)
+}
+
 async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<ExitCode> {
     let node_id = NodeId::new(&file.node_id).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The store first: a bucket that does not honour conditional writes
@@ -848,22 +1004,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
             check.meaning()
         );
     }
-    let manifest = match &file.kinds.manifest {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the kinds manifest {}", path.display()))?;
-            Some(
-                cellfleet_cell::Manifest::parse(&text)
-                    .with_context(|| format!("kinds manifest {}", path.display()))?,
-            )
-        }
-        None => None,
-    };
-    let kinds = cellfleet_streams::with_kinds(match &manifest {
-        Some(manifest) => Kinds::from_manifest(manifest).context("kinds manifest")?,
-        None => Kinds::builtin(),
-    })
-    .context("kinds manifest")?;
+    let (manifest, kinds) = load_kinds(&file)?;
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
     check_cluster_record(
@@ -874,18 +1015,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         accept_kinds_change,
     )
     .await?;
-    let identity = TlsIdentity::load(&file.tls.ca, &file.tls.cert, &file.tls.key)
-        .context("node certificate")?;
-    match identity.role().context("node certificate")? {
-        cellfleet_router::certs::Role::Node(id) if id == file.node_id => {}
-        role => bail!(
-            "the certificate {} is for {}, not node {:?}; issue one with `cellfleet certs issue node {}`",
-            file.tls.cert.display(),
-            role.uri(),
-            file.node_id,
-            file.node_id
-        ),
-    }
+    let identity = load_identity(&file)?;
     let registry = Arc::new(KeyRegistry::load(&file.keys.registry)?);
     let listeners = Listeners {
         client: bind(&file.listen.client, "listen.client").await?,
@@ -998,12 +1128,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
                 "https"
             }
             StreamsTls::Files { cert, key } => {
-                let (chain, key) =
-                    tls::load_chain(&cert, &key).context("listen.streams_cert/streams_key")?;
-                config.tls = Some(
-                    tls::public_server_config(chain, key)
-                        .context("listen.streams_cert/streams_key")?,
-                );
+                config.tls = Some(streams_tls_files(&cert, &key)?);
                 "https"
             }
         };

@@ -91,6 +91,27 @@ impl TlsIdentity {
         role_of(&self.chain)
     }
 
+    /// Checks that the certificate chains to the cluster CA and is valid
+    /// now, as a peer's handshake will verify it (the role is [`Self::role`]'s).
+    pub fn check_chain(&self) -> Result<(), CertError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots()?, provider())
+            .build()
+            .map_err(|e| CertError::Tls(format!("client verifier: {e}")))?;
+        let (end_entity, intermediates) = self
+            .chain
+            .split_first()
+            .ok_or_else(|| CertError::Certificate("no certificate".into()))?;
+        verifier
+            .verify_client_cert(end_entity, intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| {
+                CertError::Tls(format!(
+                    "the certificate does not verify against the cluster CA: {e}; \
+                     issue it from this CA with `cellfleet certs issue`"
+                ))
+            })
+    }
+
     fn roots(&self) -> Result<Arc<RootCertStore>, CertError> {
         let mut roots = RootCertStore::empty();
         for ca in &self.ca {

@@ -994,6 +994,7 @@ fn the_node_log_keeps_every_acknowledged_record_in_every_interleaving() {
         in_flight_max: 2,
     }
     .checker()
+    .threads(std::thread::available_parallelism().map_or(1, usize::from))
     .spawn_bfs()
     .join();
     println!(

@@ -1,6 +1,7 @@
 //! The node log's crash/seal race with real processes: an owner is paused between its segment PUT and the reply (a proxy in front of the real S3 server holds the PUT), its Cell is taken over by another node (which seals the owner's lane), and when the held PUT is let through it hits the seal; the woken owner never acknowledges and ends its session (`/healthz` says so), and every acknowledged command is present exactly once through the survivors.
 
 mod cluster_common;
+mod fault_proxy;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster_common::{error_code, Cluster, Store};
-use http_body_util::{BodyExt, Full};
+use fault_proxy::forward;
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio::sync::Notify;
@@ -26,35 +28,6 @@ struct Hold {
     release: Notify,
     /// The S3 server's status for the released PUT.
     released_status: Mutex<Option<u16>>,
-}
-
-async fn forward(
-    upstream: SocketAddr,
-    request: hyper::Request<Incoming>,
-) -> Result<hyper::Response<Full<Bytes>>, String> {
-    let (parts, body) = request.into_parts();
-    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-    let mut out = hyper::Request::builder()
-        .method(parts.method.clone())
-        .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-    for (name, value) in &parts.headers {
-        // The body is forwarded whole: no transfer coding, no 100-continue.
-        if name != "transfer-encoding" && name != "expect" {
-            out = out.header(name, value);
-        }
-    }
-    let out = out.body(Full::new(body)).map_err(|e| e.to_string())?;
-    let tcp = tokio::net::TcpStream::connect(upstream)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let response = send.send_request(out).await.map_err(|e| e.to_string())?;
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-    Ok(hyper::Response::from_parts(parts, Full::new(body)))
 }
 
 async fn start_proxy(upstream: SocketAddr, hold: Arc<Hold>) -> SocketAddr {

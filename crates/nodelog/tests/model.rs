@@ -413,6 +413,34 @@ impl State {
         }
     }
 
+    /// Owner `sid`'s checkpoint: `delta` (if any) into the chain and the
+    /// pointer to its own lane at `from_seq`, proposed by the real
+    /// `transition::propose` (which refuses a fenced owner) and CASed.
+    fn checkpoint_cas(&mut self, sid: Sid, delta: Option<&File>, from_seq: u64) -> bool {
+        let epoch = Epoch::new(self.sessions[usize::from(sid)].epoch).expect("an owner's epoch");
+        let proposal = transition::propose(
+            &to_record(&self.root),
+            &holder(sid),
+            epoch,
+            delta.map(ltx_ref),
+            None,
+            Some(LogPointer {
+                lane: lane_id(sid),
+                from_seq,
+            }),
+            0,
+        );
+        let mut known = self.root.chain.clone();
+        known.extend(delta.cloned());
+        match proposal {
+            Ok(next) => {
+                let next = from_record(&next, &known);
+                self.cas(sid, next)
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The CAS of `proposal` against the revision `sid` expects.
     fn cas(&mut self, sid: Sid, proposal: Root) -> bool {
         if self.root.revision != self.sessions[usize::from(sid)].known_revision {
@@ -622,30 +650,11 @@ impl Model for NodeLogModel {
                 state.ltx.insert(file);
             }
             Action::CheckpointCas(sid) => {
-                let session = &state.sessions[usize::from(sid)];
-                let (file, from) = session.checkpoint.clone().expect("uploaded");
-                let epoch = Epoch::new(session.epoch).expect("an owner's epoch");
-                let proposal = transition::propose(
-                    &to_record(&state.root),
-                    &holder(sid),
-                    epoch,
-                    Some(ltx_ref(&file)),
-                    None,
-                    Some(LogPointer {
-                        lane: lane_id(sid),
-                        from_seq: from,
-                    }),
-                    0,
-                );
-                let mut known = state.root.chain.clone();
-                known.push(file.clone());
-                let landed = match proposal {
-                    Ok(next) => {
-                        let next = from_record(&next, &known);
-                        state.cas(sid, next)
-                    }
-                    Err(_) => false,
-                };
+                let (file, from) = state.sessions[usize::from(sid)]
+                    .checkpoint
+                    .clone()
+                    .expect("uploaded");
+                let landed = state.checkpoint_cas(sid, Some(&file), from);
                 let session = &mut state.sessions[usize::from(sid)];
                 session.checkpoint = None;
                 if landed {
@@ -833,28 +842,8 @@ impl Model for NodeLogModel {
                 if let Some(file) = &file {
                     state.ltx.insert(file.clone());
                 }
-                let session = &state.sessions[usize::from(sid)];
-                let proposal = transition::propose(
-                    &to_record(&state.root),
-                    &holder(sid),
-                    Epoch::new(session.epoch).expect("an owner's epoch"),
-                    file.as_ref().map(ltx_ref),
-                    None,
-                    Some(LogPointer {
-                        lane: lane_id(sid),
-                        from_seq: session.next_seq,
-                    }),
-                    0,
-                );
-                let mut known = state.root.chain.clone();
-                known.extend(file.clone());
-                let landed = match proposal {
-                    Ok(next) => {
-                        let next = from_record(&next, &known);
-                        state.cas(sid, next)
-                    }
-                    Err(_) => false,
-                };
+                let from = state.sessions[usize::from(sid)].next_seq;
+                let landed = state.checkpoint_cas(sid, file.as_ref(), from);
                 let session = &mut state.sessions[usize::from(sid)];
                 if landed {
                     session.root_txid = session.txid;

@@ -10,7 +10,7 @@ use cellfleet_proto::v1;
 use cellfleet_router::certs::{ClusterCa, Role};
 use cellfleet_router::signing::{generate_signing_key, seal, Domain};
 use cellfleet_router::tls::{self, TlsIdentity};
-use cluster_common::{error_code, now_ms, Cluster, Store};
+use cluster_common::{error_code, metric, now_ms, Cluster, Store};
 use prost::Message;
 
 fn s3(name: &str) -> Store {
@@ -176,16 +176,6 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
             .expect("resolve");
         assert_eq!(live.state, v1::CommandState::Absent as i32, "via {addr}");
     }
-}
-
-/// A node's counter from its `/metrics`, summed over label sets.
-fn metric(node: &cluster_common::NodeProcess, name: &str) -> f64 {
-    let (status, text) = cluster_common::http_get(node.http, "/metrics");
-    assert_eq!(status, 200, "{text}");
-    text.lines()
-        .filter(|line| line.starts_with(&format!("{name}{{")))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,22 +17,10 @@ use std::time::{Duration, Instant};
 
 use cellfleet_authority::{CellId, RootRecord};
 use cellfleet_client::{Command, Outcome};
-use cluster_common::{http_get, Cluster, NodeProcess, Store};
+use cluster_common::{metric, Cluster, Store};
 use common::{cellfleet, litestream, run};
 
 const COMMANDS: usize = 150;
-
-/// A node's counter from its `/metrics`, summed over label sets.
-fn metric(node: &NodeProcess, name: &str) -> f64 {
-    let (status, text) = http_get(node.http, "/metrics");
-    assert_eq!(status, 200, "{text}");
-    text.lines()
-        .filter(|line| {
-            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 /// Every file below `dir` whose path ends with `suffix`.
 fn find(dir: &Path, suffix: &str) -> Vec<PathBuf> {

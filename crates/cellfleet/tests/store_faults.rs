@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellfleet_client::{Client, Command, Error, Outcome};
+use cellfleet_client::{Client, Command, Error, Executed, Outcome};
 use cluster_common::{Cluster, Store};
 use fault_proxy::{Fault, FaultProxy};
 
@@ -36,6 +36,30 @@ struct Told {
     acked: Vec<(String, String)>,
     refused: Vec<(String, String)>,
     unknown: Vec<(String, String)>,
+}
+
+impl Told {
+    /// Files `result` of command `tag` on `cell` under what the client was
+    /// told; true when it applied.
+    fn record(&mut self, cell: String, tag: String, result: Result<Executed, Error>) -> bool {
+        match result {
+            Ok(executed) => match executed.outcome {
+                Outcome::Applied(_) => {
+                    self.acked.push((cell, tag));
+                    true
+                }
+                Outcome::Rejected(why) => panic!("{cell} {tag} rejected: {why:?}"),
+            },
+            Err(error) if error.maybe_applied() => {
+                self.unknown.push((cell, tag));
+                false
+            }
+            Err(_) => {
+                self.refused.push((cell, tag));
+                false
+            }
+        }
+    }
 }
 
 fn append(cell: &str, tag: &str) -> Command {
@@ -63,15 +87,7 @@ async fn workload(
                 n += 1;
                 sent.fetch_add(1, Ordering::Relaxed);
                 let result = client.execute(&append(&cell, &tag)).await;
-                let mut told = told.lock().unwrap();
-                match result {
-                    Ok(executed) => match executed.outcome {
-                        Outcome::Applied(_) => told.acked.push((cell, tag)),
-                        Outcome::Rejected(why) => panic!("{cell} {tag} rejected: {why:?}"),
-                    },
-                    Err(error) if error.maybe_applied() => told.unknown.push((cell, tag)),
-                    Err(_) => told.refused.push((cell, tag)),
-                }
+                told.lock().unwrap().record(cell, tag, result);
             }
         }));
     }
@@ -111,14 +127,9 @@ async fn scenario(
         let tag = format!("probe-{probe}");
         probe += 1;
         let cell = format!("{name}-probe");
-        match client.execute(&append(&cell, &tag)).await {
-            Ok(executed) if executed.applied().is_some() => {
-                told.lock().unwrap().acked.push((cell, tag));
-                break;
-            }
-            Ok(executed) => panic!("probe rejected: {executed:?}"),
-            Err(error) if error.maybe_applied() => told.lock().unwrap().unknown.push((cell, tag)),
-            Err(_) => told.lock().unwrap().refused.push((cell, tag)),
+        let result = client.execute(&append(&cell, &tag)).await;
+        if told.lock().unwrap().record(cell, tag, result) {
+            break;
         }
         assert!(
             healed.elapsed() < Duration::from_secs(60),

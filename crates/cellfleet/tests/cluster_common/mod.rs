@@ -570,6 +570,18 @@ pub async fn wait_unhealthy(address: SocketAddr, bound: Duration) -> (u16, Strin
 }
 
 /// `GET path` on a plain HTTP listener: (status code, body).
+/// A node's counter from its `/metrics`, summed over its label sets.
+pub fn metric(node: &NodeProcess, name: &str) -> f64 {
+    let (status, text) = http_get(node.http, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|line| {
+            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("connect");

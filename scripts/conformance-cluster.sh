@@ -39,7 +39,8 @@ for i in 1 2 3; do
   sed -i '/^streams = /a streams_long_poll_ms = 500' "$dir/n$i.toml"
 done
 export CELLFLEET_LISTEN_CLIENT=127.0.0.1:0 CELLFLEET_LISTEN_PEER=127.0.0.1:0 \
-  CELLFLEET_LISTEN_HTTP=127.0.0.1:0 CELLFLEET_LISTEN_STREAMS=127.0.0.1:0
+  CELLFLEET_LISTEN_HTTP=127.0.0.1:0 CELLFLEET_LISTEN_STREAMS=127.0.0.1:0 \
+  CELLFLEET_LISTEN_CONSOLE=127.0.0.1:0
 for i in 1 2 3; do
   ingress=0
   [ "$i" = 1 ] && ingress=1

@@ -467,7 +467,7 @@ pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
                     "endpoint": l.endpoint, "peer_endpoint": l.peer_endpoint,
                     "expires_at_ms": l.expires_at_ms, "renewed_at_ms": l.renewed_at_ms,
                     "live": l.live, "draining": l.draining, "state": lease_state(l, now),
-                    "owned_cells": l.owned_cells})
+                    "owned_cells": l.owned_cells, "ingress_only": l.ingress_only})
             })
             .collect();
         println!("{}", serde_json::json!({"ok": true, "leases": leases}));
@@ -496,6 +496,117 @@ pub fn leases(args: ListArgs) -> anyhow::Result<ExitCode> {
          Cells move once the lease expires; expired; retired: drained)"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+pub fn stats(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let client = load_client(&args.common)?;
+    let stats = match runtime()?.block_on(client.node_stats()) {
+        Ok(stats) => stats,
+        Err(error) => return Ok(report_error(&error, args.common.json)),
+    };
+    let code = if stats.unreachable.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
+    if args.common.json {
+        let nodes: Vec<serde_json::Value> = stats
+            .nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({"node_id": n.node_id, "at_ms": n.at_ms,
+                    "commands_total": n.commands_total, "queries_total": n.queries_total,
+                    "publications_total": n.publications_total,
+                    "log_segments_total": n.log_segments_total,
+                    "checkpoints_total": n.checkpoints_total, "refusals_total": n.refusals_total,
+                    "cells_open": n.cells_open, "cells_owned": n.cells_owned,
+                    "queue_depth_commands": n.queue_depth_commands,
+                    "checkpoint_lag_records": n.checkpoint_lag_records,
+                    "commit_p50": n.publication_seconds.as_ref().and_then(|h| bucket_quantile(h, 0.5)),
+                    "commit_p99": n.publication_seconds.as_ref().and_then(|h| bucket_quantile(h, 0.99))})
+            })
+            .collect();
+        let unreachable: Vec<serde_json::Value> = stats
+            .unreachable
+            .iter()
+            .map(|u| serde_json::json!({"node_id": u.node_id, "reason": u.reason}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"ok": stats.unreachable.is_empty(), "nodes": nodes, "unreachable": unreachable})
+        );
+        return Ok(code);
+    }
+    println!(
+        "{:<12} {:>10} {:>10} {:>12} {:>9} {:>6} {:>6} {:>6} {:>11} {:>11}",
+        "NODE",
+        "COMMANDS",
+        "QUERIES",
+        "PUBLICATIONS",
+        "SEGMENTS",
+        "OPEN",
+        "OWNED",
+        "QUEUE",
+        "COMMIT P50",
+        "COMMIT P99"
+    );
+    for n in &stats.nodes {
+        let quantile = |q| {
+            n.publication_seconds
+                .as_ref()
+                .and_then(|h| bucket_quantile(h, q))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:<12} {:>10} {:>10} {:>12} {:>9} {:>6} {:>6} {:>6} {:>11} {:>11}",
+            n.node_id,
+            n.commands_total,
+            n.queries_total,
+            n.publications_total,
+            n.log_segments_total,
+            n.cells_open,
+            n.cells_owned,
+            n.queue_depth_commands,
+            quantile(0.5),
+            quantile(0.99)
+        );
+    }
+    println!(
+        "(counters since each node started; commit latency over every group since, as the bound of \
+         its histogram bucket; two --json calls give rates, as the web console does)"
+    );
+    for u in &stats.unreachable {
+        eprintln!(
+            "error: live node {} did not answer: {} (its lease is still live: it may be paused, \
+             cut off or killed; see `cellfleet leases`)",
+            u.node_id, u.reason
+        );
+    }
+    Ok(code)
+}
+
+/// The `q`-quantile of a cumulative histogram as the bound of its bucket
+/// (`<= 4ms`), `> largest` above every bound, `None` when it is empty
+/// (pure).
+fn bucket_quantile(histogram: &v1::Histogram, q: f64) -> Option<String> {
+    if histogram.count == 0 {
+        return None;
+    }
+    let wanted = q * histogram.count as f64;
+    let ms = |seconds: f64| {
+        let ms = seconds * 1000.0;
+        if ms < 1.0 {
+            format!("{ms:.1}ms")
+        } else {
+            format!("{ms:.0}ms")
+        }
+    };
+    for (bound, cumulative) in histogram.bounds.iter().zip(&histogram.cumulative) {
+        if *cumulative as f64 >= wanted {
+            return Some(format!("<={}", ms(*bound)));
+        }
+    }
+    Some(format!(">{}", ms(*histogram.bounds.last()?)))
 }
 
 /// A lease's state for operators (pure): `late` is a live lease past half
@@ -707,6 +818,20 @@ mod tests {
             "obj.json" => Ok(r#"{"a": 1, "b": "two"}"#.to_owned()),
             _ => bail!("no file {path}"),
         }
+    }
+
+    #[test]
+    fn quantiles_are_bucket_bounds() {
+        let histogram = v1::Histogram {
+            bounds: vec![0.0005, 0.001, 0.004],
+            cumulative: vec![1, 5, 9],
+            count: 10,
+        };
+        assert_eq!(bucket_quantile(&histogram, 0.1).as_deref(), Some("<=0.5ms"));
+        assert_eq!(bucket_quantile(&histogram, 0.5).as_deref(), Some("<=1ms"));
+        assert_eq!(bucket_quantile(&histogram, 0.9).as_deref(), Some("<=4ms"));
+        assert_eq!(bucket_quantile(&histogram, 0.99).as_deref(), Some(">4ms"));
+        assert_eq!(bucket_quantile(&v1::Histogram::default(), 0.5), None);
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub struct DevArgs {
     #[arg(long)]
     pub(crate) s3: Option<String>,
     /// Client ports are BASE+1.., peer ports BASE+101.., HTTP ports BASE+201..,
-    /// Durable Streams ports BASE+301...
+    /// Durable Streams ports BASE+301.., console ports BASE+401...
     #[arg(long, default_value_t = 7000)]
     pub(crate) port_base: u16,
     /// Node lease length (a killed node's Cells move after about this long).
@@ -90,6 +90,12 @@ pub struct DevArgs {
     /// serves them in plain HTTP to anyone on loopback.
     #[arg(long)]
     pub(crate) streams_secure: bool,
+    /// Serve the web console as `cellfleet node` does by default: HTTPS
+    /// with a cluster-CA client certificate required (import
+    /// DIR/certs/client-dev.pem and .key into the browser). Without it, a
+    /// dev cluster serves it in plain HTTP on loopback.
+    #[arg(long)]
+    pub(crate) console_secure: bool,
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -187,6 +193,9 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 streams_cert: None,
                 streams_key: None,
                 streams_auth: (!args.streams_secure).then(|| "none".into()),
+                // The web console: BASE+401...
+                console: Some(format!("127.0.0.1:{}", port(400))),
+                console_tls: (!args.console_secure).then(|| "none".into()),
             },
             store: store.clone(),
             tls: TlsFile {
@@ -382,8 +391,22 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             usize::from(args.port_base) + 301
         )
     };
+    let console = if args.console_secure {
+        format!(
+            "Web console: https://127.0.0.1:{}/ui/ (trust {}; the browser presents {})",
+            usize::from(args.port_base) + 401,
+            args.data.join("certs/ca.pem").display(),
+            args.data.join("certs/client-dev.pem").display()
+        )
+    } else {
+        format!(
+            "Web console: http://127.0.0.1:{}/ui/ (every node serves it: ports {}..; plain HTTP on loopback, dev; --console-secure for HTTPS and client certificates)",
+            usize::from(args.port_base) + 401,
+            usize::from(args.port_base) + 401
+        )
+    };
     println!(
-        "\ncluster ready: {} nodes; client config {}\n{streams}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
+        "\ncluster ready: {} nodes; client config {}\n{streams}\n{console}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
         children.len(),
         client_config.display(),
         args.lease_ms,

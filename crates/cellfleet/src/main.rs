@@ -50,6 +50,8 @@ enum Command {
     Resolve(client_cmd::ResolveArgs),
     /// List node leases: endpoint, expiry, live or expired, Cells owned.
     Leases(client_cmd::ListArgs),
+    /// Every live node's counters (commands, queries, publications, segments), open and owned Cells, queue depth and commit latency. Exit 0, or 1 when a live node did not answer.
+    Stats(client_cmd::ListArgs),
     /// List Cells with their owner (marked when its lease is late, expired or retired; - when released), epoch and TXID; ds_registry and ds_subscription Cells belong to the Durable Streams service.
     Cells(client_cmd::CellsArgs),
     /// Show one Cell.
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Command::Query(args) => client_cmd::query(args),
         Command::Resolve(args) => client_cmd::resolve(args),
         Command::Leases(args) => client_cmd::leases(args),
+        Command::Stats(args) => client_cmd::stats(args),
         Command::Cells(args) => client_cmd::cells(args),
         Command::Cell(command) => client_cmd::cell(command),
         Command::Drain(args) => client_cmd::drain(args),

@@ -18,6 +18,9 @@
 //! streams_key = "public.key"   #  public name instead of the node's
 //! streams_auth = "token"     # "token": bearer tokens required (default); "none": anyone
 //!                            #  who reaches the port may read, append and delete (dev only)
+//! console = "127.0.0.1:7401" # optional: the web console at /ui/ (read-only)
+//! console_tls = "mtls"       # "mtls": HTTPS, cluster-CA client certificate required (default);
+//!                            #  "none": plain HTTP, IP-literal or localhost Host only (dev only)
 //! advertise_host = "127.0.0.1"  # optional: the host others dial (default: the listen host)
 //!
 //! [store]                    # type = "local" (dir) or "s3" (bucket, endpoint, region,
@@ -108,7 +111,7 @@ use cellfleet_router::endpoints::lease_endpoints;
 use cellfleet_router::envelope::{EnvelopePolicy, Verifier};
 use cellfleet_router::forward::Router;
 use cellfleet_router::registry::KeyRegistry;
-use cellfleet_router::server::{Listeners, NodeServer};
+use cellfleet_router::server::{ConsoleListener, Listeners, NodeServer};
 use cellfleet_router::service_admin::DrainState;
 use cellfleet_router::tls::{self, TlsIdentity};
 use cellfleet_runtime::{Kinds, LogSettings, Node, NodeConfig, NodeLimits, PublicationMode};
@@ -167,6 +170,12 @@ pub struct ListenFile {
     /// Authorization of the streams listener: "token" (default) or "none".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams_auth: Option<String>,
+    /// The web console (`/ui/`); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<String>,
+    /// TLS of the console: "mtls" (default) or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console_tls: Option<String>,
 }
 
 /// How the streams listener is secured.
@@ -201,6 +210,17 @@ impl ListenFile {
                 "listen.streams_tls = {tls:?} conflicts with listen.streams_cert: drop one of them"
             ),
             (Some(other), _) => bail!("listen.streams_tls = {other:?}: use \"node\" or \"none\""),
+        }
+    }
+
+    /// Whether the console is served over HTTPS with client certificates
+    /// required (`console_tls = "mtls"`, the default) or in plain HTTP
+    /// (`"none"`).
+    pub fn console_mtls(&self) -> anyhow::Result<bool> {
+        match self.console_tls.as_deref() {
+            None | Some("mtls") => Ok(true),
+            Some("none") => Ok(false),
+            Some(other) => bail!("listen.console_tls = {other:?}: use \"mtls\" or \"none\""),
         }
     }
 
@@ -534,6 +554,13 @@ impl NodeFile {
         if let Some(v) = env("CELLFLEET_STREAMS_AUTH") {
             self.listen.streams_auth = Some(v);
         }
+        // The console is optional too: an empty value turns it off.
+        if let Ok(v) = std::env::var("CELLFLEET_LISTEN_CONSOLE") {
+            self.listen.console = (!v.is_empty()).then_some(v);
+        }
+        if let Some(v) = env("CELLFLEET_CONSOLE_TLS") {
+            self.listen.console_tls = Some(v);
+        }
         if let Some(v) = env("CELLFLEET_DATA_DIR") {
             self.data_dir = v.into();
         }
@@ -670,6 +697,7 @@ impl NodeFile {
             }
         }
         self.listen.streams_tokens()?;
+        self.listen.console_mtls()?;
         self.publication.mode()?;
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
@@ -912,6 +940,7 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
         ("listen.peer", Some(&file.listen.peer)),
         ("listen.http", Some(&file.listen.http)),
         ("listen.streams", file.listen.streams.as_ref()),
+        ("listen.console", file.listen.console.as_ref()),
     ];
     let mut shown = Vec::new();
     for (name, address) in listeners {
@@ -979,6 +1008,14 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
         };
         summary.push(format!("streams: {tls}, {auth}"));
     }
+    if file.listen.console.is_some() {
+        summary.push(if file.listen.console_mtls()? {
+            "console: HTTPS with the node certificate, cluster-CA client certificates required"
+                .to_owned()
+        } else {
+            "console: plain HTTP, no client certificates (development only)".to_owned()
+        });
+    }
     let mode = match file.publication.mode()? {
         PublicationMode::Log => "log",
         PublicationMode::Cell => "cell",
@@ -1021,6 +1058,13 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         client: bind(&file.listen.client, "listen.client").await?,
         peer: bind(&file.listen.peer, "listen.peer").await?,
         http: bind(&file.listen.http, "listen.http").await?,
+        console: match &file.listen.console {
+            Some(address) => Some(ConsoleListener {
+                listener: bind(address, "listen.console").await?,
+                mtls: file.listen.console_mtls()?,
+            }),
+            None => None,
+        },
     };
     let host = file.listen.advertise_host.as_deref();
     let endpoints = lease_endpoints(
@@ -1152,6 +1196,22 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));
         let streams = cellfleet_streams::Streams::with_backend(backend, config);
         tokio::spawn(streams.serve(listener, streams_stopped));
+    }
+    if let Some(address) = server.console_addr {
+        let mtls = file.listen.console_mtls()?;
+        if !mtls {
+            eprintln!(
+                "cellfleet node {}: warning: the console {address} is plain HTTP without client \
+                 certificates (listen.console_tls = \"none\"): anyone who reaches it sees the \
+                 cluster's leases and Cells (local development only)",
+                file.node_id
+            );
+        }
+        println!(
+            "cellfleet node {} console={}://{address}/ui/",
+            file.node_id,
+            if mtls { "https" } else { "http" }
+        );
     }
     if file.ingress_only {
         println!(

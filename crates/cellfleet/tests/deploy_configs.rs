@@ -160,6 +160,12 @@ fn compose_nodes_pass_check_config_with_the_secrets_the_compose_file_makes() {
         let summary = check_config(&rooted(root.path(), &config), &rooted_env(root.path(), env));
         assert!(summary.contains(&format!("node {name} ")), "{summary}");
         assert!(
+            summary.contains(
+                "console: HTTPS with the node certificate, cluster-CA client certificates required"
+            ),
+            "{summary}"
+        );
+        assert!(
             summary.contains("store: S3 bucket \"cellfleet\" at http://minio:9000"),
             "{summary}"
         );
@@ -291,6 +297,12 @@ fn the_statefulset_s_pods_pass_check_config_and_their_drain_config_loads() {
         }
         let summary = check_config(&rooted(root.path(), &config), &rooted_env(root.path(), env));
         assert!(summary.contains(&format!("node {pod_name} ")), "{summary}");
+        assert!(
+            summary.contains(
+                "console: HTTPS with the node certificate, cluster-CA client certificates required"
+            ),
+            "{summary}"
+        );
     }
     // The preStop drain's client config: its files are mounted.
     let client = cellfleet_client::Config::read(&config_dir.join("client.toml")).unwrap();
@@ -328,6 +340,12 @@ fn the_systemd_unit_checks_and_runs_the_config_it_ships_with() {
     std::fs::copy(deploy().join("kinds.toml"), etc.join("kinds.toml")).unwrap();
     let summary = check_config(&etc.join("node.toml"), &BTreeMap::new());
     assert!(summary.contains("node n1 "), "{summary}");
+    assert!(
+        summary.contains(
+            "console: HTTPS with the node certificate, cluster-CA client certificates required"
+        ),
+        "{summary}"
+    );
 }
 
 #[test]

@@ -402,6 +402,7 @@ fn node_streams_settings_are_checked_and_insecure_ones_announced() {
                 ("CELLFLEET_LISTEN_PEER", "127.0.0.1:0"),
                 ("CELLFLEET_LISTEN_HTTP", "127.0.0.1:0"),
                 ("CELLFLEET_LISTEN_STREAMS", "127.0.0.1:0"),
+                ("CELLFLEET_LISTEN_CONSOLE", "127.0.0.1:0"),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

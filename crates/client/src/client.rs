@@ -1074,6 +1074,26 @@ impl Client {
         .await
     }
 
+    /// Every live node's counters, gauges and commit latency (see
+    /// `admin.proto`): rates come from two calls.
+    ///
+    /// ```no_run
+    /// # async fn run(client: cellfleet_client::Client) -> Result<(), cellfleet_client::Error> {
+    /// let stats = client.node_stats().await?;
+    /// for node in &stats.nodes {
+    ///     println!("{} commands={} queries={}", node.node_id, node.commands_total, node.queries_total);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn node_stats(&self) -> Result<v1::NodeStatsResponse, Error> {
+        self.admin(|mut admin, timeout| async move {
+            let mut request = tonic::Request::new(v1::NodeStatsRequest {});
+            request.set_timeout(timeout);
+            Ok(admin.node_stats(request).await?.into_inner())
+        })
+        .await
+    }
+
     /// One page of the cluster's Cells (see `admin.proto`).
     ///
     /// ```no_run

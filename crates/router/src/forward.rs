@@ -427,6 +427,19 @@ impl Router {
         })
     }
 
+    /// Asks the node at `peer` (its peer endpoint) for its own metrics
+    /// (Peer.Stats), within `timeout`.
+    pub async fn peer_stats(
+        &self,
+        peer: &str,
+        timeout: Duration,
+    ) -> Result<v1::NodeStats, tonic::Status> {
+        let channel = self.channel(peer).map_err(|e| to_status(&e))?;
+        let mut call = tonic::Request::new(v1::StatsRequest {});
+        call.set_timeout(timeout);
+        Ok(PeerClient::new(channel).stats(call).await?.into_inner())
+    }
+
     /// Routes a verified client request for `cell`: local or forwarded,
     /// with one refresh-and-retry. Errors come back as statuses (a peer's
     /// status is relayed with its detail).

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cellfleet_runtime::lease::ServingMode;
 use cellfleet_runtime::NodeHandle;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
@@ -56,6 +56,33 @@ async fn answer(
     node: &NodeHandle,
     drain: &DrainState,
 ) -> std::io::Result<()> {
+    let head = read_head(&mut stream).await?;
+    let (method, path) = request_line(&head).unwrap_or_default();
+    let (status, content_type, body) = if method != "GET" {
+        (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_owned(),
+        )
+    } else {
+        match path.as_str() {
+            "/metrics" => ("200 OK", "text/plain; version=0.0.4", node.metrics_text()),
+            "/healthz" => liveness(node),
+            "/readyz" => readiness(node, drain),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                "try /metrics, /healthz or /readyz (the web console is on listen.console)\n"
+                    .to_owned(),
+            ),
+        }
+    };
+    write_response(&mut stream, status, content_type, &[], body.as_bytes()).await
+}
+
+/// Reads a request head: up to the blank line, at most
+/// [`REQUEST_HEAD_BYTES_MAX`] bytes (a longer one is cut there).
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < REQUEST_HEAD_BYTES_MAX {
@@ -65,33 +92,41 @@ async fn answer(
         }
         head.extend_from_slice(&buffer[..read]);
     }
-    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    Ok(head)
+}
+
+/// The method and request target of a request head's first line, `None`
+/// when it has fewer than two words.
+pub fn request_line(head: &[u8]) -> Option<(String, String)> {
+    let line = head.split(|b| *b == b'\r' || *b == b'\n').next()?;
     let line = String::from_utf8_lossy(line);
     let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, content_type, body) = if method != "GET" {
-        (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n".to_owned(),
-        )
-    } else {
-        match path {
-            "/metrics" => ("200 OK", "text/plain; version=0.0.4", node.metrics_text()),
-            "/healthz" => liveness(node),
-            "/readyz" => readiness(node, drain),
-            _ => (
-                "404 Not Found",
-                "text/plain",
-                "try /metrics, /healthz or /readyz\n".to_owned(),
-            ),
-        }
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+    let method = words.next()?.to_owned();
+    let target = words.next()?.to_owned();
+    Some((method, target))
+}
+
+/// Writes one response and closes the connection.
+pub(crate) async fn write_response<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    status: &str,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n",
         body.len()
     );
-    stream.write_all(response.as_bytes()).await?;
+    for (name, value) in headers {
+        head.push_str(name);
+        head.push_str(": ");
+        head.push_str(value);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
     stream.shutdown().await
 }
 
@@ -126,5 +161,31 @@ fn readiness(node: &NodeHandle, drain: &DrainState) -> (&'static str, &'static s
             "text/plain",
             format!("lease lost: {reason}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_request_line_is_method_and_target() {
+        assert_eq!(
+            request_line(b"GET /ui/api/cells?q=a HTTP/1.1\r\nhost: x\r\n\r\n"),
+            Some(("GET".into(), "/ui/api/cells?q=a".into()))
+        );
+        assert_eq!(request_line(b"GET\r\n\r\n"), None);
+        assert_eq!(request_line(b""), None);
+    }
+
+    proptest! {
+        #[test]
+        fn any_head_parses_without_panicking(head in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Some((method, target)) = request_line(&head) {
+                prop_assert!(!method.is_empty() && !target.is_empty());
+                prop_assert!(!method.contains(char::is_whitespace));
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! - [`reflection`]: gRPC server reflection.
 //! - [`endpoints`]: a node's client, peer and HTTP URLs for its lease record.
 //! - [`forward`]: routing at the ingress (hints, placement, forwarding, one retry); [`local`]: running on this node's runtime.
-//! - [`service_client`], [`service_peer`], [`service_admin`]: the gRPC services; [`server`]: the listeners; [`http`]: metrics and health.
+//! - [`service_client`], [`service_peer`], [`service_admin`]: the gRPC services; [`server`]: the listeners; [`http`]: metrics and health; [`stats`]: every node's metrics for operators; [`console`]: the web console.
 //!
 //! *Invariant:* nothing in this crate decodes a request body before its
 //! signature verified over the exact received bytes, and nothing that
@@ -19,6 +19,7 @@
 //! for the router's node kinds ([`forward::Router::with_node_kinds`]).
 
 pub mod certs;
+pub mod console;
 pub mod endpoints;
 pub mod envelope;
 pub mod error;
@@ -33,6 +34,7 @@ pub mod service_admin;
 pub mod service_client;
 pub mod service_peer;
 pub mod signing;
+pub mod stats;
 pub mod status;
 pub mod tls;
 pub mod transport;

@@ -1,4 +1,4 @@
-//! [`NodeServer`]: one node's listeners — client and admin services (plus reflection) on one mTLS listener, the peer service on another that admits node certificates only, and the HTTP listener.
+//! [`NodeServer`]: one node's listeners — client and admin services (plus reflection) on one mTLS listener, the peer service on another that admits node certificates only, the HTTP listener, and the web console if configured.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
 use crate::certs::CertError;
+use crate::console::Console;
 use crate::forward::Router;
 use crate::service_admin::{AdminService, DrainState};
 use crate::service_client::ClientService;
@@ -29,6 +30,18 @@ pub struct Listeners {
     pub peer: TcpListener,
     /// `/metrics`, `/healthz`, `/readyz` (plain HTTP).
     pub http: TcpListener,
+    /// The web console, if configured.
+    pub console: Option<ConsoleListener>,
+}
+
+/// The console's listener and how it is secured.
+#[derive(Debug)]
+pub struct ConsoleListener {
+    /// Where it listens.
+    pub listener: TcpListener,
+    /// HTTPS with the node's certificate, client certificates from the
+    /// cluster CA required (`true`), or plain HTTP (`false`, development).
+    pub mtls: bool,
 }
 
 /// Why the servers could not start.
@@ -54,6 +67,8 @@ pub struct NodeServer {
     pub peer_addr: SocketAddr,
     /// The HTTP listener's address.
     pub http_addr: SocketAddr,
+    /// The console listener's address, if any.
+    pub console_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -71,6 +86,10 @@ impl NodeServer {
         let client_addr = listeners.client.local_addr()?;
         let peer_addr = listeners.peer.local_addr()?;
         let http_addr = listeners.http.local_addr()?;
+        let console_addr = match &listeners.console {
+            Some(console) => Some(console.listener.local_addr()?),
+            None => None,
+        };
         let client_tls = tls::server_config(identity, Listener::Client)?;
         let peer_tls = tls::server_config(identity, Listener::Peer)?;
         let reflection = crate::reflection::reflection_service()
@@ -79,14 +98,22 @@ impl NodeServer {
         let stopped = |mut stop: watch::Receiver<bool>| async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
+        let admin = AdminService::new(router.clone(), store, layout, drain.clone());
+        let console = match listeners.console {
+            Some(console) => {
+                let tls = if console.mtls {
+                    Some(tls::console_server_config(identity)?)
+                } else {
+                    None
+                };
+                let served = Console::new(admin.clone(), router.clone());
+                Some(served.serve(console.listener, tls, stop.clone()))
+            }
+            None => None,
+        };
         let client = Server::builder()
             .add_service(ClientServer::new(ClientService::new(router.clone())))
-            .add_service(AdminServer::new(AdminService::new(
-                router.clone(),
-                store,
-                layout,
-                drain.clone(),
-            )))
+            .add_service(AdminServer::new(admin))
             .add_service(reflection)
             .serve_with_incoming_shutdown(
                 crate::transport::tls_incoming(listeners.client, client_tls),
@@ -98,7 +125,7 @@ impl NodeServer {
                 crate::transport::tls_incoming(listeners.peer, peer_tls),
                 stopped(stop.clone()),
             );
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(async move {
                 if let Err(error) = client.await {
                     tracing::error!(%error, "client listener stopped");
@@ -116,10 +143,14 @@ impl NodeServer {
                 stop,
             )),
         ];
+        if let Some(console) = console {
+            tasks.push(tokio::spawn(console));
+        }
         Ok(NodeServer {
             client_addr,
             peer_addr,
             http_addr,
+            console_addr,
             shutdown,
             tasks,
         })

@@ -159,6 +159,7 @@ impl v1::admin_server::Admin for AdminService {
                         || (me && self.drain.draining.load(Ordering::SeqCst)),
                     owned_cells,
                     renewed_at_ms: i64::try_from(record.renewed_at_ms).unwrap_or(i64::MAX),
+                    ingress_only: record.ingress_only,
                 }
             })
             .collect();
@@ -279,5 +280,13 @@ impl v1::admin_server::Admin for AdminService {
             node_id: me,
             cells_released: released as u64,
         }))
+    }
+
+    async fn node_stats(
+        &self,
+        _request: Request<v1::NodeStatsRequest>,
+    ) -> Result<Response<v1::NodeStatsResponse>, Status> {
+        let gathered = crate::stats::gather(&self.router).await?;
+        Ok(Response::new(gathered))
     }
 }

@@ -69,4 +69,12 @@ impl v1::peer_server::Peer for PeerService {
             response: Some(response),
         }))
     }
+
+    async fn stats(
+        &self,
+        request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::NodeStats>, Status> {
+        require_node(&request)?;
+        Ok(Response::new(crate::stats::local(&self.router)))
+    }
 }

@@ -262,6 +262,16 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The web console's server configuration: the client listener's (the
+/// identity's certificate, client certificates from the cluster CA
+/// required, node or client role) with ALPN `http/1.1`, the console's one
+/// protocol.
+pub fn console_server_config(identity: &TlsIdentity) -> Result<Arc<ServerConfig>, CertError> {
+    let mut config = Arc::unwrap_or_clone(server_config(identity, Listener::Client)?);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// A server configuration for a listener that browsers and plain HTTP
 /// clients reach (Durable Streams): `chain` and `key` (the node's
 /// certificate, or one for a public name), no client certificates (requests

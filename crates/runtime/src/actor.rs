@@ -291,6 +291,9 @@ impl InFlight {
     /// its time from the start of its upload.
     fn count_publication(&self, metrics: &Metrics) {
         metrics.publications_total.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .commands_total
+            .fetch_add(self.commands as u64, Ordering::Relaxed);
         metrics.group_commands.observe(self.commands as f64);
         metrics
             .publication_total_seconds

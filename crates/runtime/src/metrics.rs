@@ -56,6 +56,24 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The buckets now: upper bounds with cumulative counts, and the total.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut cumulative = 0;
+        let buckets = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(bound, count)| {
+                cumulative += count.load(Ordering::Relaxed);
+                (*bound, cumulative)
+            })
+            .collect();
+        HistogramSnapshot {
+            buckets,
+            count: self.count(),
+        }
+    }
+
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         let sep = if labels.is_empty() { "" } else { "," };
@@ -79,6 +97,45 @@ impl Histogram {
     }
 }
 
+/// A histogram read at one instant: `(upper bound, observations <= bound)`
+/// in bound order, and every observation (`count` minus the last bucket's
+/// are above the largest bound).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    /// Upper bounds with cumulative counts.
+    pub buckets: Vec<(f64, u64)>,
+    /// Observations in total.
+    pub count: u64,
+}
+
+/// What an operator looks at first, read at one instant: counters
+/// (rates come from two snapshots), gauges and the commit latency.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// Commands acknowledged.
+    pub commands_total: u64,
+    /// Queries answered.
+    pub queries_total: u64,
+    /// Publications (cell mode: groups; log mode: records) committed.
+    pub publications_total: u64,
+    /// Node-log segments written.
+    pub log_segments_total: u64,
+    /// Checkpoints published.
+    pub checkpoints_total: u64,
+    /// Requests refused over a bound.
+    pub refusals_total: u64,
+    /// Cells open now.
+    pub cells_open: u64,
+    /// Requests queued in mailboxes and groups now.
+    pub queue_depth_commands: u64,
+    /// Records past their roots on open Cells now.
+    pub checkpoint_lag_records: u64,
+    /// From a group's execution to its released replies.
+    pub publication_seconds: HistogramSnapshot,
+    /// From a segment's first PUT to its slot being decided (log mode).
+    pub log_segment_put_seconds: HistogramSnapshot,
+}
+
 /// Every metric of one node.
 #[derive(Debug)]
 pub struct Metrics {
@@ -96,6 +153,10 @@ pub struct Metrics {
     pub publication_total_seconds: Histogram,
     /// Publications committed.
     pub publications_total: AtomicU64,
+    /// Commands acknowledged (in published groups).
+    pub commands_total: AtomicU64,
+    /// Queries answered.
+    pub queries_total: AtomicU64,
     /// Publications refused because another owner exists (412).
     pub fences_total: AtomicU64,
     /// Publications whose fate could not be proven.
@@ -161,6 +222,8 @@ impl Default for Metrics {
             publication_cas_seconds: Histogram::new(&SECONDS_BUCKETS),
             publication_total_seconds: Histogram::new(&SECONDS_BUCKETS),
             publications_total: AtomicU64::new(0),
+            commands_total: AtomicU64::new(0),
+            queries_total: AtomicU64::new(0),
             fences_total: AtomicU64::new(0),
             publications_unknown_total: AtomicU64::new(0),
             compactions_total: AtomicU64::new(0),
@@ -197,6 +260,25 @@ fn counter(out: &mut String, name: &str, help: &str, labels: &str, value: u64) {
 }
 
 impl Metrics {
+    /// The operator's summary of these metrics now.
+    pub fn snapshot(&self) -> Snapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let gauge = |a: &AtomicI64| u64::try_from(a.load(Ordering::Relaxed)).unwrap_or(0);
+        Snapshot {
+            commands_total: load(&self.commands_total),
+            queries_total: load(&self.queries_total),
+            publications_total: load(&self.publications_total),
+            log_segments_total: load(&self.log_segments_total),
+            checkpoints_total: load(&self.checkpoints_total),
+            refusals_total: load(&self.refusals_total),
+            cells_open: gauge(&self.cells_open),
+            queue_depth_commands: gauge(&self.queue_depth_commands),
+            checkpoint_lag_records: gauge(&self.checkpoint_lag_records),
+            publication_seconds: self.publication_total_seconds.snapshot(),
+            log_segment_put_seconds: self.log_segment_put_seconds.snapshot(),
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, node: &str) -> String {
         let mut out = String::new();
@@ -235,6 +317,20 @@ impl Metrics {
             "Publications committed.",
             &braces,
             load(&self.publications_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_commands_total",
+            "Commands acknowledged.",
+            &braces,
+            load(&self.commands_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_queries_total",
+            "Queries answered.",
+            &braces,
+            load(&self.queries_total),
         );
         counter(
             &mut out,
@@ -411,6 +507,36 @@ mod tests {
         );
         assert!(
             text.contains("cellfleet_runtime_group_commands_count{node=\"n1\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn snapshots_are_cumulative_and_agree_with_the_text() {
+        let metrics = Metrics::default();
+        for seconds in [0.0004, 0.003, 0.003, 5.0] {
+            metrics.publication_total_seconds.observe(seconds);
+        }
+        metrics.commands_total.fetch_add(7, Ordering::Relaxed);
+        metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
+        let snapshot = metrics.snapshot();
+        let buckets = &snapshot.publication_seconds.buckets;
+        assert_eq!(buckets.len(), SECONDS_BUCKETS.len());
+        assert_eq!(buckets[0], (0.0005, 1));
+        assert_eq!(buckets[2], (0.002, 1));
+        assert_eq!(buckets[3], (0.004, 3));
+        assert_eq!(buckets.last(), Some(&(1.024, 3)));
+        assert_eq!(snapshot.publication_seconds.count, 4);
+        assert_eq!(snapshot.commands_total, 7);
+        // A gauge that went below zero reads as zero, as in the text.
+        assert_eq!(snapshot.cells_open, 0);
+        let text = metrics.render("n1");
+        assert!(
+            text.contains("cellfleet_runtime_commands_total{node=\"n1\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cellfleet_runtime_queries_total{node=\"n1\"} 0"),
             "{text}"
         );
     }

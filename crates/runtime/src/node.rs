@@ -765,18 +765,26 @@ impl NodeHandle {
         args: Value,
         min_receipt: Option<&Receipt>,
     ) -> Result<Queried> {
-        self.dispatch(kind, key, None, |cell, reply| {
-            if min_receipt.is_some_and(|receipt| receipt.cell != *cell) {
-                return Err(Error::BadRequest("the receipt names another cell".into()));
-            }
-            Ok(Msg::Query {
-                name: name.to_owned(),
-                args: args.clone(),
-                min_txid: min_receipt.map(|r| r.txid),
-                reply,
+        let answer = self
+            .dispatch(kind, key, None, |cell, reply| {
+                if min_receipt.is_some_and(|receipt| receipt.cell != *cell) {
+                    return Err(Error::BadRequest("the receipt names another cell".into()));
+                }
+                Ok(Msg::Query {
+                    name: name.to_owned(),
+                    args: args.clone(),
+                    min_txid: min_receipt.map(|r| r.txid),
+                    reply,
+                })
             })
-        })
-        .await
+            .await;
+        if answer.is_ok() {
+            self.shared
+                .metrics
+                .queries_total
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        answer
     }
 
     /// The fate of `command_id` on Cell `(kind, key)`: COMMITTED with the

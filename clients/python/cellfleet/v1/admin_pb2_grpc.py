@@ -54,6 +54,11 @@ class AdminStub:
                 request_serializer=cellfleet_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=cellfleet_dot_v1_dot_admin__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.NodeStats = channel.unary_unary(
+                '/cellfleet.v1.Admin/NodeStats',
+                request_serializer=cellfleet_dot_v1_dot_admin__pb2.NodeStatsRequest.SerializeToString,
+                response_deserializer=cellfleet_dot_v1_dot_admin__pb2.NodeStatsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -83,6 +88,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeStats(self, request, context):
+        """Every live node's counters, gauges and commit latency: the answering
+        node's own, the others' asked over the peer service (Peer.Stats) at
+        once. Rates come from two calls (counter deltas over at_ms deltas).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +119,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=cellfleet_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=cellfleet_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
+            'NodeStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeStats,
+                    request_deserializer=cellfleet_dot_v1_dot_admin__pb2.NodeStatsRequest.FromString,
+                    response_serializer=cellfleet_dot_v1_dot_admin__pb2.NodeStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +234,33 @@ class Admin:
             '/cellfleet.v1.Admin/Drain',
             cellfleet_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             cellfleet_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellfleet.v1.Admin/NodeStats',
+            cellfleet_dot_v1_dot_admin__pb2.NodeStatsRequest.SerializeToString,
+            cellfleet_dot_v1_dot_admin__pb2.NodeStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -182,6 +182,7 @@ impl BenchCluster {
             lease_ms: LEASE_MS,
             no_start: true,
             streams_secure: false,
+            console_secure: false,
         })?;
         let mut env = node_env(&store);
         env.push(("CELLFLEET_PUBLICATION_MODE".into(), publication.to_owned()));
@@ -464,6 +465,7 @@ pub(crate) fn node_env(store: &StoreSetup) -> Vec<(String, String)> {
         "CELLFLEET_LISTEN_PEER",
         "CELLFLEET_LISTEN_HTTP",
         "CELLFLEET_LISTEN_STREAMS",
+        "CELLFLEET_LISTEN_CONSOLE",
     ]
     .into_iter()
     .map(|name| (name.to_owned(), "127.0.0.1:0".to_owned()))

@@ -810,6 +810,7 @@ fn start_cellfleet(store: &StoreSetup) -> anyhow::Result<(Server, Target)> {
         lease_ms: 5_000,
         no_start: true,
         streams_secure: false,
+        console_secure: false,
     })?;
     let config = configs.first().context("dev wrote no node config")?;
     let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;

@@ -34,6 +34,8 @@ pub struct NodeProcess {
     pub http: SocketAddr,
     /// The Durable Streams HTTP listener, when the node serves one.
     pub streams: Option<SocketAddr>,
+    /// The web console, when the node serves one.
+    pub console: Option<SocketAddr>,
 }
 
 pub struct Cluster {
@@ -106,6 +108,10 @@ impl Cluster {
             // run in parallel, so they take kernel-chosen ports for it too.
             (
                 "CELLFLEET_LISTEN_STREAMS".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
+            (
+                "CELLFLEET_LISTEN_CONSOLE".to_owned(),
                 "127.0.0.1:0".to_owned(),
             ),
         ];
@@ -204,6 +210,7 @@ impl Cluster {
         });
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut streams = None;
+        let mut console = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
@@ -223,6 +230,17 @@ impl Cluster {
             {
                 streams = Some(address);
             }
+            let console_field = |scheme: &str| -> Option<SocketAddr> {
+                line.split(&format!(" console={scheme}://"))
+                    .nth(1)?
+                    .split('/')
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            if let Some(address) = console_field("http").or_else(|| console_field("https")) {
+                console = Some(address);
+            }
             if let Some(client) = field(" client=") {
                 return NodeProcess {
                     id: id.to_owned(),
@@ -231,6 +249,7 @@ impl Cluster {
                     peer: field(" peer=").expect("peer address in the ready line"),
                     http: field(" http=").expect("http address in the ready line"),
                     streams,
+                    console,
                 };
             }
         }

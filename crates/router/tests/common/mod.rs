@@ -142,6 +142,16 @@ impl Peer for EchoPeer {
             })),
         }))
     }
+    async fn stats(
+        &self,
+        request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::NodeStats>, Status> {
+        tls::require_node(&request)?;
+        Ok(Response::new(v1::NodeStats {
+            node_id: self.node_id.clone(),
+            ..Default::default()
+        }))
+    }
 }
 
 /// A running stub node: client listener (client service + reflection) and

@@ -2,7 +2,9 @@
 // `cellfleet dev` cluster (three node processes on the local store):
 // the page lists three live nodes and shows commands/s once commands run;
 // after kill -9 of the owner of a Cell, its lease turns expired and the
-// Cell shows a new owner at a later epoch. Screenshots go to ARTIFACTS.
+// Cell shows a new owner at a later epoch; and a `--console-secure`
+// cluster serves only a browser that presents the cluster's client
+// certificate. Screenshots go to ARTIFACTS.
 //
 // Environment: CELLFLEET_BIN (the binary), CHROMIUM (default
 // /usr/bin/chromium), ARTIFACTS (screenshot directory). Prints
@@ -29,6 +31,7 @@ const steps = [];
 const step = (text) => { steps.push(text); console.log(`- ${text}`); };
 
 let dev = null;
+let secureDev = null;
 let devLog = "";
 let browser = null;
 
@@ -134,10 +137,47 @@ async function main() {
   await page.screenshot({ path: join(artifacts, "console-cell.png"), fullPage: true });
 
   if (errors.length) throw new Error(`the page reported errors: ${errors.join(" | ")}`);
+  await secure();
   console.log(`console browser test: ok (${steps.length} steps; screenshots in ${artifacts})`);
 }
 
+// `cellfleet dev --console-secure`: the console as `cellfleet node` serves
+// it by default. A browser without a cluster-CA client certificate gets no
+// page; with the dev client certificate it sees the node live.
+async function secure() {
+  const secureData = join(work, "secure");
+  const secureBase = base + 1000 > 60000 ? base - 1000 : base + 1000;
+  secureDev = spawn(bin, ["dev", "--nodes", "1", "--data", secureData, "--port-base", String(secureBase), "--console-secure"], { env, stdio: ["ignore", "pipe", "pipe"] });
+  let log = "";
+  secureDev.stdout.on("data", (chunk) => { log += chunk; });
+  secureDev.stderr.on("data", (chunk) => { log += chunk; });
+  await until("cellfleet dev --console-secure to report ready", () => {
+    if (secureDev.exitCode !== null) throw new Error(`cellfleet dev --console-secure exited with ${secureDev.exitCode}: ${log}`);
+    return log.includes("cluster ready");
+  }, 120000);
+  const origin = `https://127.0.0.1:${secureBase + 401}`;
+  const anonymous = await browser.newContext({ ignoreHTTPSErrors: true });
+  const refused = await anonymous.newPage().then((page) => page.goto(`${origin}/ui/`).then(() => "loaded", (error) => error.message));
+  await anonymous.close();
+  if (refused === "loaded") throw new Error("the secure console served a browser without a client certificate");
+  step(`without a client certificate the secure console serves nothing (${refused.split("\n")[0]})`);
+  const certs = join(secureData, "certs");
+  const holder = await browser.newContext({
+    ignoreHTTPSErrors: true,
+    clientCertificates: [{ origin, certPath: join(certs, "client-dev.pem"), keyPath: join(certs, "client-dev.key") }],
+  });
+  const page = await holder.newPage();
+  await page.goto(`${origin}/ui/`);
+  await page.waitForSelector('#nodes tr[data-node="n1"][data-state="live"]', { timeout: 20000 });
+  step("with the dev client certificate the secure console shows n1 live");
+  await holder.close();
+}
+
 async function stop() {
+  if (secureDev && secureDev.exitCode === null) {
+    secureDev.kill("SIGTERM");
+    await until("cellfleet dev --console-secure to drain", () => secureDev.exitCode !== null, 60000).catch(() => secureDev.kill("SIGKILL"));
+  }
   if (browser) await browser.close().catch(() => {});
   if (dev && dev.exitCode === null) {
     dev.kill("SIGTERM");

@@ -152,7 +152,7 @@ fn run_guide(name: &str, slot: u32, runs_min: usize) -> Ran {
     // port-0 listeners draw from), so the guide's dev cluster collides
     // with nothing running in parallel. The guides name dev's default
     // ports (base 7000: client 7001.., streams 7301..); they move with it.
-    // Each cluster spans base+1 ..= base+303; slots are 500 apart and
+    // Each cluster spans base+1 ..= base+403; slots are 500 apart and
     // everything stays below 32768.
     let port_base = 20_000 + (std::process::id() % 12) * 1000 + slot * 500;
     let localize = |script: &str| {
@@ -160,7 +160,7 @@ fn run_guide(name: &str, slot: u32, runs_min: usize) -> Ran {
             "cellfleet dev",
             &format!("cellfleet dev --port-base {port_base}"),
         );
-        for port in 7001..7400 {
+        for port in 7001..7500 {
             script = script.replace(
                 &format!("127.0.0.1:{port}"),
                 &format!("127.0.0.1:{}", port_base + port - 7000),

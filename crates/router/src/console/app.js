@@ -258,6 +258,7 @@ function drawCluster() {
       el("td", { class: "num" }, quantile(samples, "publication_seconds", 0.5)),
       el("td", { class: "num" }, quantile(samples, "publication_seconds", 0.99)),
       el("td", { class: "num" }, formatRate(rate(samples, "log_segments_total"))),
+      el("td", { class: "num" }, `${quantile(samples, "log_segment_put_seconds", 0.5)} / ${quantile(samples, "log_segment_put_seconds", 0.99)}`),
       el("td", {}, sparkline(series(samples, "commands_total"))),
     );
   });

@@ -26,7 +26,12 @@ mkdirSync(artifacts, { recursive: true });
 const work = mkdtempSync(join(tmpdir(), "cellfleet-console-"));
 const data = join(work, "dev");
 const env = { ...process.env, CELLFLEET_CONFIG: join(data, "client.toml") };
-const base = 20000 + 500 * Math.floor(Math.random() * 80);
+// Port bases below the kernel's ephemeral range (where other tests'
+// port-0 listeners live), below SeaweedFS's 18080.., and apart from the
+// website guide's 20000..: a cluster spans base+1..base+403, the secure
+// one base+501..base+903.
+const bases = [10000, 11000, 12000, 13000, 14000, 15000, 16000, 17000].sort(() => Math.random() - 0.5);
+let base = bases[0];
 const steps = [];
 const step = (text) => { steps.push(text); console.log(`- ${text}`); };
 
@@ -34,6 +39,10 @@ let dev = null;
 let secureDev = null;
 let devLog = "";
 let browser = null;
+
+// Thrown by a check that can never pass (a process exited): `until`
+// gives up at once.
+class Fatal extends Error {}
 
 async function until(what, check, timeoutMs) {
   const deadline = Date.now() + timeoutMs;
@@ -43,6 +52,7 @@ async function until(what, check, timeoutMs) {
       const value = await check();
       if (value) return value;
     } catch (error) {
+      if (error instanceof Fatal) throw error;
       last = error;
     }
     await new Promise((r) => setTimeout(r, 200));
@@ -55,15 +65,30 @@ async function cli(...args) {
   return stdout;
 }
 
+// Starts `cellfleet dev` on the first port base whose ports are free.
+async function startDev() {
+  for (const candidate of bases) {
+    base = candidate;
+    devLog = "";
+    dev = spawn(bin, ["dev", "--data", data, "--port-base", String(base), "--lease-ms", "3000"], { env, stdio: ["ignore", "pipe", "pipe"] });
+    dev.stdout.on("data", (chunk) => { devLog += chunk; });
+    dev.stderr.on("data", (chunk) => { devLog += chunk; });
+    try {
+      return await until("cellfleet dev to report ready", () => {
+        if (dev.exitCode !== null) throw new Fatal(`cellfleet dev exited with ${dev.exitCode}`);
+        const line = devLog.split("\n").find((l) => l.startsWith("node pids:"));
+        return line && Object.fromEntries(line.slice("node pids:".length).trim().split(" ").map((p) => p.split("=")));
+      }, 120000);
+    } catch (error) {
+      if (!(error instanceof Fatal) || !/in use/i.test(devLog)) throw error;
+      console.log(`- port base ${base} is taken (${devLog.split("\n").find((l) => /in use/i.test(l))}); trying another`);
+    }
+  }
+  throw new Error(`every port base was taken: ${bases.join(", ")}`);
+}
+
 async function main() {
-  dev = spawn(bin, ["dev", "--data", data, "--port-base", String(base), "--lease-ms", "3000"], { env, stdio: ["ignore", "pipe", "pipe"] });
-  dev.stdout.on("data", (chunk) => { devLog += chunk; });
-  dev.stderr.on("data", (chunk) => { devLog += chunk; });
-  const pids = await until("cellfleet dev to report ready", () => {
-    if (dev.exitCode !== null) throw new Error(`cellfleet dev exited with ${dev.exitCode}`);
-    const line = devLog.split("\n").find((l) => l.startsWith("node pids:"));
-    return line && Object.fromEntries(line.slice("node pids:".length).trim().split(" ").map((p) => p.split("=")));
-  }, 120000);
+  const pids = await startDev();
   step(`cellfleet dev is up on port base ${base}: ${JSON.stringify(pids)}`);
 
   const keys = Array.from({ length: 12 }, (_, i) => `console-${i}`);
@@ -146,13 +171,13 @@ async function main() {
 // page; with the dev client certificate it sees the node live.
 async function secure() {
   const secureData = join(work, "secure");
-  const secureBase = base + 1000 > 60000 ? base - 1000 : base + 1000;
+  const secureBase = base + 500;
   secureDev = spawn(bin, ["dev", "--nodes", "1", "--data", secureData, "--port-base", String(secureBase), "--console-secure"], { env, stdio: ["ignore", "pipe", "pipe"] });
   let log = "";
   secureDev.stdout.on("data", (chunk) => { log += chunk; });
   secureDev.stderr.on("data", (chunk) => { log += chunk; });
   await until("cellfleet dev --console-secure to report ready", () => {
-    if (secureDev.exitCode !== null) throw new Error(`cellfleet dev --console-secure exited with ${secureDev.exitCode}: ${log}`);
+    if (secureDev.exitCode !== null) throw new Fatal(`cellfleet dev --console-secure exited with ${secureDev.exitCode}: ${log}`);
     return log.includes("cluster ready");
   }, 120000);
   const origin = `https://127.0.0.1:${secureBase + 401}`;

@@ -522,6 +522,7 @@ pub fn stats(args: ListArgs) -> anyhow::Result<ExitCode> {
                     "cells_open": n.cells_open, "cells_owned": n.cells_owned,
                     "queue_depth_commands": n.queue_depth_commands,
                     "checkpoint_lag_records": n.checkpoint_lag_records,
+                    "publication_mode": n.publication_mode, "log_lanes": n.log_lanes,
                     "commit_p50": n.publication_seconds.as_ref().and_then(|h| bucket_quantile(h, 0.5)),
                     "commit_p99": n.publication_seconds.as_ref().and_then(|h| bucket_quantile(h, 0.99))})
             })

@@ -111,6 +111,12 @@ fn the_console_serves_the_cluster_and_stats_tell_the_truth_about_a_dead_node() {
     let stats = view["stats"].as_array().expect("stats");
     let ids: Vec<&str> = stats.iter().filter_map(|s| s["node_id"].as_str()).collect();
     assert_eq!(ids, ["n1", "n2", "n3"], "every node's own stats: {body}");
+    assert!(
+        stats
+            .iter()
+            .all(|s| s["publication_mode"] == "log" && s["log_lanes"].as_u64() >= Some(1)),
+        "the node log's lanes: {body}"
+    );
     let total = |field: &str| stats.iter().filter_map(|s| s[field].as_u64()).sum::<u64>();
     assert_eq!(total("commands_total"), 6, "{body}");
     assert_eq!(total("queries_total"), 6, "{body}");

@@ -418,6 +418,7 @@ fn stats_json(stats: &v1::NodeStats) -> Value {
         "checkpoint_lag_records": stats.checkpoint_lag_records,
         "publication_seconds": histogram_json(stats.publication_seconds.as_ref()),
         "log_segment_put_seconds": histogram_json(stats.log_segment_put_seconds.as_ref()),
+        "publication_mode": stats.publication_mode, "log_lanes": stats.log_lanes,
     })
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellfleet_proto::v1;
-use cellfleet_runtime::{HistogramSnapshot, Snapshot};
+use cellfleet_runtime::{HistogramSnapshot, PublicationMode, Snapshot};
 use tokio::task::JoinSet;
 
 use crate::forward::Router;
@@ -36,6 +36,8 @@ pub fn node_stats(
         checkpoint_lag_records: snapshot.checkpoint_lag_records,
         publication_seconds: Some(histogram(&snapshot.publication_seconds)),
         log_segment_put_seconds: Some(histogram(&snapshot.log_segment_put_seconds)),
+        publication_mode: String::new(),
+        log_lanes: 0,
     }
 }
 
@@ -50,12 +52,20 @@ fn histogram(snapshot: &HistogramSnapshot) -> v1::Histogram {
 /// This node's own stats now.
 pub fn local(router: &Router) -> v1::NodeStats {
     let node = router.node();
-    node_stats(
+    let mut stats = node_stats(
         node.node_id().as_str(),
         router.now_ms(),
         &node.metrics().snapshot(),
         node.owned_cells().len() as u64,
-    )
+    );
+    let (mode, lanes) = node.publication();
+    stats.publication_mode = match mode {
+        PublicationMode::Log => "log",
+        PublicationMode::Cell => "cell",
+    }
+    .to_owned();
+    stats.log_lanes = u32::from(lanes);
+    stats
 }
 
 /// Every live node's stats: this node's from memory, the others' over

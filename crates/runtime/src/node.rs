@@ -656,6 +656,11 @@ impl NodeHandle {
         &self.shared.me.node
     }
 
+    /// How this node publishes, and its lanes per session in log mode.
+    pub fn publication(&self) -> (crate::config::PublicationMode, u16) {
+        (self.shared.config.publication, self.shared.config.log.lanes)
+    }
+
     /// How clients and peers reach this node (as written into its lease).
     pub fn endpoints(&self) -> &cellfleet_authority::Endpoints {
         &self.shared.config.endpoints

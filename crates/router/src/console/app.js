@@ -257,6 +257,7 @@ function drawCluster() {
       el("td", { class: "num" }, formatRate(rate(samples, "queries_total"))),
       el("td", { class: "num" }, quantile(samples, "publication_seconds", 0.5)),
       el("td", { class: "num" }, quantile(samples, "publication_seconds", 0.99)),
+      el("td", {}, !s ? "–" : s.publication_mode === "log" ? `log, ${s.log_lanes} lane${s.log_lanes === 1 ? "" : "s"}` : s.publication_mode),
       el("td", { class: "num" }, formatRate(rate(samples, "log_segments_total"))),
       el("td", { class: "num" }, `${quantile(samples, "log_segment_put_seconds", 0.5)} / ${quantile(samples, "log_segment_put_seconds", 0.99)}`),
       el("td", {}, sparkline(series(samples, "commands_total"))),

@@ -741,7 +741,7 @@ pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
         let chain: Vec<_> = response
             .chain
             .iter()
-            .map(|f| serde_json::json!({"min_txid": f.min_txid, "max_txid": f.max_txid, "size_bytes": f.size_bytes, "object_key": f.object_key}))
+            .map(|f| serde_json::json!({"min_txid": f.min_txid, "max_txid": f.max_txid, "size_bytes": f.size_bytes, "object_key": f.object_key, "file_checksum": f.file_checksum, "post_apply_checksum": f.post_apply_checksum}))
             .collect();
         println!(
             "{}",
@@ -771,8 +771,13 @@ pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {
     println!("chain     {} file(s)", response.chain.len());
     for f in &response.chain {
         println!(
-            "  {:>6}..{:<6} {:>8} B  {}",
-            f.min_txid, f.max_txid, f.size_bytes, f.object_key
+            "  {:>6}..{:<6} {:>8} B  file {}  db after {}  {}",
+            f.min_txid,
+            f.max_txid,
+            f.size_bytes,
+            f.file_checksum,
+            f.post_apply_checksum,
+            f.object_key
         );
     }
     match &response.log {

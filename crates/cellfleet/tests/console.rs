@@ -69,7 +69,13 @@ fn cli(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn the_console_serves_the_cluster_and_stats_tell_the_truth_about_a_dead_node() {
-    let mut cluster = Cluster::start(3, Store::Local, 5000);
+    // Every record checkpointed at once, so Cells have chains to show.
+    let mut cluster = Cluster::start_with_env(
+        3,
+        Store::Local,
+        5000,
+        &[("CELLFLEET_LOG_CHECKPOINT_RECORDS", "1")],
+    );
     for key in ["a", "b", "c", "d", "e", "f"] {
         let (code, out, err) = cli(
             &cluster,
@@ -132,11 +138,32 @@ fn the_console_serves_the_cluster_and_stats_tell_the_truth_about_a_dead_node() {
     assert_eq!(cells.len(), 1, "key c only: {body}");
     assert_eq!(cells[0]["key"], "c");
     let id = cells[0]["cell_id"].as_str().expect("id").to_owned();
-    let (status, _, body) = plain(console, "GET", &format!("/ui/api/cell?id={id}"), &host);
-    assert_eq!(status, 200, "{body}");
-    let cell = json(&body);
+    // The checkpoint follows the acknowledgement: wait (bounded) for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (cell, body) = loop {
+        let (status, _, body) = plain(console, "GET", &format!("/ui/api/cell?id={id}"), &host);
+        assert_eq!(status, 200, "{body}");
+        let cell = json(&body);
+        if cell["chain"].as_array().is_some_and(|c| !c.is_empty())
+            || std::time::Instant::now() > deadline
+        {
+            break (cell, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(cell["summary"]["cell_id"], id.as_str());
     assert!(cell["summary"]["epoch"].as_u64() >= Some(1), "{body}");
+    let chain = cell["chain"].as_array().expect("chain");
+    assert!(!chain.is_empty(), "{body}");
+    for file in chain {
+        for field in ["file_checksum", "post_apply_checksum"] {
+            let hex = file[field].as_str().unwrap_or_default();
+            assert!(
+                hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+                "{field}: {body}"
+            );
+        }
+    }
     let (status, _, body) = plain(console, "GET", "/ui/api/cell?id=nonsense", &host);
     assert_eq!(status, 400, "{body}");
     assert!(json(&body)["error"].as_str().is_some(), "{body}");

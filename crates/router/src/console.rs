@@ -361,6 +361,8 @@ impl Console {
             "chain": cell.chain.iter().map(|file| json!({
                 "min_txid": file.min_txid, "max_txid": file.max_txid,
                 "size_bytes": file.size_bytes, "object_key": file.object_key,
+                "file_checksum": file.file_checksum,
+                "post_apply_checksum": file.post_apply_checksum,
             })).collect::<Vec<_>>(),
             "log": cell.log.as_ref().map(|log| json!({
                 "node_id": log.node_id, "session": log.session,

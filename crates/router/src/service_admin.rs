@@ -231,6 +231,8 @@ impl v1::admin_server::Admin for AdminService {
                     max_txid: file.max_txid,
                     size_bytes: file.size,
                     object_key: file.key.clone(),
+                    file_checksum: format!("{:016x}", file.file_checksum),
+                    post_apply_checksum: format!("{:016x}", file.post_apply_checksum),
                 })
                 .collect(),
             log: root.log.as_ref().map(|pointer| v1::LogPointer {

@@ -363,6 +363,8 @@ async function showCell(id) {
     $("cell-chain").tBodies[0].replaceChildren(...cell.chain.map((file) => el("tr", {},
       el("td", { class: "num" }, file.min_txid === file.max_txid ? file.min_txid : `${file.min_txid}–${file.max_txid}`),
       el("td", { class: "num" }, file.size_bytes),
+      el("td", { class: "mono" }, file.file_checksum),
+      el("td", { class: "mono" }, file.post_apply_checksum),
       el("td", { class: "mono" }, file.object_key),
     )));
     $("cell-log").textContent = cell.log

@@ -2,7 +2,6 @@
 
 mod cluster_common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -12,29 +11,8 @@ use cellfleet_router::tls::TlsIdentity;
 use cluster_common::{Cluster, Store, BIN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One raw HTTP/1.1 exchange: (status, head, body).
-fn parse(reply: &str) -> (u16, String, String) {
-    let status = reply
-        .get(9..12)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {reply:?}"));
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((reply, ""));
-    (status, head.to_lowercase(), body.to_owned())
-}
-
 fn plain(address: SocketAddr, method: &str, path: &str, host: &str) -> (u16, String, String) {
-    let mut stream = std::net::TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("read");
-    parse(&reply)
+    cluster_common::http_request(address, method, path, host)
 }
 
 fn roots(ca: &std::path::Path) -> rustls::RootCertStore {
@@ -271,7 +249,7 @@ async fn the_default_console_needs_a_cluster_client_certificate() {
     .expect("write");
     let mut reply = Vec::new();
     tls.read_to_end(&mut reply).await.expect("read");
-    let (status, _, body) = parse(&String::from_utf8_lossy(&reply));
+    let (status, _, body) = cluster_common::parse_response(&String::from_utf8_lossy(&reply));
     assert_eq!(status, 200, "any Host is fine behind mTLS: {body}");
     assert_eq!(
         json(&body)["leases"].as_array().map(Vec::len),

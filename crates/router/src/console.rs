@@ -17,12 +17,12 @@ use rustls::ServerConfig;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tonic::Request;
 
 use crate::forward::Router;
-use crate::http::{read_head, request_line, write_response, CONNECTIONS_MAX, REQUEST_TIMEOUT};
+use crate::http::{accept, read_head, request_line, write_response, REQUEST_TIMEOUT};
 use crate::service_admin::{AdminService, CELLS_PAGE_MAX};
 
 /// Cells one search reads (in ListCells pages) before it stops and offers
@@ -192,28 +192,14 @@ impl Console {
         self,
         listener: TcpListener,
         tls: Option<Arc<ServerConfig>>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
         let acceptor = tls.map(TlsAcceptor::from);
-        loop {
-            let accepted = tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                continue;
-            };
+        accept(listener, shutdown, move |stream| {
             let (console, acceptor) = (self.clone(), acceptor.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                console.connection(stream, acceptor).await;
-            });
-        }
+            async move { console.connection(stream, acceptor).await }
+        })
+        .await
     }
 
     async fn connection(&self, stream: TcpStream, acceptor: Option<TlsAcceptor>) {

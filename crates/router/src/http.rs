@@ -28,8 +28,28 @@ pub async fn serve(
     listener: TcpListener,
     node: NodeHandle,
     drain: Arc<DrainState>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
+    accept(listener, shutdown, move |stream| {
+        let (node, drain) = (node.clone(), drain.clone());
+        async move {
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &node, &drain)).await;
+        }
+    })
+    .await
+}
+
+/// Accepts until `shutdown` turns true, running `connection` on its own
+/// task for each, at most [`CONNECTIONS_MAX`] at once (one more is closed
+/// unanswered).
+pub(crate) async fn accept<F, Fut>(
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+    connection: F,
+) where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
         let accepted = tokio::select! {
@@ -43,10 +63,10 @@ pub async fn serve(
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             continue;
         };
-        let (node, drain) = (node.clone(), drain.clone());
+        let served = connection(stream);
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &node, &drain)).await;
+            served.await;
         });
     }
 }

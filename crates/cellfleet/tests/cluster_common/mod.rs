@@ -602,28 +602,41 @@ pub fn metric(node: &NodeProcess, name: &str) -> f64 {
 }
 
 pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    let (status, _, body) = http_request(address, "GET", path, "test");
+    (status, body)
+}
+
+/// One plain HTTP/1.1 request with this `Host`: (status code, head in
+/// lower case, body).
+pub fn http_request(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("connect");
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
     )
     .expect("write");
     let mut reply = String::new();
     stream.read_to_string(&mut reply).expect("read");
+    parse_response(&reply)
+}
+
+/// A raw HTTP/1.1 response: (status code, head in lower case, body).
+pub fn parse_response(reply: &str) -> (u16, String, String) {
     let status = reply
         .get(9..12)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status line in {reply:?}"));
-    let body = reply
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    (status, body)
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((reply, ""));
+    (status, head.to_lowercase(), body.to_owned())
 }
 
 pub fn path_exists(path: &Path) -> bool {

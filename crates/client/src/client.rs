@@ -1067,7 +1067,7 @@ impl Client {
     /// ```
     pub async fn leases(&self) -> Result<Vec<v1::NodeLease>, Error> {
         self.admin(|mut admin, timeout| async move {
-            let mut request = tonic::Request::new(v1::ListLeasesRequest {});
+            let mut request = tonic::Request::new(v1::ListLeasesRequest::default());
             request.set_timeout(timeout);
             Ok(admin.list_leases(request).await?.into_inner().leases)
         })

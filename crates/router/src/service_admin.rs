@@ -130,10 +130,14 @@ impl AdminService {
 impl v1::admin_server::Admin for AdminService {
     async fn list_leases(
         &self,
-        _request: Request<v1::ListLeasesRequest>,
+        request: Request<v1::ListLeasesRequest>,
     ) -> Result<Response<v1::ListLeasesResponse>, Status> {
         let leases = self.leases().await?;
-        let roots = self.roots().await?;
+        let roots = if request.get_ref().skip_owned_cells {
+            Vec::new()
+        } else {
+            self.roots().await?
+        };
         let now_ms = u64::try_from(self.router.now_ms()).unwrap_or(0);
         let margin_ms = self.router.leases().config().drift_margin_ms;
         let leases = leases

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cellfleet.v1 import envelope_pb2 as cellfleet_dot_v1_dot_envelope__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x65llfleet/v1/admin.proto\x12\x0c\x63\x65llfleet.v1\x1a\x1b\x63\x65llfleet/v1/envelope.proto\"\x13\n\x11ListLeasesRequest\"\xd2\x01\n\tNodeLease\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x15\n\rpeer_endpoint\x18\x04 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x05 \x01(\x03\x12\x0c\n\x04live\x18\x06 \x01(\x08\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x13\n\x0bowned_cells\x18\x08 \x01(\x04\x12\x15\n\rrenewed_at_ms\x18\t \x01(\x03\x12\x14\n\x0cingress_only\x18\n \x01(\x08\"=\n\x12ListLeasesResponse\x12\'\n\x06leases\x18\x01 \x03(\x0b\x32\x17.cellfleet.v1.NodeLease\"L\n\x10ListCellsRequest\x12\x15\n\rowner_node_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"{\n\x0b\x43\x65llSummary\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0c\n\x04txid\x18\x06 \x01(\x04\x12\x0c\n\x04open\x18\x07 \x01(\x08\"V\n\x11ListCellsResponse\x12(\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x19.cellfleet.v1.CellSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x0b\x43\x65llAddress\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\"^\n\x13\x44\x65scribeCellRequest\x12,\n\x07\x61\x64\x64ress\x18\x01 \x01(\x0b\x32\x19.cellfleet.v1.CellAddressH\x00\x12\x11\n\x07\x63\x65ll_id\x18\x02 \x01(\tH\x00\x42\x06\n\x04\x63\x65ll\"\x89\x01\n\x07LtxFile\x12\x10\n\x08min_txid\x18\x01 \x01(\x04\x12\x10\n\x08max_txid\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x12\n\nobject_key\x18\x04 \x01(\t\x12\x15\n\rfile_checksum\x18\x05 \x01(\t\x12\x1b\n\x13post_apply_checksum\x18\x06 \x01(\t\"N\n\nLogPointer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12\x10\n\x08\x66rom_seq\x18\x04 \x01(\x04\"\xb3\x01\n\x14\x44\x65scribeCellResponse\x12*\n\x07summary\x18\x01 \x01(\x0b\x32\x19.cellfleet.v1.CellSummary\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12$\n\x05\x63hain\x18\x04 \x03(\x0b\x32\x15.cellfleet.v1.LtxFile\x12%\n\x03log\x18\x05 \x01(\x0b\x32\x18.cellfleet.v1.LogPointer\">\n\x0c\x44rainRequest\x12.\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x1c.cellfleet.v1.SignedEnvelope\"8\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x65lls_released\x18\x02 \x01(\x04\"\x12\n\x10NodeStatsRequest\">\n\tHistogram\x12\x0e\n\x06\x62ounds\x18\x01 \x03(\x01\x12\x12\n\ncumulative\x18\x02 \x03(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xc9\x03\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x61t_ms\x18\x02 \x01(\x03\x12\x16\n\x0e\x63ommands_total\x18\x03 \x01(\x04\x12\x15\n\rqueries_total\x18\x04 \x01(\x04\x12\x1a\n\x12publications_total\x18\x05 \x01(\x04\x12\x1a\n\x12log_segments_total\x18\x06 \x01(\x04\x12\x19\n\x11\x63heckpoints_total\x18\x07 \x01(\x04\x12\x16\n\x0erefusals_total\x18\x08 \x01(\x04\x12\x12\n\ncells_open\x18\t \x01(\x04\x12\x13\n\x0b\x63\x65lls_owned\x18\n \x01(\x04\x12\x1c\n\x14queue_depth_commands\x18\x0b \x01(\x04\x12\x1e\n\x16\x63heckpoint_lag_records\x18\x0c \x01(\x04\x12\x34\n\x13publication_seconds\x18\r \x01(\x0b\x32\x17.cellfleet.v1.Histogram\x12\x38\n\x17log_segment_put_seconds\x18\x0e \x01(\x0b\x32\x17.cellfleet.v1.Histogram\x12\x18\n\x10publication_mode\x18\x0f \x01(\t\x12\x11\n\tlog_lanes\x18\x10 \x01(\r\"2\n\x0fUnreachableNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"o\n\x11NodeStatsResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.cellfleet.v1.NodeStats\x12\x32\n\x0bunreachable\x18\x02 \x03(\x0b\x32\x1d.cellfleet.v1.UnreachableNode2\x8d\x03\n\x05\x41\x64min\x12O\n\nListLeases\x12\x1f.cellfleet.v1.ListLeasesRequest\x1a .cellfleet.v1.ListLeasesResponse\x12L\n\tListCells\x12\x1e.cellfleet.v1.ListCellsRequest\x1a\x1f.cellfleet.v1.ListCellsResponse\x12U\n\x0c\x44\x65scribeCell\x12!.cellfleet.v1.DescribeCellRequest\x1a\".cellfleet.v1.DescribeCellResponse\x12@\n\x05\x44rain\x12\x1a.cellfleet.v1.DrainRequest\x1a\x1b.cellfleet.v1.DrainResponse\x12L\n\tNodeStats\x12\x1e.cellfleet.v1.NodeStatsRequest\x1a\x1f.cellfleet.v1.NodeStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x65llfleet/v1/admin.proto\x12\x0c\x63\x65llfleet.v1\x1a\x1b\x63\x65llfleet/v1/envelope.proto\"-\n\x11ListLeasesRequest\x12\x18\n\x10skip_owned_cells\x18\x01 \x01(\x08\"\xd2\x01\n\tNodeLease\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x15\n\rpeer_endpoint\x18\x04 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x05 \x01(\x03\x12\x0c\n\x04live\x18\x06 \x01(\x08\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x13\n\x0bowned_cells\x18\x08 \x01(\x04\x12\x15\n\rrenewed_at_ms\x18\t \x01(\x03\x12\x14\n\x0cingress_only\x18\n \x01(\x08\"=\n\x12ListLeasesResponse\x12\'\n\x06leases\x18\x01 \x03(\x0b\x32\x17.cellfleet.v1.NodeLease\"L\n\x10ListCellsRequest\x12\x15\n\rowner_node_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"{\n\x0b\x43\x65llSummary\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0c\n\x04txid\x18\x06 \x01(\x04\x12\x0c\n\x04open\x18\x07 \x01(\x08\"V\n\x11ListCellsResponse\x12(\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x19.cellfleet.v1.CellSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x0b\x43\x65llAddress\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\"^\n\x13\x44\x65scribeCellRequest\x12,\n\x07\x61\x64\x64ress\x18\x01 \x01(\x0b\x32\x19.cellfleet.v1.CellAddressH\x00\x12\x11\n\x07\x63\x65ll_id\x18\x02 \x01(\tH\x00\x42\x06\n\x04\x63\x65ll\"\x89\x01\n\x07LtxFile\x12\x10\n\x08min_txid\x18\x01 \x01(\x04\x12\x10\n\x08max_txid\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x12\n\nobject_key\x18\x04 \x01(\t\x12\x15\n\rfile_checksum\x18\x05 \x01(\t\x12\x1b\n\x13post_apply_checksum\x18\x06 \x01(\t\"N\n\nLogPointer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12\x10\n\x08\x66rom_seq\x18\x04 \x01(\x04\"\xb3\x01\n\x14\x44\x65scribeCellResponse\x12*\n\x07summary\x18\x01 \x01(\x0b\x32\x19.cellfleet.v1.CellSummary\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12$\n\x05\x63hain\x18\x04 \x03(\x0b\x32\x15.cellfleet.v1.LtxFile\x12%\n\x03log\x18\x05 \x01(\x0b\x32\x18.cellfleet.v1.LogPointer\">\n\x0c\x44rainRequest\x12.\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x1c.cellfleet.v1.SignedEnvelope\"8\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x65lls_released\x18\x02 \x01(\x04\"\x12\n\x10NodeStatsRequest\">\n\tHistogram\x12\x0e\n\x06\x62ounds\x18\x01 \x03(\x01\x12\x12\n\ncumulative\x18\x02 \x03(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xc9\x03\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x61t_ms\x18\x02 \x01(\x03\x12\x16\n\x0e\x63ommands_total\x18\x03 \x01(\x04\x12\x15\n\rqueries_total\x18\x04 \x01(\x04\x12\x1a\n\x12publications_total\x18\x05 \x01(\x04\x12\x1a\n\x12log_segments_total\x18\x06 \x01(\x04\x12\x19\n\x11\x63heckpoints_total\x18\x07 \x01(\x04\x12\x16\n\x0erefusals_total\x18\x08 \x01(\x04\x12\x12\n\ncells_open\x18\t \x01(\x04\x12\x13\n\x0b\x63\x65lls_owned\x18\n \x01(\x04\x12\x1c\n\x14queue_depth_commands\x18\x0b \x01(\x04\x12\x1e\n\x16\x63heckpoint_lag_records\x18\x0c \x01(\x04\x12\x34\n\x13publication_seconds\x18\r \x01(\x0b\x32\x17.cellfleet.v1.Histogram\x12\x38\n\x17log_segment_put_seconds\x18\x0e \x01(\x0b\x32\x17.cellfleet.v1.Histogram\x12\x18\n\x10publication_mode\x18\x0f \x01(\t\x12\x11\n\tlog_lanes\x18\x10 \x01(\r\"2\n\x0fUnreachableNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"o\n\x11NodeStatsResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.cellfleet.v1.NodeStats\x12\x32\n\x0bunreachable\x18\x02 \x03(\x0b\x32\x1d.cellfleet.v1.UnreachableNode2\x8d\x03\n\x05\x41\x64min\x12O\n\nListLeases\x12\x1f.cellfleet.v1.ListLeasesRequest\x1a .cellfleet.v1.ListLeasesResponse\x12L\n\tListCells\x12\x1e.cellfleet.v1.ListCellsRequest\x1a\x1f.cellfleet.v1.ListCellsResponse\x12U\n\x0c\x44\x65scribeCell\x12!.cellfleet.v1.DescribeCellRequest\x1a\".cellfleet.v1.DescribeCellResponse\x12@\n\x05\x44rain\x12\x1a.cellfleet.v1.DrainRequest\x1a\x1b.cellfleet.v1.DrainResponse\x12L\n\tNodeStats\x12\x1e.cellfleet.v1.NodeStatsRequest\x1a\x1f.cellfleet.v1.NodeStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,41 +33,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cellfleet.v1.admin_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LISTLEASESREQUEST']._serialized_start=71
-  _globals['_LISTLEASESREQUEST']._serialized_end=90
-  _globals['_NODELEASE']._serialized_start=93
-  _globals['_NODELEASE']._serialized_end=303
-  _globals['_LISTLEASESRESPONSE']._serialized_start=305
-  _globals['_LISTLEASESRESPONSE']._serialized_end=366
-  _globals['_LISTCELLSREQUEST']._serialized_start=368
-  _globals['_LISTCELLSREQUEST']._serialized_end=444
-  _globals['_CELLSUMMARY']._serialized_start=446
-  _globals['_CELLSUMMARY']._serialized_end=569
-  _globals['_LISTCELLSRESPONSE']._serialized_start=571
-  _globals['_LISTCELLSRESPONSE']._serialized_end=657
-  _globals['_CELLADDRESS']._serialized_start=659
-  _globals['_CELLADDRESS']._serialized_end=699
-  _globals['_DESCRIBECELLREQUEST']._serialized_start=701
-  _globals['_DESCRIBECELLREQUEST']._serialized_end=795
-  _globals['_LTXFILE']._serialized_start=798
-  _globals['_LTXFILE']._serialized_end=935
-  _globals['_LOGPOINTER']._serialized_start=937
-  _globals['_LOGPOINTER']._serialized_end=1015
-  _globals['_DESCRIBECELLRESPONSE']._serialized_start=1018
-  _globals['_DESCRIBECELLRESPONSE']._serialized_end=1197
-  _globals['_DRAINREQUEST']._serialized_start=1199
-  _globals['_DRAINREQUEST']._serialized_end=1261
-  _globals['_DRAINRESPONSE']._serialized_start=1263
-  _globals['_DRAINRESPONSE']._serialized_end=1319
-  _globals['_NODESTATSREQUEST']._serialized_start=1321
-  _globals['_NODESTATSREQUEST']._serialized_end=1339
-  _globals['_HISTOGRAM']._serialized_start=1341
-  _globals['_HISTOGRAM']._serialized_end=1403
-  _globals['_NODESTATS']._serialized_start=1406
-  _globals['_NODESTATS']._serialized_end=1863
-  _globals['_UNREACHABLENODE']._serialized_start=1865
-  _globals['_UNREACHABLENODE']._serialized_end=1915
-  _globals['_NODESTATSRESPONSE']._serialized_start=1917
-  _globals['_NODESTATSRESPONSE']._serialized_end=2028
-  _globals['_ADMIN']._serialized_start=2031
-  _globals['_ADMIN']._serialized_end=2428
+  _globals['_LISTLEASESREQUEST']._serialized_end=116
+  _globals['_NODELEASE']._serialized_start=119
+  _globals['_NODELEASE']._serialized_end=329
+  _globals['_LISTLEASESRESPONSE']._serialized_start=331
+  _globals['_LISTLEASESRESPONSE']._serialized_end=392
+  _globals['_LISTCELLSREQUEST']._serialized_start=394
+  _globals['_LISTCELLSREQUEST']._serialized_end=470
+  _globals['_CELLSUMMARY']._serialized_start=472
+  _globals['_CELLSUMMARY']._serialized_end=595
+  _globals['_LISTCELLSRESPONSE']._serialized_start=597
+  _globals['_LISTCELLSRESPONSE']._serialized_end=683
+  _globals['_CELLADDRESS']._serialized_start=685
+  _globals['_CELLADDRESS']._serialized_end=725
+  _globals['_DESCRIBECELLREQUEST']._serialized_start=727
+  _globals['_DESCRIBECELLREQUEST']._serialized_end=821
+  _globals['_LTXFILE']._serialized_start=824
+  _globals['_LTXFILE']._serialized_end=961
+  _globals['_LOGPOINTER']._serialized_start=963
+  _globals['_LOGPOINTER']._serialized_end=1041
+  _globals['_DESCRIBECELLRESPONSE']._serialized_start=1044
+  _globals['_DESCRIBECELLRESPONSE']._serialized_end=1223
+  _globals['_DRAINREQUEST']._serialized_start=1225
+  _globals['_DRAINREQUEST']._serialized_end=1287
+  _globals['_DRAINRESPONSE']._serialized_start=1289
+  _globals['_DRAINRESPONSE']._serialized_end=1345
+  _globals['_NODESTATSREQUEST']._serialized_start=1347
+  _globals['_NODESTATSREQUEST']._serialized_end=1365
+  _globals['_HISTOGRAM']._serialized_start=1367
+  _globals['_HISTOGRAM']._serialized_end=1429
+  _globals['_NODESTATS']._serialized_start=1432
+  _globals['_NODESTATS']._serialized_end=1889
+  _globals['_UNREACHABLENODE']._serialized_start=1891
+  _globals['_UNREACHABLENODE']._serialized_end=1941
+  _globals['_NODESTATSRESPONSE']._serialized_start=1943
+  _globals['_NODESTATSRESPONSE']._serialized_end=2054
+  _globals['_ADMIN']._serialized_start=2057
+  _globals['_ADMIN']._serialized_end=2454
 # @@protoc_insertion_point(module_scope)

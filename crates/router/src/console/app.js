@@ -235,7 +235,7 @@ function drawCluster() {
   }
   $("cards").replaceChildren(
     card("nodes live", `${live} / ${leases.length}`, "card-live"),
-    card("Cells owned", leases.reduce((n, l) => n + l.owned_cells, 0), "card-owned"),
+    card("Cells owned", cluster.stats.reduce((n, s) => n + s.cells_owned, 0), "card-owned"),
     card("commands/s", formatRate(commands), "card-commands"),
     card("queries/s", formatRate(queries), "card-queries"),
   );
@@ -251,7 +251,7 @@ function drawCluster() {
       el("td", {}, ...badges, el("span", { class: "countdown" }, leaseNow === "retired" ? "drained" : countdown(lease, leaseNow, now))),
       el("td", { class: "mono", title: lease.session_id }, lease.session_id.slice(0, 8)),
       el("td", { class: "mono" }, lease.endpoint),
-      el("td", { class: "num" }, lease.owned_cells),
+      el("td", { class: "num" }, s ? s.cells_owned : "–"),
       el("td", { class: "num" }, s ? s.cells_open : "–"),
       el("td", { class: "num" }, formatRate(rate(samples, "commands_total"))),
       el("td", { class: "num" }, formatRate(rate(samples, "queries_total"))),

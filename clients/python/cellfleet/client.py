@@ -658,6 +658,16 @@ class Client:
         response, _ = self._call(("", b""), False, send)
         return list(response.leases)
 
+    def node_stats(self):
+        """Every live node's counters, gauges and commit latency (a
+        cellfleet.v1.NodeStatsResponse: ``nodes``, and ``unreachable`` for
+        live nodes that did not answer); rates come from two calls."""
+        def send(target, timeout):
+            stub = admin_pb2_grpc.AdminStub(self._channel(target))
+            return stub.NodeStats(admin_pb2.NodeStatsRequest(), timeout=timeout)
+        response, _ = self._call(("", b""), False, send)
+        return response
+
     def cells(self, owner_node_id: str = "", limit: int = 0, page_token: str = ""):
         """One page of the cluster's Cells (a cellfleet.v1.ListCellsResponse:
         ``cells`` and ``next_page_token``; pass it back for the next page)."""
@@ -831,6 +841,14 @@ class AsyncClient:
             return stub.ListLeases(admin_pb2.ListLeasesRequest(), timeout=timeout)
         response, _ = await self._call(("", b""), False, send)
         return list(response.leases)
+
+    async def node_stats(self):
+        """As :meth:`Client.node_stats`."""
+        def send(target, timeout):
+            stub = admin_pb2_grpc.AdminStub(self._channel(target))
+            return stub.NodeStats(admin_pb2.NodeStatsRequest(), timeout=timeout)
+        response, _ = await self._call(("", b""), False, send)
+        return response
 
     async def cells(self, owner_node_id: str = "", limit: int = 0, page_token: str = ""):
         """As :meth:`Client.cells`."""

@@ -49,6 +49,11 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(self.client.cached_owner("kv", "py-3"), owner)
         leases = {lease.node_id for lease in self.client.leases()}
         self.assertEqual(leases, set(nodes()))
+        stats = self.client.node_stats()
+        self.assertEqual([n.node_id for n in stats.nodes], sorted(nodes()))
+        self.assertEqual(list(stats.unreachable), [])
+        owner_stats = next(n for n in stats.nodes if n.node_id == put.served_by)
+        self.assertGreaterEqual(owner_stats.commands_total, 1)
 
     def test_errors_are_typed(self):
         limited = dataclasses.replace(config(), key_id="limited",
@@ -127,9 +132,11 @@ class ClusterTest(unittest.TestCase):
 
         async def run():
             async with AsyncClient(config()) as client:
-                return (await client.leases(), await client.describe_cell("kv", "py-8"))
-        leases, described = asyncio.run(run())
+                return (await client.leases(), await client.describe_cell("kv", "py-8"),
+                        await client.node_stats())
+        leases, described, stats = asyncio.run(run())
         self.assertEqual({lease.node_id for lease in leases}, set(nodes()))
+        self.assertEqual([n.node_id for n in stats.nodes], sorted(nodes()))
         self.assertEqual(described.summary.owner_node_id, put.served_by)
 
     def test_asyncio_client(self):

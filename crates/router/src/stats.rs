@@ -73,7 +73,10 @@ pub fn local(router: &Router) -> v1::NodeStats {
 /// always included, live or not (it is the one answering).
 pub async fn gather(router: &Arc<Router>) -> Result<v1::NodeStatsResponse, crate::Error> {
     let me = router.node().node_id().clone();
-    let live = router.live_nodes(true).await?;
+    // The router's live set (at most LIVE_SET_TTL old), not a fresh
+    // lease listing: the console polls this beside ListLeases, which
+    // lists the leases itself.
+    let live = router.live_nodes(false).await?;
     let mut nodes = vec![local(router)];
     let mut unreachable = Vec::new();
     let mut asks = JoinSet::new();

@@ -49,10 +49,12 @@
 //!
 //! [publication]              # optional
 //! mode = "log"               # "log": the node log (default); "cell": one root CAS per group
-//! lanes = 2                  # log lanes per node session
+//! lanes = 1                  # log lanes per node session (each a committer with its own pipeline)
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
 //! checkpoint_idle_ms = 5000  # ... or this long without a new record
-//! segments_inflight_max = 2  # segment PUTs of one lane in flight at once
+//! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
+//! batch_records_min = 64     # while segments are in flight, this many Cell groups start another
+//! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
 //!
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 1024      # SQLite files open at once (idle ones are passivated, LRU)
@@ -80,6 +82,7 @@
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
 //! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
 //! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_LOG_CHECKPOINT_RECORDS`,
+//! `CELLFLEET_LOG_BATCH_RECORDS_MIN`, `CELLFLEET_LOG_LINGER_MS`,
 //! `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
@@ -325,6 +328,10 @@ pub struct PublicationFile {
     pub checkpoint_idle_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments_inflight_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_records_min: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linger_ms: Option<u64>,
 }
 
 impl PublicationFile {
@@ -348,6 +355,12 @@ impl PublicationFile {
         }
         if let Some(inflight) = self.segments_inflight_max {
             log.segments_inflight_max = inflight;
+        }
+        if let Some(records) = self.batch_records_min {
+            log.batch_records_min = records;
+        }
+        if let Some(linger) = self.linger_ms {
+            log.linger_ms = linger;
         }
         log
     }
@@ -624,6 +637,14 @@ impl NodeFile {
         if let Some(v) = env_u64("CELLFLEET_LOG_SEGMENTS_INFLIGHT")? {
             self.publication.segments_inflight_max = Some(v);
         }
+        if let Some(v) = env("CELLFLEET_LOG_BATCH_RECORDS_MIN") {
+            self.publication.batch_records_min = Some(v.parse::<usize>().with_context(|| {
+                format!("CELLFLEET_LOG_BATCH_RECORDS_MIN={v:?} is not a whole number of records")
+            })?);
+        }
+        if let Some(v) = env_u64("CELLFLEET_LOG_LINGER_MS")? {
+            self.publication.linger_ms = Some(v);
+        }
         if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
             self.gc.min_age_ms = Some(v);
         }
@@ -701,6 +722,9 @@ impl NodeFile {
         self.publication.mode()?;
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
+        }
+        if self.publication.batch_records_min == Some(0) {
+            bail!("publication.batch_records_min must be at least 1");
         }
         if self.publication.segments_inflight_max == Some(0) {
             bail!("publication.segments_inflight_max must be at least 1");

@@ -10,7 +10,7 @@ use cellfleet_proto::v1;
 use cellfleet_router::certs::{ClusterCa, Role};
 use cellfleet_router::signing::{generate_signing_key, seal, Domain};
 use cellfleet_router::tls::{self, TlsIdentity};
-use cluster_common::{error_code, metric, now_ms, Cluster, Store};
+use cluster_common::{error_code, http_get, metric, now_ms, Cluster, Store};
 use prost::Message;
 
 fn s3(name: &str) -> Store {
@@ -189,6 +189,25 @@ async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
         .map(|node| metric(node, "cellfleet_runtime_log_segments_total"))
         .sum();
     assert!(segments > 0.0, "no node-log segment was written");
+    // The lanes' queue depth and held segments are exported (idle now:
+    // nothing waits for a segment).
+    for node in &cluster.nodes {
+        let (status, text) = http_get(node.http, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        for gauge in [
+            "cellfleet_runtime_log_lane_pending_records",
+            "cellfleet_runtime_log_lane_held_segments",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {gauge} gauge")),
+                "{gauge}: {text}"
+            );
+        }
+        assert_eq!(
+            metric(node, "cellfleet_runtime_log_lane_pending_records"),
+            0.0
+        );
+    }
 }
 
 /// `[publication] mode = "cell"` (here via `CELLFLEET_PUBLICATION_MODE`)
@@ -238,6 +257,18 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown field `cells_open`"), "{stderr}");
+    // [publication]: a batch of no groups is refused, naming the key.
+    let output = cluster
+        .node_command(&cluster.path("n3.toml"), &[])
+        .env("CELLFLEET_LOG_BATCH_RECORDS_MIN", "0")
+        .output()
+        .expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("publication.batch_records_min must be at least 1"),
+        "{stderr}"
+    );
     let limited = cluster.path("n3-limited.toml");
     std::fs::write(&limited, format!("{base}\n[limits]\ncells_open_max = 2\n")).unwrap();
     let log = cluster.path("n3-limited.stderr");

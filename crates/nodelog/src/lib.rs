@@ -2,11 +2,12 @@
 //!
 //! This crate is the log's pure core, with no I/O: [`segment`] encodes and
 //! decodes the objects (bounded and checksummed, safe on untrusted bytes),
-//! [`lane`] decides which groups a lane's segment outcomes acknowledge, and
+//! [`batch`] decides when a lane writes its next segment, [`lane`] decides which groups a lane's segment outcomes acknowledge, and
 //! [`seal`] decides how a successor ends a dead session's lane. [`store`]
 //! holds the thin async shells that perform those decisions against the
 //! object store: a lane writer, a sealer and a reader.
 
+pub mod batch;
 pub mod lane;
 pub mod seal;
 pub mod segment;

@@ -118,6 +118,14 @@ pub struct LogSettings {
     pub segment_bytes_max: usize,
     /// Segment PUTs of one lane in flight at once (the pipeline).
     pub segments_inflight_max: u64,
+    /// While a lane's segments are in flight, a batch of this many Cell
+    /// groups starts another at once.
+    pub batch_records_min: usize,
+    /// ... and so does a batch of this many bytes.
+    pub batch_bytes_min: usize,
+    /// ... and so does any batch whose oldest group has waited this long.
+    /// An idle lane writes at once.
+    pub linger_ms: u64,
     /// A Cell checkpoints once this many records are past its root.
     pub checkpoint_records: usize,
     /// A Cell checkpoints once this many record bytes are past its root.
@@ -134,12 +142,27 @@ pub struct LogSettings {
     pub reply_wait_ms: u64,
 }
 
+impl LogSettings {
+    /// When a lane's committer writes its next segment.
+    pub fn batch_rule(&self) -> cellfleet_nodelog::batch::BatchRule {
+        cellfleet_nodelog::batch::BatchRule {
+            inflight_max: self.segments_inflight_max.max(1),
+            records_min: self.batch_records_min.max(1),
+            bytes_min: self.batch_bytes_min.max(1),
+            linger_ms: self.linger_ms,
+        }
+    }
+}
+
 impl Default for LogSettings {
     fn default() -> Self {
         LogSettings {
-            lanes: 2,
+            lanes: 1,
             segment_bytes_max: 8 << 20,
-            segments_inflight_max: 2,
+            segments_inflight_max: 4,
+            batch_records_min: 64,
+            batch_bytes_min: 1 << 20,
+            linger_ms: 5,
             checkpoint_records: 256,
             // Records wait for their checkpoint in memory: 512 KiB per
             // open Cell at most.

@@ -6,10 +6,12 @@
 //! a reply leaves only once the slot and every earlier slot of the lane,
 //! from the session's first, hold this session's bytes.
 //!
-//! The committer takes whatever is pending on its lane when the pipeline
-//! has room (at most `segments_inflight_max` segments in flight), bounded
-//! by `segment_bytes_max`, so groups batch while segments are in flight
-//! and a lone group is written at once. Each segment PUT runs in a task of
+//! The committer writes whatever is pending on its lane (bounded by
+//! `segment_bytes_max`) when [`BatchRule::next`](cellfleet_nodelog::batch::BatchRule::next) says so: at once on an
+//! idle lane, so a lone group costs one PUT and no wait; while segments
+//! are in flight, only once the batch is worth a PUT of its own (records
+//! or bytes) or its oldest group has waited `linger_ms`, and never past
+//! `segments_inflight_max` in flight. Each segment PUT runs in a task of
 //! its own and is resent with the same bytes until it lands or finds a
 //! seal: a slot is never abandoned while its PUT could still land.
 
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer};
+use cellfleet_nodelog::batch::{LaneLoad, Next};
 use cellfleet_nodelog::segment::{encode_segment, Part};
 use cellfleet_nodelog::store::{index_sealed_lane, LaneWriter, SealedIndex, WriterConfig};
 use cellfleet_store::ObjectStore;
@@ -351,19 +354,33 @@ async fn collect_lane(
     let interval = Duration::from_millis(gc.interval_ms.max(1));
     let min_age = Duration::from_millis(gc.min_age_ms);
     let mut noted: VecDeque<(Instant, u64)> = VecDeque::new();
+    // What this lane adds to the node's held-segments gauge.
+    let mut reported = 0i64;
+    let held = |now: i64, reported: &mut i64| {
+        metrics
+            .log_lane_held_segments
+            .fetch_add(now - *reported, Ordering::Relaxed);
+        *reported = now;
+    };
     loop {
         tokio::time::sleep(interval).await;
         let Some(writer) = writer.upgrade() else {
+            held(0, &mut reported);
             return;
         };
         let verdict = *writer.verdict().borrow();
         if verdict.sealed_at.is_some() {
+            held(0, &mut reported);
             return;
         }
         let floor = holds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .floor(verdict.acked_below);
+        held(
+            i64::try_from(verdict.acked_below - floor).unwrap_or(i64::MAX),
+            &mut reported,
+        );
         let now = Instant::now();
         if noted.back().is_none_or(|(_, last)| floor > *last) {
             noted.push_back((now, floor));
@@ -401,6 +418,9 @@ async fn collect_lane(
     }
 }
 
+/// A lane's committer: gathers the groups submitted to it and writes them
+/// as segments when [`BatchRule::next`](cellfleet_nodelog::batch::BatchRule::next) says so (pipelined, at most
+/// `segments_inflight_max` in flight).
 async fn commit_lane(
     writer: Arc<LaneWriter>,
     mut rx: mpsc::UnboundedReceiver<Submitted>,
@@ -409,103 +429,190 @@ async fn commit_lane(
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
 ) {
+    let rule = settings.batch_rule();
     let mut verdict = writer.verdict();
-    let mut carried: Option<Submitted> = None;
+    let mut pending: VecDeque<(tokio::time::Instant, Submitted)> = VecDeque::new();
+    let mut pending_bytes = 0usize;
+    let mut open = true;
+    // What this lane adds to the node's queue-depth gauge.
+    let mut reported = 0i64;
     loop {
-        let first = match carried.take() {
-            Some(first) => first,
-            None => match rx.recv().await {
-                Some(first) => first,
-                None => return,
-            },
-        };
-        // Room in the pipeline: groups arriving meanwhile join this segment.
-        let inflight_max = settings.segments_inflight_max.max(1);
-        let room = verdict
-            .wait_for(|v| {
-                v.sealed_at.is_some()
-                    || writer.next_seq().saturating_sub(v.acked_below) < inflight_max
-            })
-            .await
-            .map(|v| v.sealed_at.is_none())
-            .unwrap_or(false);
-        let mut batch = vec![first];
-        let mut bytes = batch[0].record.bytes.len();
         while let Ok(next) = rx.try_recv() {
-            if bytes + next.record.bytes.len() > settings.segment_bytes_max {
-                carried = Some(next);
-                break;
-            }
-            bytes += next.record.bytes.len();
-            batch.push(next);
+            pending_bytes += next.record.bytes.len();
+            pending.push_back((tokio::time::Instant::now(), next));
         }
-        let seq = if room { writer.reserve() } else { None };
-        let Some(seq) = seq else {
+        let now = *verdict.borrow_and_update();
+        if now.sealed_at.is_some() {
+            // Nothing written from now on counts: no slot for anyone.
+            for (_, submitted) in pending.drain(..) {
+                let _ = submitted.slot.send(None);
+            }
+            pending_bytes = 0;
+        }
+        let depth = pending.len() as i64;
+        metrics
+            .log_lane_pending_records
+            .fetch_add(depth - reported, Ordering::Relaxed);
+        reported = depth;
+        let load = LaneLoad {
+            inflight: writer.next_seq().saturating_sub(now.acked_below),
+            pending_records: pending.len(),
+            pending_bytes,
+            waited_ms: pending
+                .front()
+                .map_or(0, |(at, _)| at.elapsed().as_millis() as u64),
+        };
+        let linger = match rule.next(load) {
+            Next::Send => {
+                let batch =
+                    take_batch(&mut pending, &mut pending_bytes, settings.segment_bytes_max);
+                write_segment(&writer, batch, &holds, clock.as_ref(), &metrics);
+                continue;
+            }
+            Next::Idle if !open => {
+                metrics
+                    .log_lane_pending_records
+                    .fetch_sub(reported, Ordering::Relaxed);
+                return;
+            }
+            Next::Idle | Next::WaitForRoom => None,
+            Next::Gather { for_ms } => Some(Duration::from_millis(for_ms)),
+        };
+        // Wait for a new group, a change of the lane's verdict (a segment
+        // landed, or a seal) or the end of the linger.
+        let arrival = async {
+            if open {
+                rx.recv().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let lingered = async {
+            match linger {
+                Some(linger) => tokio::time::sleep(linger).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            arrived = arrival => match arrived {
+                Some(next) => {
+                    pending_bytes += next.record.bytes.len();
+                    pending.push_back((tokio::time::Instant::now(), next));
+                }
+                None => open = false,
+            },
+            changed = verdict.changed() => {
+                if changed.is_err() {
+                    // The writer is gone: nothing can be written any more.
+                    for (_, submitted) in pending.drain(..) {
+                        let _ = submitted.slot.send(None);
+                    }
+                    metrics
+                        .log_lane_pending_records
+                        .fetch_sub(reported, Ordering::Relaxed);
+                    return;
+                }
+            }
+            () = lingered => {}
+        }
+    }
+}
+
+/// The oldest pending groups up to `bytes_max` (at least one).
+fn take_batch(
+    pending: &mut VecDeque<(tokio::time::Instant, Submitted)>,
+    pending_bytes: &mut usize,
+    bytes_max: usize,
+) -> Vec<Submitted> {
+    let mut batch = Vec::new();
+    let mut bytes = 0usize;
+    while let Some((_, next)) = pending.front() {
+        let size = next.record.bytes.len();
+        if !batch.is_empty() && bytes + size > bytes_max {
+            break;
+        }
+        bytes += size;
+        let (_, next) = pending.pop_front().expect("a front was seen");
+        batch.push(next);
+    }
+    *pending_bytes -= bytes;
+    batch
+}
+
+/// Reserves the lane's next slot for `batch`, holds it for every Cell in
+/// it, and starts the segment's PUT; tells each group its slot.
+fn write_segment(
+    writer: &Arc<LaneWriter>,
+    batch: Vec<Submitted>,
+    holds: &Mutex<Holds>,
+    clock: &dyn Clock,
+    metrics: &Arc<Metrics>,
+) {
+    let Some(seq) = writer.reserve() else {
+        for submitted in batch {
+            let _ = submitted.slot.send(None);
+        }
+        return;
+    };
+    {
+        // Held before the PUT is sent: the slot may be acknowledged
+        // (and pass the collector's floor) as soon as it lands.
+        let mut holds = holds.lock().unwrap_or_else(|e| e.into_inner());
+        for submitted in &batch {
+            holds.hold(&submitted.record.cell_id, seq);
+        }
+    }
+    let header = writer.header(seq, clock.now_wall_ms());
+    let parts: Vec<Part<'_>> = batch
+        .iter()
+        .map(|s| Part {
+            cell_id: s.record.cell_id.clone(),
+            epoch: s.record.epoch,
+            min_txid: s.record.min_txid,
+            max_txid: s.record.max_txid,
+            file_checksum: s.record.file_checksum,
+            post_apply_checksum: s.record.post_apply_checksum,
+            command_ids: s.record.command_ids.clone(),
+            bytes: s.record.bytes.as_slice(),
+        })
+        .collect();
+    let encoded = match encode_segment(&header, &parts) {
+        Ok(encoded) => encoded,
+        Err(error) => {
+            // Only a bound can refuse (checked by the batch): the slot
+            // stays reserved and is written empty so the lane has no gap.
+            tracing::error!(%error, seq, "segment encoding failed; writing it empty");
+            drop(parts);
             for submitted in batch {
                 let _ = submitted.slot.send(None);
             }
-            continue;
-        };
-        {
-            // Held before the PUT is sent: the slot may be acknowledged
-            // (and pass the collector's floor) as soon as it lands.
-            let mut holds = holds.lock().unwrap_or_else(|e| e.into_inner());
-            for submitted in &batch {
-                holds.hold(&submitted.record.cell_id, seq);
-            }
+            let empty = encode_segment(&header, &[]).expect("an empty segment encodes");
+            writer.write(seq, empty);
+            return;
         }
-        let header = writer.header(seq, clock.now_wall_ms());
-        let parts: Vec<Part<'_>> = batch
-            .iter()
-            .map(|s| Part {
-                cell_id: s.record.cell_id.clone(),
-                epoch: s.record.epoch,
-                min_txid: s.record.min_txid,
-                max_txid: s.record.max_txid,
-                file_checksum: s.record.file_checksum,
-                post_apply_checksum: s.record.post_apply_checksum,
-                command_ids: s.record.command_ids.clone(),
-                bytes: s.record.bytes.as_slice(),
-            })
-            .collect();
-        let encoded = match encode_segment(&header, &parts) {
-            Ok(encoded) => encoded,
-            Err(error) => {
-                // Only a bound can refuse (checked above): the slot stays
-                // reserved and is written empty so the lane has no gap.
-                tracing::error!(%error, seq, "segment encoding failed; writing it empty");
-                drop(parts);
-                for submitted in batch {
-                    let _ = submitted.slot.send(None);
-                }
-                let empty = encode_segment(&header, &[]).expect("an empty segment encodes");
-                writer.write(seq, empty);
-                continue;
-            }
-        };
-        drop(parts);
-        metrics.log_segments_total.fetch_add(1, Ordering::Relaxed);
-        metrics.log_segment_records.observe(batch.len() as f64);
-        metrics.log_segment_bytes.observe(encoded.len() as f64);
-        let started = Instant::now();
-        writer.write(seq, encoded);
-        for submitted in batch {
-            let _ = submitted.slot.send(Some(seq));
-        }
-        let writer_for_timing = writer.clone();
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            if writer_for_timing
-                .fate(seq, Duration::from_secs(3600))
-                .await
-                .is_some()
-            {
-                metrics
-                    .log_segment_put_seconds
-                    .observe_duration(started.elapsed());
-            }
-        });
+    };
+    drop(parts);
+    metrics.log_segments_total.fetch_add(1, Ordering::Relaxed);
+    metrics.log_segment_records.observe(batch.len() as f64);
+    metrics.log_segment_bytes.observe(encoded.len() as f64);
+    let started = Instant::now();
+    writer.write(seq, encoded);
+    for submitted in batch {
+        let _ = submitted.slot.send(Some(seq));
     }
+    let writer_for_timing = writer.clone();
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        if writer_for_timing
+            .fate(seq, Duration::from_secs(3600))
+            .await
+            .is_some()
+        {
+            metrics
+                .log_segment_put_seconds
+                .observe_duration(started.elapsed());
+        }
+    });
 }
 
 #[cfg(test)]

@@ -191,6 +191,14 @@ pub struct Metrics {
     pub log_segment_bytes: Histogram,
     /// From a segment's first PUT to its slot being decided.
     pub log_segment_put_seconds: Histogram,
+    /// Cell groups waiting in this node's lanes for a segment (the lanes'
+    /// queue depth).
+    pub log_lane_pending_records: AtomicI64,
+    /// Acknowledged segments of this node's lanes still held for records
+    /// some root has not checkpointed (the checkpoint lag in segments: what
+    /// a successor's replay and the bucket keep), measured each collection
+    /// round.
+    pub log_lane_held_segments: AtomicI64,
     /// Checkpoints (a Cell's records merged into its root's chain).
     pub checkpoints_total: AtomicU64,
     /// Records a checkpoint moved into the chain (the lag it cleared).
@@ -241,6 +249,8 @@ impl Default for Metrics {
             log_segment_records: Histogram::new(&COMMANDS_BUCKETS),
             log_segment_bytes: Histogram::new(&BYTES_BUCKETS),
             log_segment_put_seconds: Histogram::new(&SECONDS_BUCKETS),
+            log_lane_pending_records: AtomicI64::new(0),
+            log_lane_held_segments: AtomicI64::new(0),
             checkpoints_total: AtomicU64::new(0),
             checkpoint_records: Histogram::new(&COMMANDS_BUCKETS),
             checkpoint_lag_records: AtomicI64::new(0),
@@ -400,6 +410,16 @@ impl Metrics {
             &mut out,
             "cellfleet_runtime_checkpoint_records",
             &node_label,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_log_lane_pending_records Cell groups waiting in the node log's lanes for a segment.\n# TYPE cellfleet_runtime_log_lane_pending_records gauge\ncellfleet_runtime_log_lane_pending_records{braces} {}",
+            self.log_lane_pending_records.load(Ordering::Relaxed).max(0)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_log_lane_held_segments Acknowledged node-log segments still held for records not yet checkpointed into their roots.\n# TYPE cellfleet_runtime_log_lane_held_segments gauge\ncellfleet_runtime_log_lane_held_segments{braces} {}",
+            self.log_lane_held_segments.load(Ordering::Relaxed).max(0)
         );
         let _ = writeln!(
             out,

@@ -720,3 +720,80 @@ async fn a_restarted_node_flushes_its_earlier_session() {
         }
     }
 }
+
+/// A busy lane batches: while one segment is in flight, the groups of many
+/// Cells arriving meanwhile wait for it and go out together, instead of
+/// each taking a slot of the pipeline for itself; an idle lane writes a
+/// lone group at once. (Before the batch rule, a lane with 8 free slots
+/// wrote the first 8 arrivals as 8 segments of one group each.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_lane_batches_many_cells_into_few_segments() {
+    const CELLS: u64 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-batch", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let mut config = lazy(node_config("n1", &dir.path().join(backend), &prefix));
+        config.log.lanes = 1;
+        config.log.segments_inflight_max = 8;
+        // Only a landed segment lets the batch go: no size or time trigger.
+        config.log.batch_records_min = 1_000;
+        config.log.linger_ms = 3_600_000;
+        let node = start(config, store.clone(), clock.clone()).await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        let keys: Vec<Vec<u8>> = (0..CELLS).map(|n| format!("k{n}").into_bytes()).collect();
+        // Open every Cell first (a new Cell's schema is a group of its own).
+        for (n, key) in keys.iter().enumerate() {
+            let executed = node
+                .execute(KIND, key, append(clock.as_ref(), n as u64))
+                .await
+                .unwrap();
+            logs[n].ack(n as u64, executed.outcome);
+        }
+        // One command at a time: an idle lane writes each group at once,
+        // one segment each.
+        for (n, key) in keys.iter().enumerate().take(5) {
+            let before = node.metrics().log_segments_total.load(Ordering::Relaxed);
+            let id = 2 * CELLS + n as u64;
+            let executed = node
+                .execute(KIND, key, append(clock.as_ref(), id))
+                .await
+                .unwrap();
+            logs[n].ack(id, executed.outcome);
+            let after = node.metrics().log_segments_total.load(Ordering::Relaxed);
+            assert_eq!(after, before + 1, "{backend}: a lone group is one segment");
+        }
+        // Every segment PUT now takes 300 ms: the first of the burst holds
+        // the lane busy while the others arrive.
+        store.inject(
+            Fault::delay(Some(Op::PutIfNoneMatch), Duration::from_millis(300))
+                .key_prefix(logs_prefix(&prefix)),
+        );
+        let before = node.metrics().log_segments_total.load(Ordering::Relaxed);
+        let burst: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| {
+                let (node, clock, key) = (node.clone(), clock.clone(), key.clone());
+                let n = CELLS + index as u64;
+                tokio::spawn(async move {
+                    let executed = node.execute(KIND, &key, append(clock.as_ref(), n)).await;
+                    (index, n, executed)
+                })
+            })
+            .collect();
+        for task in burst {
+            let (index, n, executed) = task.await.unwrap();
+            let executed = executed.expect("every command of the burst applies");
+            logs[index].ack(n, executed.outcome);
+        }
+        let segments = node.metrics().log_segments_total.load(Ordering::Relaxed) - before;
+        assert!(
+            segments <= 3,
+            "{backend}: {CELLS} Cells' groups took {segments} segments; a busy lane must batch them"
+        );
+        for (key, log) in keys.iter().zip(&logs) {
+            log.verify(&node, key).await;
+        }
+    }
+}

@@ -53,7 +53,7 @@
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
 //! checkpoint_idle_ms = 5000  # ... or this long without a new record
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
-//! batch_records_min = 64     # while segments are in flight, this many Cell groups start another
+//! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
 //!
 //! [limits]                   # optional: what one node may hold open
@@ -82,7 +82,7 @@
 //! `CELLFLEET_LEASE_MS`, `CELLFLEET_RENEW_EVERY_MS`, and
 //! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
 //! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_LOG_CHECKPOINT_RECORDS`,
-//! `CELLFLEET_LOG_BATCH_RECORDS_MIN`, `CELLFLEET_LOG_LINGER_MS`,
+//! `CELLFLEET_LOG_BATCH_COMMANDS_MIN`, `CELLFLEET_LOG_LINGER_MS`,
 //! `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
@@ -329,7 +329,7 @@ pub struct PublicationFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments_inflight_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_records_min: Option<usize>,
+    pub batch_commands_min: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linger_ms: Option<u64>,
 }
@@ -356,8 +356,8 @@ impl PublicationFile {
         if let Some(inflight) = self.segments_inflight_max {
             log.segments_inflight_max = inflight;
         }
-        if let Some(records) = self.batch_records_min {
-            log.batch_records_min = records;
+        if let Some(commands) = self.batch_commands_min {
+            log.batch_commands_min = commands;
         }
         if let Some(linger) = self.linger_ms {
             log.linger_ms = linger;
@@ -637,9 +637,9 @@ impl NodeFile {
         if let Some(v) = env_u64("CELLFLEET_LOG_SEGMENTS_INFLIGHT")? {
             self.publication.segments_inflight_max = Some(v);
         }
-        if let Some(v) = env("CELLFLEET_LOG_BATCH_RECORDS_MIN") {
-            self.publication.batch_records_min = Some(v.parse::<usize>().with_context(|| {
-                format!("CELLFLEET_LOG_BATCH_RECORDS_MIN={v:?} is not a whole number of records")
+        if let Some(v) = env("CELLFLEET_LOG_BATCH_COMMANDS_MIN") {
+            self.publication.batch_commands_min = Some(v.parse::<usize>().with_context(|| {
+                format!("CELLFLEET_LOG_BATCH_COMMANDS_MIN={v:?} is not a whole number of commands")
             })?);
         }
         if let Some(v) = env_u64("CELLFLEET_LOG_LINGER_MS")? {
@@ -723,8 +723,8 @@ impl NodeFile {
         if self.publication.lanes == Some(0) {
             bail!("publication.lanes must be at least 1");
         }
-        if self.publication.batch_records_min == Some(0) {
-            bail!("publication.batch_records_min must be at least 1");
+        if self.publication.batch_commands_min == Some(0) {
+            bail!("publication.batch_commands_min must be at least 1");
         }
         if self.publication.segments_inflight_max == Some(0) {
             bail!("publication.segments_inflight_max must be at least 1");

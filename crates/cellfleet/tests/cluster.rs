@@ -260,13 +260,13 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     // [publication]: a batch of no groups is refused, naming the key.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])
-        .env("CELLFLEET_LOG_BATCH_RECORDS_MIN", "0")
+        .env("CELLFLEET_LOG_BATCH_COMMANDS_MIN", "0")
         .output()
         .expect("run node");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("publication.batch_records_min must be at least 1"),
+        stderr.contains("publication.batch_commands_min must be at least 1"),
         "{stderr}"
     );
     let limited = cluster.path("n3-limited.toml");

@@ -3,11 +3,11 @@
 //! A lane with nothing in flight writes at once, so a lone command costs
 //! one PUT and no wait. While segments are in flight, groups arriving meanwhile
 //! are held back and batched: another segment joins the pipeline only
-//! when the batch is worth a PUT of its own (enough records or bytes) or
+//! when the batch is worth a PUT of its own (enough commands or bytes) or
 //! its oldest group has waited `linger_ms`. Every PUT costs the store the
 //! same work whatever it carries, so on a busy node this keeps commands
 //! per segment high; a hot Cell still gets segments in parallel, since
-//! its pending records fill a batch before the segment ahead lands.
+//! one of its groups alone carries enough commands to fill a batch.
 //! Nothing ever waits past `linger_ms` once the pipeline has room.
 
 /// The committer's bounds.
@@ -15,8 +15,8 @@
 pub struct BatchRule {
     /// Segments of the lane in flight at once, at most.
     pub inflight_max: u64,
-    /// A batch of this many records joins a busy pipeline at once.
-    pub records_min: usize,
+    /// A batch of this many commands joins a busy pipeline at once.
+    pub commands_min: usize,
     /// A batch of this many bytes joins a busy pipeline at once.
     pub bytes_min: usize,
     /// The longest a pending group waits for a batch while the pipeline
@@ -31,6 +31,8 @@ pub struct LaneLoad {
     pub inflight: u64,
     /// Groups waiting for a segment.
     pub pending_records: usize,
+    /// Their commands.
+    pub pending_commands: usize,
     /// Their bytes.
     pub pending_bytes: usize,
     /// How long the oldest of them has waited.
@@ -63,7 +65,7 @@ impl BatchRule {
         if load.inflight >= self.inflight_max.max(1) {
             return Next::WaitForRoom;
         }
-        let full = load.pending_records >= self.records_min
+        let full = load.pending_commands >= self.commands_min
             || load.pending_bytes >= self.bytes_min
             || load.waited_ms >= self.linger_ms;
         if load.inflight == 0 || full {
@@ -83,9 +85,9 @@ mod tests {
 
     fn rules() -> impl Strategy<Value = BatchRule> {
         (1u64..8, 1usize..64, 1usize..1 << 20, 0u64..20).prop_map(
-            |(inflight_max, records_min, bytes_min, linger_ms)| BatchRule {
+            |(inflight_max, commands_min, bytes_min, linger_ms)| BatchRule {
                 inflight_max,
-                records_min,
+                commands_min,
                 bytes_min,
                 linger_ms,
             },
@@ -93,14 +95,23 @@ mod tests {
     }
 
     fn loads() -> impl Strategy<Value = LaneLoad> {
-        (0u64..10, 0usize..100, 0usize..2 << 20, 0u64..40).prop_map(
-            |(inflight, pending_records, pending_bytes, waited_ms)| LaneLoad {
-                inflight,
-                pending_records,
-                pending_bytes,
-                waited_ms,
-            },
+        (
+            0u64..10,
+            0usize..100,
+            0usize..100,
+            0usize..2 << 20,
+            0u64..40,
         )
+            .prop_map(
+                |(inflight, pending_records, commands, pending_bytes, waited_ms)| LaneLoad {
+                    inflight,
+                    pending_records,
+                    // Every group carries at least one command.
+                    pending_commands: pending_records + commands * usize::from(pending_records > 0),
+                    pending_bytes,
+                    waited_ms,
+                },
+            )
     }
 
     proptest! {
@@ -140,6 +151,7 @@ mod tests {
         ) {
             let more = LaneLoad {
                 pending_records: load.pending_records + records,
+                pending_commands: load.pending_commands + records,
                 pending_bytes: load.pending_bytes + bytes,
                 waited_ms: load.waited_ms + ms,
                 ..load
@@ -153,7 +165,8 @@ mod tests {
         #[test]
         fn a_full_batch_joins_a_busy_pipeline(rule in rules(), load in loads()) {
             let full = LaneLoad {
-                pending_records: load.pending_records.max(rule.records_min),
+                pending_records: load.pending_records.max(1),
+                pending_commands: load.pending_commands.max(rule.commands_min),
                 ..load
             };
             if full.inflight < rule.inflight_max {

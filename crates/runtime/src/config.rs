@@ -118,9 +118,9 @@ pub struct LogSettings {
     pub segment_bytes_max: usize,
     /// Segment PUTs of one lane in flight at once (the pipeline).
     pub segments_inflight_max: u64,
-    /// While a lane's segments are in flight, a batch of this many Cell
-    /// groups starts another at once.
-    pub batch_records_min: usize,
+    /// While a lane's segments are in flight, a batch of this many
+    /// commands (from any number of Cell groups) starts another at once.
+    pub batch_commands_min: usize,
     /// ... and so does a batch of this many bytes.
     pub batch_bytes_min: usize,
     /// ... and so does any batch whose oldest group has waited this long.
@@ -147,7 +147,7 @@ impl LogSettings {
     pub fn batch_rule(&self) -> cellfleet_nodelog::batch::BatchRule {
         cellfleet_nodelog::batch::BatchRule {
             inflight_max: self.segments_inflight_max.max(1),
-            records_min: self.batch_records_min.max(1),
+            commands_min: self.batch_commands_min.max(1),
             bytes_min: self.batch_bytes_min.max(1),
             linger_ms: self.linger_ms,
         }
@@ -160,7 +160,7 @@ impl Default for LogSettings {
             lanes: 1,
             segment_bytes_max: 8 << 20,
             segments_inflight_max: 4,
-            batch_records_min: 64,
+            batch_commands_min: 16,
             batch_bytes_min: 1 << 20,
             linger_ms: 5,
             checkpoint_records: 256,

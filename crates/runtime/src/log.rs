@@ -9,7 +9,7 @@
 //! The committer writes whatever is pending on its lane (bounded by
 //! `segment_bytes_max`) when [`BatchRule::next`](cellfleet_nodelog::batch::BatchRule::next) says so: at once on an
 //! idle lane, so a lone group costs one PUT and no wait; while segments
-//! are in flight, only once the batch is worth a PUT of its own (records
+//! are in flight, only once the batch is worth a PUT of its own (commands
 //! or bytes) or its oldest group has waited `linger_ms`, and never past
 //! `segments_inflight_max` in flight. Each segment PUT runs in a task of
 //! its own and is resent with the same bytes until it lands or finds a
@@ -433,12 +433,14 @@ async fn commit_lane(
     let mut verdict = writer.verdict();
     let mut pending: VecDeque<(tokio::time::Instant, Submitted)> = VecDeque::new();
     let mut pending_bytes = 0usize;
+    let mut pending_commands = 0usize;
     let mut open = true;
     // What this lane adds to the node's queue-depth gauge.
     let mut reported = 0i64;
     loop {
         while let Ok(next) = rx.try_recv() {
             pending_bytes += next.record.bytes.len();
+            pending_commands += next.record.command_ids.len().max(1);
             pending.push_back((tokio::time::Instant::now(), next));
         }
         let now = *verdict.borrow_and_update();
@@ -448,6 +450,7 @@ async fn commit_lane(
                 let _ = submitted.slot.send(None);
             }
             pending_bytes = 0;
+            pending_commands = 0;
         }
         let depth = pending.len() as i64;
         metrics
@@ -457,6 +460,7 @@ async fn commit_lane(
         let load = LaneLoad {
             inflight: writer.next_seq().saturating_sub(now.acked_below),
             pending_records: pending.len(),
+            pending_commands,
             pending_bytes,
             waited_ms: pending
                 .front()
@@ -497,6 +501,7 @@ async fn commit_lane(
             arrived = arrival => match arrived {
                 Some(next) => {
                     pending_bytes += next.record.bytes.len();
+                    pending_commands += next.record.command_ids.len().max(1);
                     pending.push_back((tokio::time::Instant::now(), next));
                 }
                 None => open = false,

@@ -737,7 +737,7 @@ async fn a_busy_lane_batches_many_cells_into_few_segments() {
         config.log.lanes = 1;
         config.log.segments_inflight_max = 8;
         // Only a landed segment lets the batch go: no size or time trigger.
-        config.log.batch_records_min = 1_000;
+        config.log.batch_commands_min = 1_000;
         config.log.linger_ms = 3_600_000;
         let node = start(config, store.clone(), clock.clone()).await;
         let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();

@@ -16,7 +16,7 @@
 //! seal: a slot is never abandoned while its PUT could still land.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -354,33 +354,21 @@ async fn collect_lane(
     let interval = Duration::from_millis(gc.interval_ms.max(1));
     let min_age = Duration::from_millis(gc.min_age_ms);
     let mut noted: VecDeque<(Instant, u64)> = VecDeque::new();
-    // What this lane adds to the node's held-segments gauge.
-    let mut reported = 0i64;
-    let held = |now: i64, reported: &mut i64| {
-        metrics
-            .log_lane_held_segments
-            .fetch_add(now - *reported, Ordering::Relaxed);
-        *reported = now;
-    };
+    let mut held = GaugeShare::new(&metrics.log_lane_held_segments);
     loop {
         tokio::time::sleep(interval).await;
         let Some(writer) = writer.upgrade() else {
-            held(0, &mut reported);
             return;
         };
         let verdict = *writer.verdict().borrow();
         if verdict.sealed_at.is_some() {
-            held(0, &mut reported);
             return;
         }
         let floor = holds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .floor(verdict.acked_below);
-        held(
-            i64::try_from(verdict.acked_below - floor).unwrap_or(i64::MAX),
-            &mut reported,
-        );
+        held.set(i64::try_from(verdict.acked_below - floor).unwrap_or(i64::MAX));
         let now = Instant::now();
         if noted.back().is_none_or(|(_, last)| floor > *last) {
             noted.push_back((now, floor));
@@ -418,6 +406,98 @@ async fn collect_lane(
     }
 }
 
+/// One lane's share of a node-wide gauge: `set` moves the gauge by the
+/// change of the share, and dropping the share takes it back out, so every
+/// way a lane's task ends leaves the gauge true.
+struct GaugeShare<'a> {
+    gauge: &'a AtomicI64,
+    share: i64,
+}
+
+impl<'a> GaugeShare<'a> {
+    fn new(gauge: &'a AtomicI64) -> Self {
+        GaugeShare { gauge, share: 0 }
+    }
+
+    fn set(&mut self, share: i64) {
+        if share != self.share {
+            self.gauge.fetch_add(share - self.share, Ordering::Relaxed);
+            self.share = share;
+        }
+    }
+}
+
+impl Drop for GaugeShare<'_> {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
+/// The groups waiting on a lane for a segment, oldest first, with what
+/// the batch rule counts of them.
+#[derive(Default)]
+struct Pending {
+    groups: VecDeque<(tokio::time::Instant, Submitted)>,
+    bytes: usize,
+    commands: usize,
+}
+
+impl Pending {
+    fn push(&mut self, submitted: Submitted) {
+        self.bytes += submitted.record.bytes.len();
+        self.commands += commands_of(&submitted);
+        self.groups
+            .push_back((tokio::time::Instant::now(), submitted));
+    }
+
+    /// What the batch rule sees, with `inflight` segments of the lane in
+    /// flight.
+    fn load(&self, inflight: u64) -> LaneLoad {
+        LaneLoad {
+            inflight,
+            pending_records: self.groups.len(),
+            pending_commands: self.commands,
+            pending_bytes: self.bytes,
+            waited_ms: self
+                .groups
+                .front()
+                .map_or(0, |(at, _)| at.elapsed().as_millis() as u64),
+        }
+    }
+
+    /// The oldest groups up to `bytes_max` (at least one).
+    fn take_batch(&mut self, bytes_max: usize) -> Vec<Submitted> {
+        let mut batch = Vec::new();
+        let mut bytes = 0usize;
+        while let Some((_, next)) = self.groups.front() {
+            let size = next.record.bytes.len();
+            if !batch.is_empty() && bytes + size > bytes_max {
+                break;
+            }
+            bytes += size;
+            let (_, next) = self.groups.pop_front().expect("a front was seen");
+            self.commands -= commands_of(&next);
+            batch.push(next);
+        }
+        self.bytes -= bytes;
+        batch
+    }
+
+    /// Tells every waiting group it got no slot (the lane is sealed, or
+    /// its writer gone).
+    fn refuse_all(&mut self) {
+        for (_, submitted) in self.groups.drain(..) {
+            let _ = submitted.slot.send(None);
+        }
+        self.bytes = 0;
+        self.commands = 0;
+    }
+}
+
+fn commands_of(submitted: &Submitted) -> usize {
+    submitted.record.command_ids.len().max(1)
+}
+
 /// A lane's committer: gathers the groups submitted to it and writes them
 /// as segments when [`BatchRule::next`](cellfleet_nodelog::batch::BatchRule::next) says so (pipelined, at most
 /// `segments_inflight_max` in flight).
@@ -431,54 +511,27 @@ async fn commit_lane(
 ) {
     let rule = settings.batch_rule();
     let mut verdict = writer.verdict();
-    let mut pending: VecDeque<(tokio::time::Instant, Submitted)> = VecDeque::new();
-    let mut pending_bytes = 0usize;
-    let mut pending_commands = 0usize;
+    let mut pending = Pending::default();
     let mut open = true;
-    // What this lane adds to the node's queue-depth gauge.
-    let mut reported = 0i64;
+    let mut depth = GaugeShare::new(&metrics.log_lane_pending_records);
     loop {
         while let Ok(next) = rx.try_recv() {
-            pending_bytes += next.record.bytes.len();
-            pending_commands += next.record.command_ids.len().max(1);
-            pending.push_back((tokio::time::Instant::now(), next));
+            pending.push(next);
         }
         let now = *verdict.borrow_and_update();
         if now.sealed_at.is_some() {
             // Nothing written from now on counts: no slot for anyone.
-            for (_, submitted) in pending.drain(..) {
-                let _ = submitted.slot.send(None);
-            }
-            pending_bytes = 0;
-            pending_commands = 0;
+            pending.refuse_all();
         }
-        let depth = pending.len() as i64;
-        metrics
-            .log_lane_pending_records
-            .fetch_add(depth - reported, Ordering::Relaxed);
-        reported = depth;
-        let load = LaneLoad {
-            inflight: writer.next_seq().saturating_sub(now.acked_below),
-            pending_records: pending.len(),
-            pending_commands,
-            pending_bytes,
-            waited_ms: pending
-                .front()
-                .map_or(0, |(at, _)| at.elapsed().as_millis() as u64),
-        };
-        let linger = match rule.next(load) {
+        depth.set(pending.groups.len() as i64);
+        let inflight = writer.next_seq().saturating_sub(now.acked_below);
+        let linger = match rule.next(pending.load(inflight)) {
             Next::Send => {
-                let batch =
-                    take_batch(&mut pending, &mut pending_bytes, settings.segment_bytes_max);
+                let batch = pending.take_batch(settings.segment_bytes_max);
                 write_segment(&writer, batch, &holds, clock.as_ref(), &metrics);
                 continue;
             }
-            Next::Idle if !open => {
-                metrics
-                    .log_lane_pending_records
-                    .fetch_sub(reported, Ordering::Relaxed);
-                return;
-            }
+            Next::Idle if !open => return,
             Next::Idle | Next::WaitForRoom => None,
             Next::Gather { for_ms } => Some(Duration::from_millis(for_ms)),
         };
@@ -499,49 +552,19 @@ async fn commit_lane(
         };
         tokio::select! {
             arrived = arrival => match arrived {
-                Some(next) => {
-                    pending_bytes += next.record.bytes.len();
-                    pending_commands += next.record.command_ids.len().max(1);
-                    pending.push_back((tokio::time::Instant::now(), next));
-                }
+                Some(next) => pending.push(next),
                 None => open = false,
             },
             changed = verdict.changed() => {
                 if changed.is_err() {
                     // The writer is gone: nothing can be written any more.
-                    for (_, submitted) in pending.drain(..) {
-                        let _ = submitted.slot.send(None);
-                    }
-                    metrics
-                        .log_lane_pending_records
-                        .fetch_sub(reported, Ordering::Relaxed);
+                    pending.refuse_all();
                     return;
                 }
             }
             () = lingered => {}
         }
     }
-}
-
-/// The oldest pending groups up to `bytes_max` (at least one).
-fn take_batch(
-    pending: &mut VecDeque<(tokio::time::Instant, Submitted)>,
-    pending_bytes: &mut usize,
-    bytes_max: usize,
-) -> Vec<Submitted> {
-    let mut batch = Vec::new();
-    let mut bytes = 0usize;
-    while let Some((_, next)) = pending.front() {
-        let size = next.record.bytes.len();
-        if !batch.is_empty() && bytes + size > bytes_max {
-            break;
-        }
-        bytes += size;
-        let (_, next) = pending.pop_front().expect("a front was seen");
-        batch.push(next);
-    }
-    *pending_bytes -= bytes;
-    batch
 }
 
 /// Reserves the lane's next slot for `batch`, holds it for every Cell in

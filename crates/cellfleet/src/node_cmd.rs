@@ -55,6 +55,8 @@
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
+//! parked_idle_ms = 60000     # a passivated Cell's records stay parked in memory at most this long
+//! parked_bytes_max = 67108864  # ... and all parked records of the node at most this many bytes
 //!
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 1024      # SQLite files open at once (idle ones are passivated, LRU)
@@ -332,6 +334,10 @@ pub struct PublicationFile {
     pub batch_commands_min: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linger_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_idle_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_bytes_max: Option<u64>,
 }
 
 impl PublicationFile {
@@ -361,6 +367,12 @@ impl PublicationFile {
         }
         if let Some(linger) = self.linger_ms {
             log.linger_ms = linger;
+        }
+        if let Some(idle) = self.parked_idle_ms {
+            log.parked_idle_ms = idle;
+        }
+        if let Some(bytes) = self.parked_bytes_max {
+            log.parked_bytes_max = bytes;
         }
         log
     }
@@ -644,6 +656,9 @@ impl NodeFile {
         }
         if let Some(v) = env_u64("CELLFLEET_LOG_LINGER_MS")? {
             self.publication.linger_ms = Some(v);
+        }
+        if let Some(v) = env_u64("CELLFLEET_LOG_PARKED_IDLE_MS")? {
+            self.publication.parked_idle_ms = Some(v);
         }
         if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
             self.gc.min_age_ms = Some(v);

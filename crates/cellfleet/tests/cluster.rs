@@ -197,6 +197,7 @@ async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
         for gauge in [
             "cellfleet_runtime_log_lane_pending_records",
             "cellfleet_runtime_log_lane_held_segments",
+            "cellfleet_runtime_parked_tail_bytes",
         ] {
             assert!(
                 text.contains(&format!("# TYPE {gauge} gauge")),
@@ -267,6 +268,20 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("publication.batch_commands_min must be at least 1"),
+        "{stderr}"
+    );
+    // ... and so is a parked-records age that is not a number.
+    let output = cluster
+        .node_command(&cluster.path("n3.toml"), &[])
+        .env("CELLFLEET_LOG_PARKED_IDLE_MS", "soon")
+        .output()
+        .expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "CELLFLEET_LOG_PARKED_IDLE_MS=\"soon\" is not a whole number of milliseconds"
+        ),
         "{stderr}"
     );
     let limited = cluster.path("n3-limited.toml");

@@ -31,6 +31,7 @@ use cellfleet_authority::{
 use cellfleet_cell::{Cell, CellConfig, ChainFile, Checksum, Kind, Position, Publication, Txid};
 use cellfleet_store::ObjectStore;
 
+use crate::actor::Unckpt;
 use crate::error::{Error, Result};
 use crate::log::NodeLog;
 use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher};
@@ -57,6 +58,9 @@ pub struct Ready {
     pub replayed: usize,
     /// The dead session's lane sealed (or found sealed) first, if any.
     pub sealed: Option<cellfleet_authority::LaneId>,
+    /// Acknowledged records past `root` the Cell resumes with (a parked
+    /// tail), oldest first.
+    pub(crate) tail: Vec<Unckpt>,
 }
 
 /// The result of an activation attempt.
@@ -132,15 +136,20 @@ impl Activator {
 
     /// Activates `(kind, key)`; `parked` is the root this session wrote
     /// last for a passivated Cell (trusted only while the lease is live:
-    /// nobody else can have written it).
-    pub async fn activate(
+    /// nobody else can have written it) with the acknowledged records its
+    /// actor left past it (the local file is at the last one's position).
+    pub(crate) async fn activate(
         &self,
         cell_id: &CellId,
         kind: Arc<dyn Kind>,
         key: &[u8],
-        parked: Option<Versioned<RootRecord>>,
+        parked: Option<(Versioned<RootRecord>, Vec<Unckpt>)>,
     ) -> Result<Activation> {
         let parked_root = parked.is_some();
+        let (parked, parked_tail) = match parked {
+            Some((root, tail)) => (Some(root), tail),
+            None => (None, Vec::new()),
+        };
         let (root, how) = match parked {
             Some(root) => (root, OwnedHow::Adopted),
             None => match self.win(cell_id, kind.name(), key).await? {
@@ -153,8 +162,8 @@ impl Activator {
         if how == OwnedHow::Created {
             remove_local_files(&path);
         }
-        // A parked root was checkpointed by this session's passivation:
-        // nothing of it is past the chain.
+        // A parked root needs nothing from the bucket: the records past its
+        // chain are the parked tail, already in memory.
         let tail = if parked_root {
             Tail::default()
         } else {
@@ -169,13 +178,17 @@ impl Activator {
             )
             .await?
         };
-        let position = tail
-            .records
-            .last()
-            .map_or(root_position(&root.record), |(entry, _)| Position {
+        let position = match (tail.records.last(), parked_tail.last()) {
+            (Some((entry, _)), _) => Position {
                 txid: Txid(entry.max_txid),
                 checksum: Checksum(entry.post_apply_checksum),
-            });
+            },
+            (None, Some(record)) => Position {
+                txid: Txid(record.file.max_txid),
+                checksum: Checksum(record.file.post_apply_checksum),
+            },
+            (None, None) => root_position(&root.record),
+        };
         let now_ms = self.now_ms();
         let first = open_blocking(
             path.clone(),
@@ -205,6 +218,15 @@ impl Activator {
                             bytes.clone(),
                         )
                     })
+                    .chain(parked_tail.iter().map(|record| {
+                        (
+                            Position {
+                                txid: Txid(record.file.max_txid),
+                                checksum: Checksum(record.file.post_apply_checksum),
+                            },
+                            bytes::Bytes::from(record.file.bytes.as_ref().clone()),
+                        )
+                    }))
                     .collect();
                 tokio::task::spawn_blocking(move || {
                     let files: Vec<ChainFile<&[u8]>> = record
@@ -251,10 +273,13 @@ impl Activator {
             }
             None => root,
         };
-        if let (Some(log), Some(pointer)) = (&self.log, &root.record.log) {
+        if let (Some(log), Some(pointer), true) =
+            (&self.log, &root.record.log, parked_tail.is_empty())
+        {
             // Every record of the Cell is in its chain now (replayed and
             // checkpointed, or checkpointed at passivation): the lane
-            // holds nothing for it until its actor writes again.
+            // holds nothing for it until its actor writes again. A parked
+            // tail keeps the hold its actor left.
             let lane = log.lane_of(cell_id);
             if pointer.lane == *lane.writer().lane() {
                 lane.set_hold(cell_id, None);
@@ -270,6 +295,7 @@ impl Activator {
             recovered,
             replayed,
             sealed: tail.sealed,
+            tail: parked_tail,
         })))
     }
 

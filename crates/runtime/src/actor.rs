@@ -228,7 +228,7 @@ pub(crate) enum Msg {
 #[derive(Debug)]
 pub(crate) enum Exit {
     /// Closed, still owned: reopen from this root without reading it.
-    Parked(Box<Versioned<RootRecord>>),
+    Parked(Box<ParkedCell>),
     /// Released or lost: forget it.
     Gone,
 }
@@ -302,10 +302,21 @@ impl InFlight {
 }
 
 /// A record acknowledged in the log and not yet in the root's chain.
+#[derive(Clone, Debug)]
+pub(crate) struct Unckpt {
+    /// The record (one group's LTX delta).
+    pub file: LtxFile,
+    /// The lane slot of the segment that holds it.
+    pub seq: u64,
+}
+
+/// A passivated Cell as its actor left it: the root it wrote last and, in
+/// log mode, the acknowledged records past that root (safe in this
+/// session's lane; the local file is at the last one's position).
 #[derive(Debug)]
-struct Unckpt {
-    file: LtxFile,
-    seq: u64,
+pub(crate) struct ParkedCell {
+    pub root: Versioned<RootRecord>,
+    pub tail: Vec<Unckpt>,
 }
 
 struct LogDone {
@@ -409,6 +420,8 @@ pub(crate) struct ActorStart {
     pub rx: mpsc::Receiver<Msg>,
     pub load: Arc<AtomicUsize>,
     pub permit: OwnedSemaphorePermit,
+    /// Log mode: acknowledged records past `root` (a parked tail).
+    pub tail: Vec<Unckpt>,
 }
 
 impl Actor {
@@ -443,7 +456,17 @@ impl Actor {
             _permit: start.permit,
         };
         let mut actor = actor;
-        actor.acked_txid = actor.root.record.txid;
+        actor.acked_txid = start
+            .tail
+            .last()
+            .map_or(actor.root.record.txid, |record| record.file.max_txid);
+        if !start.tail.is_empty() {
+            actor.ckpt_due = Some(
+                tokio::time::Instant::now()
+                    + std::time::Duration::from_millis(actor.ctx.log_settings.checkpoint_idle_ms),
+            );
+        }
+        actor.unckpt = start.tail;
         (actor, start.migration)
     }
 
@@ -482,7 +505,10 @@ impl Actor {
             self.try_execute().await;
             if self.log_mode() {
                 self.try_wait_log();
-                let stopping = matches!(self.stopping, Some(StopHow::Passivate | StopHow::Drain));
+                // A passivating Cell whose tail can be parked does not
+                // checkpoint for stopping: only its size triggers apply.
+                let stopping = matches!(self.stopping, Some(StopHow::Passivate | StopHow::Drain))
+                    && !self.parks_tail();
                 let due = self
                     .ckpt_due
                     .is_some_and(|due| due <= tokio::time::Instant::now());
@@ -589,9 +615,35 @@ impl Actor {
                         && self.cas.is_none()
                         && self.logwait.is_none()
                         && self.ckpt.is_none()
-                        && self.unckpt.is_empty())
+                        && (self.unckpt.is_empty() || self.parks_tail()))
             }
         }
+    }
+
+    /// Log mode, passivating: whether the acknowledged records past the
+    /// root leave with the Cell (parked in memory, checkpointed later by
+    /// the node) instead of being checkpointed before it closes. They can
+    /// when they are safe in this session's own lane (the root points
+    /// there), nothing of the Cell is unsettled, and the one file their
+    /// checkpoint adds keeps the chain under its bound (the node's
+    /// checkpoint of a parked tail cannot compact).
+    fn parks_tail(&self) -> bool {
+        let Some(log) = &self.ctx.log else {
+            return false;
+        };
+        let own_lane = self
+            .root
+            .record
+            .log
+            .as_ref()
+            .is_some_and(|pointer| pointer.lane == *log.lane_of(&self.cell_id).writer().lane());
+        matches!(self.stopping, Some(StopHow::Passivate))
+            && self.failed.is_none()
+            && own_lane
+            && self.inflight.is_empty()
+            && self.batch.is_empty()
+            && self.compaction.is_none()
+            && self.root.record.chain.len() + 1 < hard_chain_bound(self.ctx.chain_files_max)
     }
 
     async fn on_msg(&mut self, msg: Msg) {
@@ -1440,7 +1492,14 @@ impl Actor {
                     .metrics
                     .passivations_total
                     .fetch_add(1, Ordering::Relaxed);
-                (Exit::Parked(Box::new(self.root.clone())), Ok(()))
+                let tail = std::mem::take(&mut self.unckpt);
+                (
+                    Exit::Parked(Box::new(ParkedCell {
+                        root: self.root.clone(),
+                        tail,
+                    })),
+                    Ok(()),
+                )
             }
         };
         for done in self.stop_done.drain(..) {

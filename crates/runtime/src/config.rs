@@ -140,6 +140,13 @@ pub struct LogSettings {
     /// Longest a reply waits for its segment before it is answered
     /// UNKNOWN (the PUT goes on until it lands or finds a seal).
     pub reply_wait_ms: u64,
+    /// Most bytes of acknowledged records passivated Cells keep in memory
+    /// past their roots (parked tails); past it the node checkpoints the
+    /// oldest ones.
+    pub parked_bytes_max: u64,
+    /// A passivated Cell's parked records are checkpointed once it has
+    /// been parked this long.
+    pub parked_idle_ms: u64,
 }
 
 impl LogSettings {
@@ -170,6 +177,8 @@ impl Default for LogSettings {
             checkpoint_idle_ms: 5_000,
             replay_segments_max: 4_096,
             reply_wait_ms: 10_000,
+            parked_bytes_max: 64 << 20,
+            parked_idle_ms: 60_000,
         }
     }
 }

@@ -203,8 +203,14 @@ pub struct Metrics {
     pub checkpoints_total: AtomicU64,
     /// Records a checkpoint moved into the chain (the lag it cleared).
     pub checkpoint_records: Histogram,
-    /// Records past their roots on open Cells now (checkpoint lag).
+    /// Records past their roots on owned Cells now, open or parked
+    /// (checkpoint lag).
     pub checkpoint_lag_records: AtomicI64,
+    /// Bytes of acknowledged records that passivated Cells keep in memory
+    /// past their roots (parked tails), until the node checkpoints them.
+    pub parked_tail_bytes: AtomicI64,
+    /// Checkpoints of parked tails (the node's, not an open Cell's).
+    pub parked_checkpoints_total: AtomicU64,
     /// Cell records replayed from a node log at activation.
     pub log_replayed_records_total: AtomicU64,
     /// Lanes of dead sessions this node sealed or found sealed.
@@ -254,6 +260,8 @@ impl Default for Metrics {
             checkpoints_total: AtomicU64::new(0),
             checkpoint_records: Histogram::new(&COMMANDS_BUCKETS),
             checkpoint_lag_records: AtomicI64::new(0),
+            parked_tail_bytes: AtomicI64::new(0),
+            parked_checkpoints_total: AtomicU64::new(0),
             log_replayed_records_total: AtomicU64::new(0),
             log_seals_total: AtomicU64::new(0),
             log_flushes_total: AtomicU64::new(0),
@@ -423,8 +431,20 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP cellfleet_runtime_checkpoint_lag_records Records past their roots on open cells.\n# TYPE cellfleet_runtime_checkpoint_lag_records gauge\ncellfleet_runtime_checkpoint_lag_records{braces} {}",
+            "# HELP cellfleet_runtime_checkpoint_lag_records Records past their roots on owned cells (open or parked).\n# TYPE cellfleet_runtime_checkpoint_lag_records gauge\ncellfleet_runtime_checkpoint_lag_records{braces} {}",
             self.checkpoint_lag_records.load(Ordering::Relaxed).max(0)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cellfleet_runtime_parked_tail_bytes Bytes of acknowledged records passivated cells keep in memory past their roots.\n# TYPE cellfleet_runtime_parked_tail_bytes gauge\ncellfleet_runtime_parked_tail_bytes{braces} {}",
+            self.parked_tail_bytes.load(Ordering::Relaxed).max(0)
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_parked_checkpoints_total",
+            "Checkpoints of passivated cells' parked records (a subset of cellfleet_runtime_checkpoints_total).",
+            &braces,
+            load(&self.parked_checkpoints_total),
         );
         counter(
             &mut out,

@@ -25,9 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use cellfleet_authority::{
-    CellId, Clock, Epoch, Holder, Layout, NodeId, NodeLeases, RootRecord, Roots, Versioned,
-};
+use cellfleet_authority::{CellId, Clock, Epoch, Holder, Layout, NodeId, NodeLeases, Roots};
 use cellfleet_cell::{Command, CommandId};
 use cellfleet_store::ObjectStore;
 use serde_json::Value;
@@ -47,6 +45,9 @@ use crate::metrics::Metrics;
 use crate::publication::{Publisher, StorePublisher};
 
 mod flush;
+mod parked;
+
+use parked::Parked;
 
 /// Times a request is re-dispatched after finding its actor stopped.
 const DISPATCH_ATTEMPTS_MAX: usize = 3;
@@ -77,13 +78,6 @@ impl ActorHandle {
 }
 
 type ActivationResult = Option<Result<ActorHandle>>;
-
-/// A passivated Cell's root and the lease term it was proven under.
-#[derive(Clone, Debug)]
-struct Parked {
-    root: Versioned<RootRecord>,
-    proven_term: u64,
-}
 
 #[derive(Clone, Debug)]
 enum Slot {
@@ -250,6 +244,9 @@ impl Node {
                 }
             });
         }
+        if shared.config.publication == PublicationMode::Log {
+            tokio::spawn(Shared::sweep_parked(Arc::downgrade(&shared)));
+        }
         tokio::spawn(lease.clone().run());
         // A sealed lane means a successor declared this session dead: it
         // ends, so the node cannot keep taking Cells into a log that no
@@ -348,7 +345,7 @@ impl Shared {
                 })
                 .await;
         }
-        self.parked().clear();
+        self.forget_parked();
     }
 
     async fn not_owner(&self, cell: &CellId, owner: Option<NodeId>) -> Error {
@@ -452,21 +449,20 @@ impl Shared {
         // The term before anything is read: a lapse during activation makes
         // the first request re-prove.
         let (mode, term) = self.lease.mode_and_term();
-        let parked = self.parked().remove(&cell_id);
-        let owned = self.slots_count.load(Ordering::SeqCst) + self.parked().len();
-        if parked.is_none() && owned >= self.config.limits.cells_owned_max {
+        let (is_parked, owned) = {
+            let parked = self.parked();
+            (
+                parked.contains_key(&cell_id),
+                self.slots_count.load(Ordering::SeqCst) + parked.len(),
+            )
+        };
+        if !is_parked && owned >= self.config.limits.cells_owned_max {
             self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
             return Err(Error::ResourceExhausted {
                 what: "cells_owned_max",
                 retry_after_ms: self.config.limits.retry_after_ms,
             });
         }
-        // A parked root is trusted only while the lease is live and has not
-        // lapsed since it was proven ours: only then can nobody else have
-        // written it.
-        let parked = parked
-            .filter(|parked| cell_mode(mode, term, parked.proven_term) == ServingMode::Live)
-            .map(|parked| parked.root);
         let permit = self.open_charge().await?;
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
         let _slot =
@@ -481,11 +477,36 @@ impl Shared {
                     });
                 }
             };
-        let ready = match self
+        let parked = self.take_parked(&cell_id).await;
+        // A parked root is trusted only while the lease is live and has not
+        // lapsed since it was proven ours: only then can nobody else have
+        // written it. An untrusted one is read again, and its tail (if
+        // any) replayed from this session's lane.
+        let parked = match parked {
+            Some(parked) if cell_mode(mode, term, parked.proven_term) == ServingMode::Live => {
+                Some((parked.root, parked.tail))
+            }
+            Some(parked) => {
+                self.metrics
+                    .checkpoint_lag_records
+                    .fetch_sub(parked.tail.len() as i64, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        };
+        let tail_records = parked.as_ref().map_or(0, |(_, tail)| tail.len() as i64);
+        let activated = self
             .activator
             .activate(&cell_id, kind, &key, parked)
-            .await?
-        {
+            .await
+            .inspect_err(|_| {
+                // A parked tail that did not make it into an actor is in
+                // this session's lane still; the next activation replays it.
+                self.metrics
+                    .checkpoint_lag_records
+                    .fetch_sub(tail_records, Ordering::Relaxed);
+            });
+        let ready = match activated? {
             Activation::Ready(ready) => ready,
             Activation::OwnerLive { owner } => {
                 return Err(self.not_owner(&cell_id, Some(owner)).await)
@@ -540,6 +561,7 @@ impl Shared {
                 rx,
                 load: handle.load.clone(),
                 permit,
+                tail: ready.tail,
             },
         );
         let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
@@ -549,12 +571,12 @@ impl Shared {
             async move {
                 let exit = actor.run(migration).await;
                 shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
-                if let Exit::Parked(root) = exit {
-                    let parked = Parked {
-                        root: *root,
-                        proven_term: proven_term.load(Ordering::SeqCst),
-                    };
-                    shared.parked().insert(cell_id.clone(), parked);
+                if let Exit::Parked(parked) = exit {
+                    let parked = *parked;
+                    shared.park(
+                        cell_id.clone(),
+                        Parked::new(parked.root, proven_term.load(Ordering::SeqCst), parked.tail),
+                    );
                 }
                 shared.remove_slot(&cell_id, Some(generation));
                 let _ = exited_tx.send(true);
@@ -848,12 +870,16 @@ impl NodeHandle {
                 }
             }
         }
-        let parked = self.shared.parked().get(&cell).cloned()?.root;
+        let (parked, txid) = self
+            .shared
+            .parked()
+            .get(&cell)
+            .map(|parked| (parked.root.clone(), parked.txid()))?;
         Some(CellDescription {
             cell,
             kind: parked.record.kind.clone(),
             epoch: parked.record.epoch,
-            txid: parked.record.txid,
+            txid,
             revision: parked.record.revision,
             chain_files: parked.record.chain.len(),
             open: false,
@@ -970,17 +996,31 @@ impl NodeHandle {
             }
             self.wait_for_exits().await;
         }
-        let parked: Vec<Versioned<RootRecord>> = self
-            .shared
-            .parked()
-            .drain()
-            .map(|(_, parked)| parked.root)
-            .collect();
-        let releases = parked.into_iter().map(|root| {
+        let parked: Vec<CellId> = self.shared.parked().keys().cloned().collect();
+        let releases = parked.into_iter().map(|cell| {
             let shared = self.shared.clone();
             async move {
+                // A parked tail goes into the root first (the lane that
+                // holds it is retired with the lease).
+                if shared.checkpoint_parked(&cell).await.is_none() {
+                    return Err(Error::NotCommitted {
+                        reason: format!(
+                            "the checkpoint of cell {cell}'s parked records failed; its next owner replays them from this node's log"
+                        ),
+                    });
+                }
+                let Some(parked) = shared.take_parked(&cell).await else {
+                    return Ok(());
+                };
+                if !parked.tail.is_empty() {
+                    let reason = format!(
+                        "the checkpoint of cell {cell}'s parked records was not committed; drain again, or its next owner replays them from this node's log"
+                    );
+                    shared.park(cell, parked);
+                    return Err(Error::NotCommitted { reason });
+                }
+                let root = parked.root;
                 let epoch = root.record.epoch;
-                let cell = root.record.cell_id.clone();
                 match shared.actor_context.publisher.release(root, epoch).await {
                     Ok(_) => {
                         shared.activator.discard(&cell);

@@ -797,3 +797,187 @@ async fn a_busy_lane_batches_many_cells_into_few_segments() {
         }
     }
 }
+
+/// Commands to `cells` Cells in turn, `rounds` times, on a node that keeps
+/// at most two open: nearly every command passivates another Cell.
+async fn churn(
+    node: &cellfleet_runtime::NodeHandle,
+    clock: &Arc<cellfleet_authority::ManualClock>,
+    logs: &[AckLog],
+    rounds: std::ops::Range<u64>,
+) {
+    for round in rounds {
+        for (cell, log) in logs.iter().enumerate() {
+            let key = format!("park-{cell}");
+            let executed = node
+                .execute(KIND, key.as_bytes(), append(clock.as_ref(), round))
+                .await
+                .expect("acknowledged");
+            log.ack(round, executed.outcome);
+        }
+    }
+}
+
+fn churning(mut config: NodeConfig) -> NodeConfig {
+    config.limits.cells_open_max = 2;
+    config.gc.enabled = false;
+    lazy(config)
+}
+
+/// A passivated Cell parks its acknowledged records with the node instead
+/// of checkpointing them: it closes and reopens without a bucket read or a
+/// root write, the node's sweep checkpoints them once they were parked
+/// `parked_idle_ms`, and a drain puts every parked record into its root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
+    const CELLS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-parked", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let node = start(
+            churning(node_config("a", &dir, &prefix)),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        churn(&node, &clock, &logs, 0..4).await;
+        let metrics = node.metrics();
+        let passivations = metrics.passivations_total.load(Ordering::Relaxed);
+        assert!(
+            passivations >= 3 * CELLS as u64,
+            "{backend}: {passivations} passivations"
+        );
+        assert_eq!(
+            metrics.checkpoints_total.load(Ordering::Relaxed),
+            0,
+            "{backend}: no passivation checkpointed"
+        );
+        assert!(metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0);
+        // Every root is where the Cell's creation left it (TXID 0): the
+        // records are in the log and the parked tails only.
+        for cell in 0..CELLS {
+            let root = root_of(store.as_ref(), &prefix, format!("park-{cell}").as_bytes()).await;
+            assert_eq!(
+                root.txid, 0,
+                "{backend}: park-{cell}'s root was not written"
+            );
+        }
+        // Reopening parked Cells (and parking others) reads nothing.
+        store.reset_counts();
+        for cell in 0..CELLS {
+            let tags = journal(&node, format!("park-{cell}").as_bytes()).await;
+            assert_eq!(tags, vec!["t0", "t1", "t2", "t3"], "{backend}");
+        }
+        let counts = store.counts();
+        assert_eq!(
+            (counts.reads(), counts.writes()),
+            (0, 0),
+            "{backend}: parked Cells reopened from memory and the local file"
+        );
+        assert_eq!(
+            metrics.activations_recovered_total.load(Ordering::Relaxed)
+                + metrics.log_replayed_records_total.load(Ordering::Relaxed),
+            0,
+            "{backend}"
+        );
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&node, format!("park-{cell}").as_bytes()).await;
+        }
+        // A drain checkpoints every parked tail, then releases the root.
+        node.drain().await.unwrap();
+        assert_eq!(metrics.parked_tail_bytes.load(Ordering::Relaxed), 0);
+        for cell in 0..CELLS {
+            let root = root_of(store.as_ref(), &prefix, format!("park-{cell}").as_bytes()).await;
+            assert!(root.owner.is_none() && root.log.is_none(), "{backend}");
+        }
+        let clock = manual_clock();
+        let reader = start(
+            cell_node_config("r", &dir, &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&reader, format!("park-{cell}").as_bytes()).await;
+        }
+
+        // The sweep: tails parked past `parked_idle_ms` reach their roots
+        // with no request and no drain.
+        let prefix = format!("{prefix}-sweep");
+        let clock = manual_clock();
+        let mut config = churning(node_config("s", &dir, &prefix));
+        config.log.parked_idle_ms = 50;
+        let node = start(config, store.clone(), clock.clone()).await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        churn(&node, &clock, &logs, 0..3).await;
+        let metrics = node.metrics();
+        let mut waited = 0;
+        while metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0 && waited < 100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += 1;
+        }
+        assert_eq!(
+            metrics.parked_tail_bytes.load(Ordering::Relaxed),
+            0,
+            "{backend}: the sweep checkpointed every parked tail"
+        );
+        let swept = metrics.parked_checkpoints_total.load(Ordering::Relaxed);
+        assert!(swept >= (CELLS - 2) as u64, "{backend}: {swept} swept");
+        let mut at_acked = 0;
+        for cell in 0..CELLS {
+            let key = format!("park-{cell}");
+            let root = root_of(store.as_ref(), &prefix, key.as_bytes()).await;
+            let described = node.describe_cell(KIND, key.as_bytes()).await.unwrap();
+            if !described.open {
+                assert_eq!(root.txid, described.txid, "{backend}: {key} swept");
+                at_acked += 1;
+            }
+        }
+        assert!(at_acked >= CELLS - 2, "{backend}");
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&node, format!("park-{cell}").as_bytes()).await;
+        }
+    }
+}
+
+/// A node that dies with parked tails loses nothing: the successor seals
+/// its lane and replays them from the roots' pointers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_records_survive_their_node_s_crash() {
+    const CELLS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-parked-crash", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock_a = manual_clock();
+        let a = start(
+            churning(node_config("a", &dir, &prefix)),
+            store.clone(),
+            clock_a.clone(),
+        )
+        .await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        churn(&a, &clock_a, &logs, 0..3).await;
+        assert!(a.metrics().parked_tail_bytes.load(Ordering::Relaxed) > 0);
+        a.halt().await;
+        let clock_b = manual_clock();
+        clock_b.advance(lease_expiry());
+        let b = start(
+            node_config("b", &dir, &prefix),
+            store.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&b, format!("park-{cell}").as_bytes()).await;
+        }
+        assert!(
+            b.metrics()
+                .log_replayed_records_total
+                .load(Ordering::Relaxed)
+                >= CELLS as u64
+        );
+    }
+}

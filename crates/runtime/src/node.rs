@@ -393,7 +393,9 @@ impl Shared {
         if let Ok(permit) = self.open_permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
-        let mut idle: Vec<ActorHandle> = self
+        // Each handle's last use is read once: requests move it while the
+        // list is sorted, and a key that changes mid-sort is no order.
+        let mut idle: Vec<(u64, ActorHandle)> = self
             .slots()
             .values()
             .filter_map(|slot| match slot {
@@ -401,15 +403,16 @@ impl Shared {
                     if handle.load.load(Ordering::Relaxed) == 0
                         && !handle.passivating.load(Ordering::Relaxed) =>
                 {
-                    Some(handle.clone())
+                    Some((handle.last_used.load(Ordering::Relaxed), handle.clone()))
                 }
                 _ => None,
             })
             .collect();
-        idle.sort_by_key(|handle| handle.last_used.load(Ordering::Relaxed));
+        idle.sort_by_key(|(last_used, _)| *last_used);
         // Concurrent activations each claim a different victim.
         let victim = idle
             .into_iter()
+            .map(|(_, handle)| handle)
             .find(|handle| !handle.passivating.swap(true, Ordering::SeqCst));
         let exhausted = Error::ResourceExhausted {
             what: "cells_open_max",

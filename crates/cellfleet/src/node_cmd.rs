@@ -51,12 +51,11 @@
 //! mode = "log"               # "log": the node log (default); "cell": one root CAS per group
 //! lanes = 1                  # log lanes per node session (each a committer with its own pipeline)
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
-//! checkpoint_idle_ms = 5000  # ... or this long without a new record
+//! checkpoint_idle_ms = 30000 # ... or this long without a new record (open or passivated)
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
-//! parked_idle_ms = 60000     # a passivated Cell's records stay parked in memory at most this long
-//! parked_bytes_max = 67108864  # ... and all parked records of the node at most this many bytes
+//! parked_bytes_max = 67108864  # passivated Cells' records kept in memory (parked) at most, in bytes
 //!
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 1024      # SQLite files open at once (idle ones are passivated, LRU)
@@ -335,8 +334,6 @@ pub struct PublicationFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linger_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parked_idle_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked_bytes_max: Option<u64>,
 }
 
@@ -367,9 +364,6 @@ impl PublicationFile {
         }
         if let Some(linger) = self.linger_ms {
             log.linger_ms = linger;
-        }
-        if let Some(idle) = self.parked_idle_ms {
-            log.parked_idle_ms = idle;
         }
         if let Some(bytes) = self.parked_bytes_max {
             log.parked_bytes_max = bytes;
@@ -657,8 +651,8 @@ impl NodeFile {
         if let Some(v) = env_u64("CELLFLEET_LOG_LINGER_MS")? {
             self.publication.linger_ms = Some(v);
         }
-        if let Some(v) = env_u64("CELLFLEET_LOG_PARKED_IDLE_MS")? {
-            self.publication.parked_idle_ms = Some(v);
+        if let Some(v) = env_u64("CELLFLEET_LOG_CHECKPOINT_IDLE_MS")? {
+            self.publication.checkpoint_idle_ms = Some(v);
         }
         if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
             self.gc.min_age_ms = Some(v);

@@ -270,17 +270,17 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         stderr.contains("publication.batch_commands_min must be at least 1"),
         "{stderr}"
     );
-    // ... and so is a parked-records age that is not a number.
+    // ... and so is a checkpoint delay that is not a number.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])
-        .env("CELLFLEET_LOG_PARKED_IDLE_MS", "soon")
+        .env("CELLFLEET_LOG_CHECKPOINT_IDLE_MS", "soon")
         .output()
         .expect("run node");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(
-            "CELLFLEET_LOG_PARKED_IDLE_MS=\"soon\" is not a whole number of milliseconds"
+            "CELLFLEET_LOG_CHECKPOINT_IDLE_MS=\"soon\" is not a whole number of milliseconds"
         ),
         "{stderr}"
     );

@@ -59,8 +59,9 @@ pub struct Ready {
     /// The dead session's lane sealed (or found sealed) first, if any.
     pub sealed: Option<cellfleet_authority::LaneId>,
     /// Acknowledged records past `root` the Cell resumes with (a parked
-    /// tail), oldest first.
+    /// tail), oldest first, and when their checkpoint is due.
     pub(crate) tail: Vec<Unckpt>,
+    pub(crate) tail_due: tokio::time::Instant,
 }
 
 /// The result of an activation attempt.
@@ -143,12 +144,12 @@ impl Activator {
         cell_id: &CellId,
         kind: Arc<dyn Kind>,
         key: &[u8],
-        parked: Option<(Versioned<RootRecord>, Vec<Unckpt>)>,
+        parked: Option<(Versioned<RootRecord>, Vec<Unckpt>, tokio::time::Instant)>,
     ) -> Result<Activation> {
         let parked_root = parked.is_some();
-        let (parked, parked_tail) = match parked {
-            Some((root, tail)) => (Some(root), tail),
-            None => (None, Vec::new()),
+        let (parked, parked_tail, tail_due) = match parked {
+            Some((root, tail, due)) => (Some(root), tail, due),
+            None => (None, Vec::new(), tokio::time::Instant::now()),
         };
         let (root, how) = match parked {
             Some(root) => (root, OwnedHow::Adopted),
@@ -296,6 +297,7 @@ impl Activator {
             replayed,
             sealed: tail.sealed,
             tail: parked_tail,
+            tail_due,
         })))
     }
 

@@ -317,6 +317,9 @@ pub(crate) struct Unckpt {
 pub(crate) struct ParkedCell {
     pub root: Versioned<RootRecord>,
     pub tail: Vec<Unckpt>,
+    /// When the tail is due for its checkpoint (`checkpoint_idle_ms` after
+    /// its last record, as if the Cell had stayed open).
+    pub due: tokio::time::Instant,
 }
 
 struct LogDone {
@@ -420,8 +423,10 @@ pub(crate) struct ActorStart {
     pub rx: mpsc::Receiver<Msg>,
     pub load: Arc<AtomicUsize>,
     pub permit: OwnedSemaphorePermit,
-    /// Log mode: acknowledged records past `root` (a parked tail).
+    /// Log mode: acknowledged records past `root` (a parked tail) and
+    /// when their checkpoint is due.
     pub tail: Vec<Unckpt>,
+    pub tail_due: tokio::time::Instant,
 }
 
 impl Actor {
@@ -461,10 +466,7 @@ impl Actor {
             .last()
             .map_or(actor.root.record.txid, |record| record.file.max_txid);
         if !start.tail.is_empty() {
-            actor.ckpt_due = Some(
-                tokio::time::Instant::now()
-                    + std::time::Duration::from_millis(actor.ctx.log_settings.checkpoint_idle_ms),
-            );
+            actor.ckpt_due = Some(start.tail_due);
         }
         actor.unckpt = start.tail;
         (actor, start.migration)
@@ -1493,10 +1495,15 @@ impl Actor {
                     .passivations_total
                     .fetch_add(1, Ordering::Relaxed);
                 let tail = std::mem::take(&mut self.unckpt);
+                let due = self.ckpt_due.unwrap_or_else(|| {
+                    tokio::time::Instant::now()
+                        + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms)
+                });
                 (
                     Exit::Parked(Box::new(ParkedCell {
                         root: self.root.clone(),
                         tail,
+                        due,
                     })),
                     Ok(()),
                 )

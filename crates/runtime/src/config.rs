@@ -131,7 +131,7 @@ pub struct LogSettings {
     /// A Cell checkpoints once this many record bytes are past its root.
     pub checkpoint_bytes: u64,
     /// A Cell with records past its root checkpoints after this long
-    /// without a new record.
+    /// without a new record, open or passivated (parked).
     pub checkpoint_idle_ms: u64,
     /// A Cell with records past its root checkpoints once its lane has
     /// grown this many segments past the root's pointer (a successor's
@@ -144,9 +144,6 @@ pub struct LogSettings {
     /// past their roots (parked tails); past it the node checkpoints the
     /// oldest ones.
     pub parked_bytes_max: u64,
-    /// A passivated Cell's parked records are checkpointed once it has
-    /// been parked this long.
-    pub parked_idle_ms: u64,
 }
 
 impl LogSettings {
@@ -174,11 +171,14 @@ impl Default for LogSettings {
             // Records wait for their checkpoint in memory: 512 KiB per
             // open Cell at most.
             checkpoint_bytes: 512 << 10,
-            checkpoint_idle_ms: 5_000,
+            // Lazy: a node owning many more Cells than it keeps open would
+            // otherwise checkpoint nearly every Cell it touched (a root
+            // CAS per command, the cell mode's cost); the replay budget
+            // and the byte bounds still apply.
+            checkpoint_idle_ms: 30_000,
             replay_segments_max: 4_096,
             reply_wait_ms: 10_000,
             parked_bytes_max: 64 << 20,
-            parked_idle_ms: 60_000,
         }
     }
 }

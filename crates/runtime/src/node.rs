@@ -487,7 +487,7 @@ impl Shared {
         // any) replayed from this session's lane.
         let parked = match parked {
             Some(parked) if cell_mode(mode, term, parked.proven_term) == ServingMode::Live => {
-                Some((parked.root, parked.tail))
+                Some((parked.root, parked.tail, parked.due))
             }
             Some(parked) => {
                 self.metrics
@@ -497,7 +497,7 @@ impl Shared {
             }
             None => None,
         };
-        let tail_records = parked.as_ref().map_or(0, |(_, tail)| tail.len() as i64);
+        let tail_records = parked.as_ref().map_or(0, |(_, tail, _)| tail.len() as i64);
         let activated = self
             .activator
             .activate(&cell_id, kind, &key, parked)
@@ -565,6 +565,7 @@ impl Shared {
                 load: handle.load.clone(),
                 permit,
                 tail: ready.tail,
+                tail_due: ready.tail_due,
             },
         );
         let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
@@ -578,7 +579,12 @@ impl Shared {
                     let parked = *parked;
                     shared.park(
                         cell_id.clone(),
-                        Parked::new(parked.root, proven_term.load(Ordering::SeqCst), parked.tail),
+                        Parked::new(
+                            parked.root,
+                            proven_term.load(Ordering::SeqCst),
+                            parked.tail,
+                            parked.due,
+                        ),
                     );
                 }
                 shared.remove_slot(&cell_id, Some(generation));

@@ -827,7 +827,7 @@ fn churning(mut config: NodeConfig) -> NodeConfig {
 /// A passivated Cell parks its acknowledged records with the node instead
 /// of checkpointing them: it closes and reopens without a bucket read or a
 /// root write, the node's sweep checkpoints them once they were parked
-/// `parked_idle_ms`, and a drain puts every parked record into its root.
+/// `checkpoint_idle_ms`, and a drain puts every parked record into its root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
     const CELLS: usize = 6;
@@ -904,12 +904,12 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
             log.verify(&reader, format!("park-{cell}").as_bytes()).await;
         }
 
-        // The sweep: tails parked past `parked_idle_ms` reach their roots
+        // The sweep: tails idle past `checkpoint_idle_ms` reach their roots
         // with no request and no drain.
         let prefix = format!("{prefix}-sweep");
         let clock = manual_clock();
         let mut config = churning(node_config("s", &dir, &prefix));
-        config.log.parked_idle_ms = 50;
+        config.log.checkpoint_idle_ms = 50;
         let node = start(config, store.clone(), clock.clone()).await;
         let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
         churn(&node, &clock, &logs, 0..3).await;
@@ -924,8 +924,10 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
             0,
             "{backend}: the sweep checkpointed every parked tail"
         );
+        // (An open Cell idle that long checkpoints itself, so not every
+        // tail is the sweep's.)
         let swept = metrics.parked_checkpoints_total.load(Ordering::Relaxed);
-        assert!(swept >= (CELLS - 2) as u64, "{backend}: {swept} swept");
+        assert!(swept >= 1, "{backend}: {swept} swept");
         let mut at_acked = 0;
         for cell in 0..CELLS {
             let key = format!("park-{cell}");

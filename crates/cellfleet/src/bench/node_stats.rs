@@ -131,8 +131,10 @@ pub struct Phases {
     pub segments: f64,
     pub commands_per_segment: f64,
     pub segment_ms: f64,
-    /// Log mode: checkpoints (records merged into roots).
+    /// Log mode: checkpoints (records merged into roots), and how many of
+    /// them were of passivated Cells' parked records.
     pub checkpoints: f64,
+    pub parked_checkpoints: f64,
     /// Execution start to released replies (the three above and the rest
     /// of the publication's bookkeeping).
     pub publication_ms: f64,
@@ -195,6 +197,7 @@ impl Phases {
             },
             segment_ms,
             checkpoints: delta("cellfleet_runtime_checkpoints_total"),
+            parked_checkpoints: delta("cellfleet_runtime_parked_checkpoints_total"),
             publication_ms: mean_ms("total"),
             activations,
             passivations: delta("cellfleet_runtime_passivations_total"),
@@ -217,7 +220,7 @@ impl Phases {
         if self.segments > 0.0 {
             let other = (self.publication_ms - self.execute_ms - self.segment_ms).max(0.0);
             return format!(
-                "client {:.2} = queueing {:.2} + execute+capture {:.2} + segment PUT {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per segment, {:.0} segments, {:.0} checkpoints, {:.0} activations)",
+                "client {:.2} = queueing {:.2} + execute+capture {:.2} + segment PUT {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per segment, {:.0} segments, {:.0} checkpoints ({:.0} of parked records), {:.0} activations)",
                 self.client_mean_ms,
                 self.queueing_ms,
                 self.execute_ms,
@@ -227,6 +230,7 @@ impl Phases {
                 self.commands_per_segment,
                 self.segments,
                 self.checkpoints,
+                self.parked_checkpoints,
                 self.activations
             );
         }

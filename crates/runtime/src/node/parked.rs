@@ -12,8 +12,9 @@
 //!
 //! The node checkpoints a parked tail ([`Shared::checkpoint_parked`]: one
 //! merged LTX upload and one root CAS that moves the pointer to the lane's
-//! head, then the hold is released) when it has been parked
-//! `parked_idle_ms`, when its lane has grown `replay_segments_max` past
+//! head, then the hold is released) when it has had no new record for
+//! `checkpoint_idle_ms` (as an open Cell would), when its lane has grown
+//! `replay_segments_max` past
 //! the root's pointer (the replay budget), when the node's parked tails
 //! pass `parked_bytes_max` (oldest pointer first), and always before a
 //! drain releases the root. An activation waits for a checkpoint of its
@@ -25,7 +26,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use cellfleet_authority::{CellId, RootRecord, Versioned};
 use tokio::sync::watch;
@@ -45,20 +48,25 @@ pub(super) struct Parked {
     /// Acknowledged records past `root`, oldest first (empty in cell mode
     /// and once checkpointed).
     pub tail: Vec<Unckpt>,
-    /// When the Cell was parked.
-    pub since: Instant,
+    /// When the tail's checkpoint is due.
+    pub due: Instant,
     /// Set while the node checkpoints the tail: activation and drain wait
     /// until it turns true.
     pub checkpointing: Option<watch::Receiver<bool>>,
 }
 
 impl Parked {
-    pub fn new(root: Versioned<RootRecord>, proven_term: u64, tail: Vec<Unckpt>) -> Self {
+    pub fn new(
+        root: Versioned<RootRecord>,
+        proven_term: u64,
+        tail: Vec<Unckpt>,
+        due: Instant,
+    ) -> Self {
         Parked {
             root,
             proven_term,
             tail,
-            since: Instant::now(),
+            due,
             checkpointing: None,
         }
     }
@@ -84,14 +92,13 @@ const SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// Parked-tail checkpoints in flight at once.
 const CHECKPOINTS_CONCURRENT: usize = 8;
 
-/// Which parked tails are due, oldest pointer first: parked longer than
-/// `idle`, or more than `budget` segments behind their lane, then as
-/// many more (oldest pointer first) as bring the total bytes under
+/// Which parked tails are due, oldest pointer first: those past their
+/// idle deadline or more than `budget` segments behind their lane, then
+/// as many more (oldest pointer first) as bring the total bytes under
 /// `bytes_max`. `candidates` are (cell, pointer slot, segments behind,
-/// parked for, bytes); pure, so the rule is tested on its own.
+/// past the deadline, bytes); pure, so the rule is tested on its own.
 pub(super) fn due_tails(
-    mut candidates: Vec<(CellId, u64, u64, Duration, i64)>,
-    idle: Duration,
+    mut candidates: Vec<(CellId, u64, u64, bool, i64)>,
     budget: u64,
     bytes_max: u64,
 ) -> Vec<CellId> {
@@ -99,8 +106,8 @@ pub(super) fn due_tails(
     let mut total: i64 = candidates.iter().map(|c| c.4).sum();
     let limit = i64::try_from(bytes_max).unwrap_or(i64::MAX);
     let mut due = Vec::new();
-    for (cell, _, behind, parked_for, bytes) in candidates {
-        if parked_for >= idle || behind > budget || total > limit {
+    for (cell, _, behind, overdue, bytes) in candidates {
+        if overdue || behind > budget || total > limit {
             total -= bytes;
             due.push(cell);
         }
@@ -176,6 +183,7 @@ impl Shared {
             return Vec::new();
         };
         let settings = &self.config.log;
+        let now = Instant::now();
         let candidates = self
             .parked()
             .iter()
@@ -193,14 +201,13 @@ impl Shared {
                     cell.clone(),
                     from_seq,
                     behind,
-                    entry.since.elapsed(),
+                    entry.due <= now,
                     entry.tail_bytes(),
                 )
             })
             .collect();
         due_tails(
             candidates,
-            Duration::from_millis(settings.parked_idle_ms),
             settings.replay_segments_max,
             settings.parked_bytes_max,
         )
@@ -352,28 +359,26 @@ mod tests {
     }
 
     proptest! {
-        /// Due tails: every one past the idle age or the replay budget,
+        /// Due tails: every one past its deadline or the replay budget,
         /// and enough more, oldest pointer first, that what stays parked
         /// fits the byte budget; nothing else.
         #[test]
         fn due_tails_keep_the_rest_within_every_bound(
-            tails in proptest::collection::vec((0u64..1000, 0u64..50, 0u64..20, 1i64..1000), 0..40),
-            idle_ms in 1u64..20,
+            tails in proptest::collection::vec((0u64..1000, 0u64..50, any::<bool>(), 1i64..1000), 0..40),
             budget in 0u64..50,
             bytes_max in 0u64..20_000,
         ) {
-            let idle = Duration::from_millis(idle_ms);
             let candidates: Vec<_> = tails
                 .iter()
                 .enumerate()
-                .map(|(n, (from, behind, age, bytes))| {
-                    (cell(n as u64), *from, *behind, Duration::from_millis(*age), *bytes)
+                .map(|(n, (from, behind, overdue, bytes))| {
+                    (cell(n as u64), *from, *behind, *overdue, *bytes)
                 })
                 .collect();
-            let due = due_tails(candidates.clone(), idle, budget, bytes_max);
+            let due = due_tails(candidates.clone(), budget, bytes_max);
             let kept: Vec<_> = candidates.iter().filter(|c| !due.contains(&c.0)).collect();
             for c in &kept {
-                prop_assert!(c.3 < idle && c.2 <= budget, "kept a tail past a bound");
+                prop_assert!(!c.3 && c.2 <= budget, "kept a tail past a bound");
             }
             let kept_bytes: i64 = kept.iter().map(|c| c.4).sum();
             prop_assert!(kept_bytes <= bytes_max as i64, "kept {kept_bytes} bytes");
@@ -382,7 +387,7 @@ mod tests {
             // for bytes alone.
             let for_bytes: Vec<_> = candidates
                 .iter()
-                .filter(|c| due.contains(&c.0) && c.3 < idle && c.2 <= budget)
+                .filter(|c| due.contains(&c.0) && !c.3 && c.2 <= budget)
                 .collect();
             for taken in &for_bytes {
                 for k in &kept {
@@ -394,12 +399,7 @@ mod tests {
 
     #[test]
     fn nothing_is_due_within_every_bound() {
-        let due = due_tails(
-            vec![(cell(1), 5, 3, Duration::from_millis(10), 100)],
-            Duration::from_secs(60),
-            4_096,
-            1 << 20,
-        );
+        let due = due_tails(vec![(cell(1), 5, 3, false, 100)], 4_096, 1 << 20);
         assert!(due.is_empty());
     }
 }

@@ -31,10 +31,9 @@ use cellfleet_authority::{
 use cellfleet_cell::{Cell, CellConfig, ChainFile, Checksum, Kind, Position, Publication, Txid};
 use cellfleet_store::ObjectStore;
 
-use crate::actor::Unckpt;
 use crate::error::{Error, Result};
 use crate::log::NodeLog;
-use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher};
+use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher, Unckpt};
 use crate::replay::{self, Tail};
 
 /// A Cell ready to serve.

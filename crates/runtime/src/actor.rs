@@ -51,7 +51,7 @@ use crate::config::LogSettings;
 use crate::error::{Error, Result};
 use crate::log::{NodeLog, Record};
 use crate::metrics::Metrics;
-use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher};
+use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher, Unckpt};
 use cellfleet_authority::LogPointer;
 use cellfleet_nodelog::lane::GroupFate;
 
@@ -299,15 +299,6 @@ impl InFlight {
             .publication_total_seconds
             .observe_duration(self.started.elapsed());
     }
-}
-
-/// A record acknowledged in the log and not yet in the root's chain.
-#[derive(Clone, Debug)]
-pub(crate) struct Unckpt {
-    /// The record (one group's LTX delta).
-    pub file: LtxFile,
-    /// The lane slot of the segment that holds it.
-    pub seq: u64,
 }
 
 /// A passivated Cell as its actor left it: the root it wrote last and, in

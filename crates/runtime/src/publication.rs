@@ -51,6 +51,16 @@ pub struct LtxFile {
     pub post_apply_checksum: u64,
 }
 
+/// Log mode: a record acknowledged in the node log and not yet in its
+/// Cell's root chain (an open Cell's, or a parked one's).
+#[derive(Clone, Debug)]
+pub(crate) struct Unckpt {
+    /// The record (one group's LTX delta).
+    pub file: LtxFile,
+    /// The lane slot of the segment that holds it.
+    pub seq: u64,
+}
+
 /// A root replacement: `delta` (uploaded) on top of `base`, with an
 /// optional `compaction` (uploaded) of `base`'s chain up to a file boundary.
 #[derive(Clone, Debug)]

@@ -34,9 +34,8 @@ use cellfleet_authority::{CellId, RootRecord, Versioned};
 use tokio::sync::watch;
 
 use super::{run_bounded, Shared};
-use crate::actor::Unckpt;
 use crate::lease::ServingMode;
-use crate::publication::{merge_files, PublishFailure, PublishRequest};
+use crate::publication::{merge_files, PublishFailure, PublishRequest, Unckpt};
 
 /// A passivated Cell still owned: the root last written, the lease term
 /// under which it was proven ours and, in log mode, the acknowledged
@@ -169,6 +168,12 @@ impl Shared {
             (b + entry.tail_bytes(), r + entry.tail.len() as i64)
         });
         parked.clear();
+        self.unpark_gauges(bytes, records);
+    }
+
+    /// Takes parked records that leave without a checkpoint out of the
+    /// gauges (they stay in this session's lane for whoever replays them).
+    fn unpark_gauges(&self, bytes: i64, records: i64) {
         self.metrics
             .parked_tail_bytes
             .fetch_sub(bytes, Ordering::Relaxed);
@@ -300,12 +305,7 @@ impl Shared {
                         self.release_hold(cell);
                     }
                     if parked.remove(cell).is_some() {
-                        self.metrics
-                            .parked_tail_bytes
-                            .fetch_sub(bytes, Ordering::Relaxed);
-                        self.metrics
-                            .checkpoint_lag_records
-                            .fetch_sub(records, Ordering::Relaxed);
+                        self.unpark_gauges(bytes, records);
                     }
                     None
                 }

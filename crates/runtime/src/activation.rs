@@ -320,31 +320,20 @@ impl Activator {
         if records.is_empty() && points_here {
             return Ok(None);
         }
-        let epoch = root.record.epoch;
-        let delta = if records.is_empty() {
+        let file = if records.is_empty() {
             None
         } else {
-            let file = merge_records(records).await?;
-            let bytes = file.bytes.clone();
-            let uploaded = self
-                .publisher
-                .upload(&root.record.cell_id, epoch, file)
-                .await
-                .map_err(|failure| failure_error(&root.record.cell_id, failure))?;
-            Some((uploaded, bytes))
+            Some(merge_records(records).await?)
         };
-        let next = self
-            .publisher
-            .commit(PublishRequest {
-                base: root.clone(),
-                epoch,
-                delta: delta.as_ref().map(|(file, _)| file.clone()),
-                compaction: None,
-                log: lane.map(|lane| lane.pointer_here()),
-            })
-            .await
-            .map_err(|failure| failure_error(&root.record.cell_id, failure))?;
-        Ok(Some((next, delta.map(|(_, bytes)| bytes))))
+        let checkpointed = checkpoint_into_root(
+            self.publisher.as_ref(),
+            root,
+            file,
+            lane.map(|lane| lane.pointer_here()),
+        )
+        .await
+        .map_err(|failure| failure_error(&root.record.cell_id, failure))?;
+        Ok(Some(checkpointed))
     }
 
     fn now_ms(&self) -> i64 {
@@ -430,6 +419,39 @@ pub(crate) async fn merge_records(
         },
         other => Error::Closed(format!("{other:?}")),
     })
+}
+
+/// Uploads `file` (records merged into one LTX file, if any) and CASes
+/// `root` with it appended to the chain and its pointer set to `pointer`:
+/// the checkpoint an activation makes of replayed records and the node
+/// makes of a parked tail. Returns the new root and the file's bytes.
+pub(crate) async fn checkpoint_into_root(
+    publisher: &dyn Publisher,
+    root: &Versioned<RootRecord>,
+    file: Option<LtxFile>,
+    pointer: Option<cellfleet_authority::LogPointer>,
+) -> std::result::Result<(Versioned<RootRecord>, Option<Arc<Vec<u8>>>), PublishFailure> {
+    let epoch = root.record.epoch;
+    let delta = match file {
+        Some(file) => {
+            let bytes = file.bytes.clone();
+            Some((
+                publisher.upload(&root.record.cell_id, epoch, file).await?,
+                bytes,
+            ))
+        }
+        None => None,
+    };
+    let next = publisher
+        .commit(PublishRequest {
+            base: root.clone(),
+            epoch,
+            delta: delta.as_ref().map(|(file, _)| file.clone()),
+            compaction: None,
+            log: pointer,
+        })
+        .await?;
+    Ok((next, delta.map(|(_, bytes)| bytes)))
 }
 
 /// The runtime error for a publication that failed at activation.

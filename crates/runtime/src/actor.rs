@@ -621,22 +621,18 @@ impl Actor {
     /// checkpoint adds keeps the chain under its bound (the node's
     /// checkpoint of a parked tail cannot compact).
     fn parks_tail(&self) -> bool {
-        let Some(log) = &self.ctx.log else {
+        // Asked on every turn of the actor's loop: the cheap conditions
+        // first, the lane's hash only for a Cell that is passivating.
+        let (Some(log), Some(pointer)) = (&self.ctx.log, &self.root.record.log) else {
             return false;
         };
-        let own_lane = self
-            .root
-            .record
-            .log
-            .as_ref()
-            .is_some_and(|pointer| pointer.lane == *log.lane_of(&self.cell_id).writer().lane());
         matches!(self.stopping, Some(StopHow::Passivate))
             && self.failed.is_none()
-            && own_lane
             && self.inflight.is_empty()
             && self.batch.is_empty()
             && self.compaction.is_none()
             && self.root.record.chain.len() + 1 < hard_chain_bound(self.ctx.chain_files_max)
+            && pointer.lane == *log.lane_of(&self.cell_id).writer().lane()
     }
 
     async fn on_msg(&mut self, msg: Msg) {

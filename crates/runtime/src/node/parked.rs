@@ -34,8 +34,9 @@ use cellfleet_authority::{CellId, RootRecord, Versioned};
 use tokio::sync::watch;
 
 use super::{run_bounded, Shared};
+use crate::activation::checkpoint_into_root;
 use crate::lease::ServingMode;
-use crate::publication::{merge_files, PublishFailure, PublishRequest, Unckpt};
+use crate::publication::{merge_files, PublishFailure, Unckpt};
 
 /// A passivated Cell still owned: the root last written, the lease term
 /// under which it was proven ours and, in log mode, the acknowledged
@@ -327,19 +328,16 @@ impl Shared {
         let log = self.actor_context.log.as_ref().ok_or_else(|| {
             PublishFailure::NotCommitted("a parked tail needs the node log".into())
         })?;
-        let publisher = &self.actor_context.publisher;
-        let epoch = root.record.epoch;
         let merged = merge_files(tail.iter().map(|record| record.file.clone()).collect()).await?;
-        let delta = publisher.upload(cell, epoch, merged).await?;
-        publisher
-            .commit(PublishRequest {
-                base: root.clone(),
-                epoch,
-                delta: Some(delta),
-                compaction: None,
-                log: Some(log.lane_of(cell).pointer_here()),
-            })
-            .await
+        let pointer = log.lane_of(cell).pointer_here();
+        checkpoint_into_root(
+            self.actor_context.publisher.as_ref(),
+            root,
+            Some(merged),
+            Some(pointer),
+        )
+        .await
+        .map(|(next, _)| next)
     }
 
     fn release_hold(&self, cell: &CellId) {

@@ -285,7 +285,19 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{stderr}"
     );
     let limited = cluster.path("n3-limited.toml");
-    std::fs::write(&limited, format!("{base}\n[limits]\ncells_open_max = 2\n")).unwrap();
+    // (It also carries `[publication] parked_bytes_max`, which a node
+    // would refuse as an unknown field if the key were not read.)
+    assert!(base.contains("[publication]\n"), "{base}");
+    let with_parked = base.replacen(
+        "[publication]\n",
+        "[publication]\nparked_bytes_max = 1048576\n",
+        1,
+    );
+    std::fs::write(
+        &limited,
+        format!("{with_parked}\n[limits]\ncells_open_max = 2\n"),
+    )
+    .unwrap();
     let log = cluster.path("n3-limited.stderr");
     let child = cluster
         .node_command(&limited, &[])

@@ -942,6 +942,39 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
         for (cell, log) in logs.iter().enumerate() {
             log.verify(&node, format!("park-{cell}").as_bytes()).await;
         }
+
+        // The byte budget: with no idle deadline in reach, parked records
+        // over `parked_bytes_max` are checkpointed anyway.
+        let prefix = format!("{prefix}-bytes");
+        let clock = manual_clock();
+        let mut config = churning(node_config("b", &dir, &prefix));
+        config.log.parked_bytes_max = 1;
+        let node = start(config, store.clone(), clock.clone()).await;
+        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
+        churn(&node, &clock, &logs, 0..3).await;
+        let metrics = node.metrics();
+        let mut waited = 0;
+        while metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0 && waited < 100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += 1;
+        }
+        assert_eq!(
+            metrics.parked_tail_bytes.load(Ordering::Relaxed),
+            0,
+            "{backend}: parked records over the byte budget were checkpointed"
+        );
+        assert!(
+            metrics.parked_checkpoints_total.load(Ordering::Relaxed) >= 1,
+            "{backend}"
+        );
+        assert_eq!(
+            metrics.checkpoints_total.load(Ordering::Relaxed),
+            metrics.parked_checkpoints_total.load(Ordering::Relaxed),
+            "{backend}: only the node's sweep checkpointed (no idle deadline came)"
+        );
+        for (cell, log) in logs.iter().enumerate() {
+            log.verify(&node, format!("park-{cell}").as_bytes()).await;
+        }
     }
 }
 

@@ -6,8 +6,10 @@
 //! on each open). Prints the medians of `rounds` runs, with the same
 //! command on a Cell that stays open as the floor.
 //!
-//! `cargo run --release -p cellfleet-cell --example open_close [cycles] [rounds] [cells] [open]`
-//! e.g. `... 2000 5 500 1024`.
+//! `cargo run --release -p cellfleet-cell --example open_close [cycles] [rounds] [cells] [open] [keep]`
+//! e.g. `... 2000 5 500 1024`; a fifth argument `1` closes with
+//! [`Cell::close_keeping_sidecars`] (as a parked Cell is closed), `0` (the
+//! default) with [`Cell::close`].
 
 use std::path::Path;
 use std::time::Instant;
@@ -68,6 +70,7 @@ fn main() {
     let rounds = args.get(1).copied().unwrap_or(5);
     let cells = args.get(2).copied().unwrap_or(500).max(1);
     let open = args.get(3).copied().unwrap_or(1_024);
+    let keep = args.get(4).copied().unwrap_or(0) == 1;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut seq = 0u64;
     // The Cells that stay open, as on a node at its open-Cell bound.
@@ -106,7 +109,11 @@ fn main() {
                 positions[n],
                 seq,
             );
-            cell.close();
+            if keep {
+                cell.close_keeping_sidecars();
+            } else {
+                cell.close();
+            }
             positions[n] = at;
         }
         cycled_us.push(start.elapsed().as_secs_f64() * 1e6 / cycles as f64);
@@ -120,7 +127,12 @@ fn main() {
         floor_us.push(start.elapsed().as_secs_f64() * 1e6 / cycles as f64);
     }
     let (cycled, floor) = (median(cycled_us), median(floor_us));
-    println!("open + command + close, {cells} Cells in turn, {open} others open: {cycled:.1} us per command (median of {rounds})");
+    let how = if keep {
+        "keeping -wal/-shm"
+    } else {
+        "removing -wal/-shm"
+    };
+    println!("open + command + close ({how}), {cells} Cells in turn, {open} others open: {cycled:.1} us per command (median of {rounds})");
     println!("the same command on a Cell that stays open:                        {floor:.1} us per command");
     println!("ratio: {:.1}x", cycled / floor);
 }

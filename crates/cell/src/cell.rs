@@ -1039,8 +1039,24 @@ impl Cell {
     /// files; [`Cell::open`] checkpoints whatever a WAL holds anyway). A
     /// pending publication is left in the WAL and makes the next
     /// [`Cell::open`] refuse the file (recover it instead).
-    pub fn close(mut self) {
+    pub fn close(self) {
+        self.close_as(true);
+    }
+
+    /// Close the Cell like [`Cell::close`] but keep the empty `-wal` and
+    /// the `-shm` for a reopen expected soon: creating and deleting them
+    /// is a third of a passivate-and-reopen cycle on ext4, whose inode
+    /// allocator slows down under churn of recently deleted files.
+    /// [`tidy_closed`] removes them later.
+    pub fn close_keeping_sidecars(self) {
+        self.close_as(false);
+    }
+
+    fn close_as(mut self, remove_sidecars: bool) {
         let settled = self.checkpoint().is_ok();
+        if !remove_sidecars {
+            return;
+        }
         // The lock outlives the connections (a duplicate of its descriptor
         // keeps the lock), so nobody opens the Cell while its files go.
         let lock = self._lock.try_clone();
@@ -1053,6 +1069,38 @@ impl Cell {
         }
         drop(lock);
     }
+}
+
+/// Removes the empty `-wal` and the `-shm` a closed Cell at `path` kept
+/// ([`Cell::close_keeping_sidecars`]), leaving its database and lock file.
+/// Returns false, touching nothing, when the Cell is open (its lock is
+/// held) or its WAL still holds frames (the next [`Cell::open`] merges
+/// them).
+pub fn tidy_closed(path: &Path) -> Result<bool> {
+    if !path.exists() {
+        return Ok(false);
+    }
+    let lock = match lock_cell(path) {
+        Ok(lock) => lock,
+        Err(Error::Live(_)) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let wal = sidecar(path, "-wal");
+    match std::fs::metadata(&wal) {
+        Ok(meta) if meta.len() > 0 => return Ok(false),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    for file in [wal, sidecar(path, "-shm")] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    drop(lock);
+    Ok(true)
 }
 
 /// TRUNCATE checkpoint, verified: SQLite reports no reader in the way and

@@ -20,7 +20,7 @@ mod sql;
 mod wal;
 
 pub use capture::Publication;
-pub use cell::{CaptureStats, Cell, CellConfig, GroupResult, Opened, QueryAnswer};
+pub use cell::{tidy_closed, CaptureStats, Cell, CellConfig, GroupResult, Opened, QueryAnswer};
 pub use cellfleet_ltx::{Checksum, Position, Txid};
 pub use command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection, RAW_SQL};
 pub use compaction::{compact, Compaction};

@@ -744,3 +744,61 @@ fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());
 }
+
+/// A Cell closed keeping its sidecars leaves an empty `-wal` and the
+/// `-shm` next to its database, reopens at the same state, and
+/// [`cellfleet_cell::tidy_closed`] brings it to two files, but never
+/// while the Cell is open.
+#[test]
+fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_two_files() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1))]);
+    let pos = h.position();
+    let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
+    let files = |h: &Harness| {
+        let mut names: Vec<String> = std::fs::read_dir(h.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&stem))
+            .collect();
+        names.sort();
+        names
+    };
+    let all = [
+        stem.clone(),
+        format!("{stem}-shm"),
+        format!("{stem}-wal"),
+        format!("{stem}.lock"),
+    ];
+    let two = [stem.clone(), format!("{stem}.lock")];
+    h.cell.take().unwrap().close_keeping_sidecars();
+    assert_eq!(files(&h), all);
+    let wal_len = std::fs::metadata(h.dir.path().join(format!("{stem}-wal")))
+        .unwrap()
+        .len();
+    assert_eq!(wal_len, 0, "the WAL was checkpointed into the database");
+    let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
+    assert_eq!(get(&opened.cell, "a"), Some(json!(1)));
+    assert!(
+        !cellfleet_cell::tidy_closed(&h.path).unwrap(),
+        "an open Cell is left alone"
+    );
+    assert_eq!(files(&h), all);
+    h.cell = Some(opened.cell);
+    h.run(&[put(2, "b", json!(2))]);
+    let pos = h.position();
+    h.cell.take().unwrap().close_keeping_sidecars();
+    assert!(cellfleet_cell::tidy_closed(&h.path).unwrap());
+    assert_eq!(files(&h), two);
+    assert!(
+        !cellfleet_cell::tidy_closed(&h.dir.path().join("absent.db")).unwrap(),
+        "no Cell there: nothing created"
+    );
+    assert!(!h.dir.path().join("absent.db.lock").exists());
+    let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
+    assert_eq!(get(&opened.cell, "b"), Some(json!(2)));
+    h.cell = Some(opened.cell);
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}

@@ -1393,7 +1393,7 @@ impl Actor {
             let _ = self.with_cell(|cell| cell.abort()).await;
         }
         if kind != FailKind::NotCommitted {
-            self.close_cell(false).await;
+            self.close_cell(Close::Drop).await;
             self.ctx.activator.discard(&self.cell_id);
         }
     }
@@ -1428,17 +1428,13 @@ impl Actor {
         }
     }
 
-    /// Closes the engine: tidily (WAL checkpointed into the file, `-wal`
-    /// and `-shm` removed) when its files stay, as at passivation; just
-    /// dropped when they are about to be discarded.
-    async fn close_cell(&mut self, tidy: bool) {
+    /// Closes the engine as `how` says.
+    async fn close_cell(&mut self, how: Close) {
         if let Some(cell) = self.cell.take() {
-            let _ = tokio::task::spawn_blocking(move || {
-                if tidy {
-                    cell.close();
-                } else {
-                    drop(cell);
-                }
+            let _ = tokio::task::spawn_blocking(move || match how {
+                Close::Tidy => cell.close(),
+                Close::KeepSidecars => cell.close_keeping_sidecars(),
+                Close::Drop => drop(cell),
             })
             .await;
         }
@@ -1452,9 +1448,16 @@ impl Actor {
         }
         // Only a passivated Cell keeps its files (a drained one is
         // released and discarded, a fenced or failed one discarded).
-        let parks = self.failed.is_none()
+        let passivates = self.failed.is_none()
             && !matches!(self.stopping, Some(StopHow::Drain | StopHow::Fence(_)));
-        self.close_cell(parks).await;
+        // A Cell that leaves records with the node is likely reopened
+        // soon; the node tidies its sidecars once it checkpoints them.
+        let how = match (passivates, self.unckpt.is_empty()) {
+            (false, _) => Close::Drop,
+            (true, true) => Close::Tidy,
+            (true, false) => Close::KeepSidecars,
+        };
+        self.close_cell(how).await;
         let exit = match (&self.failed, &self.stopping) {
             (Some(_), _) | (None, Some(StopHow::Fence(_))) => (Exit::Gone, Ok(())),
             (None, Some(StopHow::Drain)) => {
@@ -1501,6 +1504,21 @@ impl Actor {
         }
         exit.0
     }
+}
+
+/// How an actor closes its engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    /// WAL checkpointed into the file, `-wal` and `-shm` removed: the Cell
+    /// is its database and lock file (a passivation with nothing parked).
+    Tidy,
+    /// WAL checkpointed, `-wal` and `-shm` kept for a reopen soon (a
+    /// passivation that parks records; [`cellfleet_cell::tidy_closed`]
+    /// removes them after the node's checkpoint).
+    KeepSidecars,
+    /// Just dropped: the files are about to be discarded, or the Cell
+    /// failed and its next activation verifies them anyway.
+    Drop,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

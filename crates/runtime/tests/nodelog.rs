@@ -818,6 +818,18 @@ async fn churn(
     }
 }
 
+/// How many Cells of the node whose data directory is `data_dir` have a
+/// `-wal` file; panics on a `-wal` without its `-shm` or the reverse.
+fn sidecars(data_dir: &std::path::Path) -> usize {
+    let names: Vec<String> = std::fs::read_dir(data_dir.join("cells"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let count = |suffix: &str| names.iter().filter(|n| n.ends_with(suffix)).count();
+    assert_eq!(count(".db-wal"), count(".db-shm"), "{names:?}");
+    count(".db-wal")
+}
+
 fn churning(mut config: NodeConfig) -> NodeConfig {
     config.limits.cells_open_max = 2;
     config.gc.enabled = false;
@@ -856,6 +868,13 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
             "{backend}: no passivation checkpointed"
         );
         assert!(metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0);
+        // Parked Cells closed keeping their `-wal`/`-shm` for the reopen.
+        let open = metrics.cells_open.load(Ordering::Relaxed) as usize;
+        assert!(
+            sidecars(&dir.join("a")) > open,
+            "{backend}: {} -wal files with {open} Cells open",
+            sidecars(&dir.join("a"))
+        );
         // Every root is where the Cell's creation left it (TXID 0): the
         // records are in the log and the parked tails only.
         for cell in 0..CELLS {
@@ -939,6 +958,10 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
             }
         }
         assert!(at_acked >= CELLS - 2, "{backend}");
+        // A checkpointed parked Cell is as idle as a tidy close leaves it:
+        // its database and lock file only.
+        let open = metrics.cells_open.load(Ordering::Relaxed) as usize;
+        assert_eq!(sidecars(&dir.join("s")), open, "{backend}");
         for (cell, log) in logs.iter().enumerate() {
             log.verify(&node, format!("park-{cell}").as_bytes()).await;
         }
@@ -1076,5 +1099,69 @@ async fn passivating_under_concurrent_requests_loses_nothing() {
     );
     for (cell, log) in logs.iter().enumerate() {
         log.verify(&node, format!("lru-{cell}").as_bytes()).await;
+    }
+}
+
+/// The local file is a cache the bucket proves, so the engine never
+/// fsyncs it: a file that lost its last writes (as after a machine crash)
+/// or holds a torn page fails the position check at the next activation
+/// and is rebuilt from the chain and the log, losing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_file_that_lost_writes_is_rebuilt_from_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-lost-writes", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir, &prefix);
+        config.limits.cells_open_max = 1;
+        let node = start(config, store.clone(), clock.clone()).await;
+        let cell = cellfleet_authority::CellId::for_kind_key(KIND, KEY);
+        let db = dir.join("a").join("cells").join(format!("{cell}.db"));
+        let log = AckLog::default();
+        let mut n = 0;
+        let passivate = |n: u64| {
+            let (node, clock) = (&node, &clock);
+            async move {
+                node.execute(KIND, b"other", append(clock.as_ref(), 1000 + n))
+                    .await
+                    .expect("acknowledged");
+            }
+        };
+        for damage in ["older copy", "torn page"] {
+            for _ in 0..3 {
+                let executed = node.execute(KIND, KEY, append(clock.as_ref(), n)).await;
+                log.ack(n, executed.expect("acknowledged").outcome);
+                n += 1;
+            }
+            passivate(n).await;
+            let older = std::fs::read(&db).unwrap();
+            for _ in 0..3 {
+                let executed = node.execute(KIND, KEY, append(clock.as_ref(), n)).await;
+                log.ack(n, executed.expect("acknowledged").outcome);
+                n += 1;
+            }
+            passivate(n).await;
+            let recovered = node
+                .metrics()
+                .activations_recovered_total
+                .load(Ordering::Relaxed);
+            match damage {
+                "older copy" => std::fs::write(&db, &older).unwrap(),
+                _ => {
+                    let mut bytes = std::fs::read(&db).unwrap();
+                    let at = bytes.len() - 100;
+                    bytes[at..].fill(0x5a);
+                    std::fs::write(&db, &bytes).unwrap();
+                }
+            }
+            log.verify(&node, KEY).await;
+            assert_eq!(
+                node.metrics()
+                    .activations_recovered_total
+                    .load(Ordering::Relaxed),
+                recovered + 1,
+                "{backend}: the {damage} was caught and rebuilt"
+            );
+        }
     }
 }

@@ -440,6 +440,8 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
     let clock = manual_clock();
     let mut config = node_config("a", dir.path(), "passivation");
     config.limits.cells_open_max = 2;
+    // Parked records are checkpointed soon, so passivated Cells settle.
+    config.log.checkpoint_idle_ms = 50;
     let a = start(config, store.clone(), clock.clone()).await;
     for n in 0..6u64 {
         let key = format!("cell-{n}");
@@ -455,8 +457,10 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 4
     );
-    // A passivated Cell is its database and lock file: only the (at most
-    // two) open ones keep a WAL and a shared-memory file.
+    // A passivated Cell is its database and lock file once nothing of it
+    // is parked (a parked one keeps its empty WAL and shared-memory file
+    // until the node checkpoints its records): only the (at most two)
+    // open ones keep them then.
     let cells = dir.path().join("a").join("cells");
     let sidecars = || {
         std::fs::read_dir(&cells)

@@ -19,7 +19,10 @@
 //! pass `parked_bytes_max` (oldest pointer first), and always before a
 //! drain releases the root. An activation waits for a checkpoint of its
 //! Cell in flight ([`Shared::take_parked`]), so the CAS and the Cell's
-//! next records never race. A checkpoint that finds the root moved
+//! next records never race. A parked Cell's engine closed keeping its
+//! empty `-wal` and its `-shm` (recreating them is a third of a reopen);
+//! a successful checkpoint removes them ([`cellfleet_cell::tidy_closed`])
+//! before the mark clears. A checkpoint that finds the root moved
 //! (fenced) or cannot tell (unknown) drops the entry: the next activation
 //! reads the bucket and replays from the lane, which still has every
 //! record.
@@ -259,6 +262,21 @@ impl Shared {
             (done, entry.root.clone(), entry.tail.clone())
         };
         let outcome = self.checkpoint_tail(cell, &root, &tail).await;
+        if outcome.is_ok() {
+            // The Cell closed keeping its `-wal` and `-shm` for a reopen
+            // soon; now it is as idle as a tidy close leaves it. Its
+            // activation waits for this (the mark is still set).
+            let path = self.activator.path(cell);
+            match tokio::task::spawn_blocking(move || cellfleet_cell::tidy_closed(&path)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(cell = %cell, %error, "could not remove a parked cell's -wal/-shm; its next open reuses them");
+                }
+                Err(error) => {
+                    tracing::debug!(cell = %cell, %error, "tidy task failed");
+                }
+            }
+        }
         let kept = {
             let mut parked = self.parked();
             let records = tail.len() as i64;

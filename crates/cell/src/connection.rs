@@ -60,6 +60,16 @@ impl Default for CellConfig {
     }
 }
 
+/// Sets SQLite's soft heap limit for this process: as SQLite's memory
+/// nears `bytes`, every connection's page cache recycles its own pages
+/// instead of growing (no allocation fails). Zero turns the limit off.
+pub fn set_soft_heap_limit(bytes: u64) -> Result<()> {
+    let conn = Connection::open_in_memory()?;
+    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+    conn.query_row(&format!("PRAGMA soft_heap_limit = {bytes}"), [], |_| Ok(()))?;
+    Ok(())
+}
+
 pub(crate) fn open_connection(
     path: &Path,
     read_only: bool,
@@ -104,4 +114,23 @@ pub(crate) fn open_connection(
     }
     let guard = Guard::install(&mut conn, config.statement_steps_max)?;
     Ok((conn, guard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_heap_limit_is_set_for_the_process() {
+        let read = || -> i64 {
+            Connection::open_in_memory()
+                .unwrap()
+                .query_row("PRAGMA soft_heap_limit", [], |r| r.get(0))
+                .unwrap()
+        };
+        set_soft_heap_limit(3 << 30).unwrap();
+        assert_eq!(read(), 3 << 30);
+        set_soft_heap_limit(0).unwrap();
+        assert_eq!(read(), 0);
+    }
 }

@@ -24,6 +24,7 @@ pub use cell::{tidy_closed, CaptureStats, Cell, CellConfig, GroupResult, Opened,
 pub use cellfleet_ltx::{Checksum, Position, Txid};
 pub use command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection, RAW_SQL};
 pub use compaction::{compact, Compaction};
+pub use connection::set_soft_heap_limit;
 pub use error::{Error, Result};
 pub use kind::{Kind, KindError, Limits, RustKind, Typed};
 pub use kv::Kv;

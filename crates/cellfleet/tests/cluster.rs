@@ -313,6 +313,8 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");
+    // The default fds_max is fitted to the open-file limit without a word.
+    assert!(!text.contains("is over what the open-file limit"), "{text}");
     let _ = node.child.kill();
     let _ = node.child.wait();
     // The collector's minimum age is a number of milliseconds.

@@ -19,9 +19,14 @@ pub struct NodeLimits {
     /// Estimated file descriptors one open Cell holds (write connection,
     /// readers with their `-wal`/`-shm`, the lock file).
     pub fds_per_cell: usize,
-    /// Memory this node may spend on open Cells, in bytes.
+    /// Memory this node may spend on open Cells, in bytes. It is also
+    /// SQLite's soft heap limit in the node's process: near it, page
+    /// caches recycle their own pages instead of growing.
     pub memory_bytes_max: u64,
-    /// Estimated memory of one open Cell (page caches of its connections).
+    /// Estimated memory of one open Cell besides its page caches (which
+    /// `memory_bytes_max` bounds together): its connections, their
+    /// schemas and statements, the actor. Measured at about 0.65 MiB
+    /// with three connections (`BENCHMARKS.md`).
     pub memory_bytes_per_cell: u64,
     /// Queued requests per Cell mailbox.
     pub mailbox_commands_max: usize,
@@ -52,12 +57,12 @@ pub struct NodeLimits {
 impl Default for NodeLimits {
     fn default() -> Self {
         Self {
-            cells_open_max: 1_024,
+            cells_open_max: 4_096,
             cells_owned_max: 100_000,
-            fds_max: 16_384,
+            fds_max: 32_768,
             fds_per_cell: 8,
             memory_bytes_max: 4 << 30,
-            memory_bytes_per_cell: 4 << 20,
+            memory_bytes_per_cell: 1 << 20,
             mailbox_commands_max: 1_024,
             group_commands_max: 512,
             group_bytes_max: 4 << 20,

@@ -214,6 +214,11 @@ impl Node {
             log,
             log_settings: config.log.clone(),
         });
+        // Page caches share the open Cells' memory budget (the limit is
+        // process-wide: of nodes in one process, the last started sets it).
+        if let Err(error) = cellfleet_cell::set_soft_heap_limit(limits.memory_bytes_max) {
+            tracing::warn!(%error, "could not set SQLite's soft heap limit; page caches are unbounded");
+        }
         let shared = Arc::new(Shared {
             open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),
             activation_permits: Arc::new(Semaphore::new(limits.activations_concurrent_max.max(1))),

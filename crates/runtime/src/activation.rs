@@ -33,7 +33,9 @@ use cellfleet_store::ObjectStore;
 
 use crate::error::{Error, Result};
 use crate::log::NodeLog;
-use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher, Unckpt};
+use crate::publication::{
+    merge_files, LtxFile, ParkedCell, PublishFailure, PublishRequest, Publisher, Unckpt,
+};
 use crate::replay::{self, Tail};
 
 /// A Cell ready to serve.
@@ -143,11 +145,11 @@ impl Activator {
         cell_id: &CellId,
         kind: Arc<dyn Kind>,
         key: &[u8],
-        parked: Option<(Versioned<RootRecord>, Vec<Unckpt>, tokio::time::Instant)>,
+        parked: Option<ParkedCell>,
     ) -> Result<Activation> {
         let parked_root = parked.is_some();
         let (parked, parked_tail, tail_due) = match parked {
-            Some((root, tail, due)) => (Some(root), tail, due),
+            Some(ParkedCell { root, tail, due }) => (Some(root), tail, due),
             None => (None, Vec::new(), tokio::time::Instant::now()),
         };
         let (root, how) = match parked {

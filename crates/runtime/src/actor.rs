@@ -51,7 +51,9 @@ use crate::config::LogSettings;
 use crate::error::{Error, Result};
 use crate::log::{NodeLog, Record};
 use crate::metrics::Metrics;
-use crate::publication::{merge_files, LtxFile, PublishFailure, PublishRequest, Publisher, Unckpt};
+use crate::publication::{
+    merge_files, LtxFile, ParkedCell, PublishFailure, PublishRequest, Publisher, Unckpt,
+};
 use cellfleet_authority::LogPointer;
 use cellfleet_nodelog::lane::GroupFate;
 
@@ -299,18 +301,6 @@ impl InFlight {
             .publication_total_seconds
             .observe_duration(self.started.elapsed());
     }
-}
-
-/// A passivated Cell as its actor left it: the root it wrote last and, in
-/// log mode, the acknowledged records past that root (safe in this
-/// session's lane; the local file is at the last one's position).
-#[derive(Debug)]
-pub(crate) struct ParkedCell {
-    pub root: Versioned<RootRecord>,
-    pub tail: Vec<Unckpt>,
-    /// When the tail is due for its checkpoint (`checkpoint_idle_ms` after
-    /// its last record, as if the Cell had stayed open).
-    pub due: tokio::time::Instant,
 }
 
 struct LogDone {

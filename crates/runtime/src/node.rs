@@ -500,7 +500,7 @@ impl Shared {
         // any) replayed from this session's lane.
         let parked = match parked {
             Some(parked) if cell_mode(mode, term, parked.proven_term) == ServingMode::Live => {
-                Some((parked.root, parked.tail, parked.due))
+                Some(parked.into_cell())
             }
             Some(parked) => {
                 self.metrics
@@ -510,7 +510,7 @@ impl Shared {
             }
             None => None,
         };
-        let tail_records = parked.as_ref().map_or(0, |(_, tail, _)| tail.len() as i64);
+        let tail_records = parked.as_ref().map_or(0, |cell| cell.tail.len() as i64);
         let activated = self
             .activator
             .activate(&cell_id, kind, &key, parked)
@@ -589,15 +589,9 @@ impl Shared {
                 let exit = actor.run(migration).await;
                 shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
                 if let Exit::Parked(parked) = exit {
-                    let parked = *parked;
                     shared.park(
                         cell_id.clone(),
-                        Parked::new(
-                            parked.root,
-                            proven_term.load(Ordering::SeqCst),
-                            parked.tail,
-                            parked.due,
-                        ),
+                        Parked::new(*parked, proven_term.load(Ordering::SeqCst)),
                     );
                 }
                 shared.remove_slot(&cell_id, Some(generation));

@@ -61,6 +61,20 @@ pub(crate) struct Unckpt {
     pub seq: u64,
 }
 
+/// A passivated Cell as its actor left it: the root it wrote last and, in
+/// log mode, the acknowledged records past that root (safe in this
+/// session's lane; the local file is at the last one's position). The one
+/// shape a parked Cell takes from its actor, through the node, into its
+/// next activation.
+#[derive(Debug)]
+pub(crate) struct ParkedCell {
+    pub root: Versioned<RootRecord>,
+    pub tail: Vec<Unckpt>,
+    /// When the tail is due for its checkpoint (`checkpoint_idle_ms` after
+    /// its last record, as if the Cell had stayed open).
+    pub due: tokio::time::Instant,
+}
+
 /// A root replacement: `delta` (uploaded) on top of `base`, with an
 /// optional `compaction` (uploaded) of `base`'s chain up to a file boundary.
 #[derive(Clone, Debug)]

@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use super::{run_bounded, Shared};
 use crate::activation::checkpoint_into_root;
 use crate::lease::ServingMode;
-use crate::publication::{merge_files, PublishFailure, Unckpt};
+use crate::publication::{merge_files, ParkedCell, PublishFailure, Unckpt};
 
 /// A passivated Cell still owned: the root last written, the lease term
 /// under which it was proven ours and, in log mode, the acknowledged
@@ -59,18 +59,24 @@ pub(super) struct Parked {
 }
 
 impl Parked {
-    pub fn new(
-        root: Versioned<RootRecord>,
-        proven_term: u64,
-        tail: Vec<Unckpt>,
-        due: Instant,
-    ) -> Self {
+    /// A Cell its actor left, proven ours under lease term `proven_term`.
+    pub fn new(cell: ParkedCell, proven_term: u64) -> Self {
+        let ParkedCell { root, tail, due } = cell;
         Parked {
             root,
             proven_term,
             tail,
             due,
             checkpointing: None,
+        }
+    }
+
+    /// What the Cell's next activation resumes from.
+    pub fn into_cell(self) -> ParkedCell {
+        ParkedCell {
+            root: self.root,
+            tail: self.tail,
+            due: self.due,
         }
     }
 

@@ -712,6 +712,19 @@ fn published_outcomes_exclude_pending_groups() {
         .is_none());
 }
 
+/// The names of the harness Cell's files (its database and whatever
+/// shares its name's start), sorted.
+fn cell_files(h: &Harness) -> Vec<String> {
+    let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
+    let mut names: Vec<String> = std::fs::read_dir(h.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&stem))
+        .collect();
+    names.sort();
+    names
+}
+
 /// A settled Cell closes to two files, its database and its lock (the
 /// WAL checkpointed, `-wal` and `-shm` gone), and opens again at the same
 /// published state.
@@ -722,13 +735,7 @@ fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
     let pos = h.position();
     let files = |h: &Harness| {
         let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
-        let mut names: Vec<String> = std::fs::read_dir(h.dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(&stem))
-            .collect();
-        names.sort();
-        (stem, names)
+        (stem, cell_files(h))
     };
     let (stem, open) = files(&h);
     assert!(open.contains(&format!("{stem}-wal")), "{open:?}");
@@ -755,15 +762,7 @@ fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_two_files() {
     h.run(&[put(1, "a", json!(1))]);
     let pos = h.position();
     let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
-    let files = |h: &Harness| {
-        let mut names: Vec<String> = std::fs::read_dir(h.dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(&stem))
-            .collect();
-        names.sort();
-        names
-    };
+    let files = cell_files;
     let all = [
         stem.clone(),
         format!("{stem}-shm"),

@@ -818,6 +818,27 @@ async fn churn(
     }
 }
 
+/// Starts a node on `config`, churns three rounds over `cells` Cells, and
+/// waits up to 5 s for its sweep to leave no parked record in memory
+/// (the caller asserts that it did).
+async fn churn_until_swept(
+    config: NodeConfig,
+    store: Arc<dyn cellfleet_store::ObjectStore>,
+    clock: &Arc<cellfleet_authority::ManualClock>,
+    cells: usize,
+) -> (cellfleet_runtime::NodeHandle, Vec<AckLog>) {
+    let node = start(config, store, clock.clone()).await;
+    let logs: Vec<AckLog> = (0..cells).map(|_| AckLog::default()).collect();
+    churn(&node, clock, &logs, 0..3).await;
+    let metrics = node.metrics();
+    let mut waited = 0;
+    while metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0 && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    (node, logs)
+}
+
 /// How many Cells of the node whose data directory is `data_dir` have a
 /// `-wal` file; panics on a `-wal` without its `-shm` or the reverse.
 fn sidecars(data_dir: &std::path::Path) -> usize {
@@ -929,15 +950,8 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
         let clock = manual_clock();
         let mut config = churning(node_config("s", &dir, &prefix));
         config.log.checkpoint_idle_ms = 50;
-        let node = start(config, store.clone(), clock.clone()).await;
-        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
-        churn(&node, &clock, &logs, 0..3).await;
+        let (node, logs) = churn_until_swept(config, store.clone(), &clock, CELLS).await;
         let metrics = node.metrics();
-        let mut waited = 0;
-        while metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0 && waited < 100 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            waited += 1;
-        }
         assert_eq!(
             metrics.parked_tail_bytes.load(Ordering::Relaxed),
             0,
@@ -972,15 +986,8 @@ async fn a_passivated_cell_parks_its_records_and_reopens_without_the_bucket() {
         let clock = manual_clock();
         let mut config = churning(node_config("b", &dir, &prefix));
         config.log.parked_bytes_max = 1;
-        let node = start(config, store.clone(), clock.clone()).await;
-        let logs: Vec<AckLog> = (0..CELLS).map(|_| AckLog::default()).collect();
-        churn(&node, &clock, &logs, 0..3).await;
+        let (node, logs) = churn_until_swept(config, store.clone(), &clock, CELLS).await;
         let metrics = node.metrics();
-        let mut waited = 0;
-        while metrics.parked_tail_bytes.load(Ordering::Relaxed) > 0 && waited < 100 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            waited += 1;
-        }
         assert_eq!(
             metrics.parked_tail_bytes.load(Ordering::Relaxed),
             0,

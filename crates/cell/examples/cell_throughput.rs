@@ -26,12 +26,9 @@ use cellfleet_cell::{Cell, CellConfig, Command, Manifest, Position};
 use rusqlite::Connection;
 use serde_json::json;
 
-const MANIFEST: &str = r#"
-[kinds.bench]
-migrations = ["CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)"]
-[kinds.bench.commands.insert]
-sql = "INSERT INTO t (v) VALUES (:v)"
-"#;
+mod shared;
+
+use shared::{MANIFEST, NOW};
 
 /// The engine's ledger, as `crates/cell/src/ledger.rs` declares it.
 const LEDGER: &str = "
@@ -46,8 +43,6 @@ CREATE TABLE _cellfleet_ledger (
 ) WITHOUT ROWID;
 CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
 ";
-
-const NOW: i64 = 1_700_000_000_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {

@@ -17,14 +17,9 @@ use std::time::Instant;
 use cellfleet_cell::{Cell, CellConfig, Command, Manifest, Position};
 use serde_json::json;
 
-const MANIFEST: &str = r#"
-[kinds.bench]
-migrations = ["CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)"]
-[kinds.bench.commands.insert]
-sql = "INSERT INTO t (v) VALUES (:v)"
-"#;
+mod shared;
 
-const NOW: i64 = 1_700_000_000_000;
+use shared::{MANIFEST, NOW};
 
 fn command(seq: u64) -> Command {
     let mut id = [0u8; 16];

@@ -268,10 +268,11 @@ impl Shared {
             (done, entry.root.clone(), entry.tail.clone())
         };
         let outcome = self.checkpoint_tail(cell, &root, &tail).await;
-        if outcome.is_ok() {
+        if outcome.is_ok() && !self.draining.load(Ordering::SeqCst) {
             // The Cell closed keeping its `-wal` and `-shm` for a reopen
             // soon; now it is as idle as a tidy close leaves it. Its
-            // activation waits for this (the mark is still set).
+            // activation waits for this (the mark is still set). A drain
+            // discards every file of the Cell right after, so it skips this.
             let path = self.activator.path(cell);
             match tokio::task::spawn_blocking(move || cellfleet_cell::tidy_closed(&path)).await {
                 Ok(Ok(_)) => {}

@@ -1109,6 +1109,25 @@ async fn passivating_under_concurrent_requests_loses_nothing() {
     }
 }
 
+/// Executes `command` on `key`, retrying after the node's hint while it
+/// refuses for want of an open-Cell slot (its one open Cell may still be
+/// settling), as a client does; panics on any other error.
+async fn execute_as_a_client(
+    node: &cellfleet_runtime::NodeHandle,
+    key: &[u8],
+    command: cellfleet_cell::Command,
+) -> cellfleet_runtime::Executed {
+    for _ in 0..200 {
+        match node.execute(KIND, key, command.clone()).await {
+            Err(Error::ResourceExhausted { retry_after_ms, .. }) => {
+                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
+            }
+            other => return other.expect("acknowledged"),
+        }
+    }
+    panic!("no open-Cell slot for 200 tries");
+}
+
 /// The local file is a cache the bucket proves, so the engine never
 /// fsyncs it: a file that lost its last writes (as after a machine crash)
 /// or holds a torn page fails the position check at the next activation
@@ -1129,22 +1148,20 @@ async fn a_local_file_that_lost_writes_is_rebuilt_from_the_bucket() {
         let passivate = |n: u64| {
             let (node, clock) = (&node, &clock);
             async move {
-                node.execute(KIND, b"other", append(clock.as_ref(), 1000 + n))
-                    .await
-                    .expect("acknowledged");
+                execute_as_a_client(node, b"other", append(clock.as_ref(), 1000 + n)).await;
             }
         };
         for damage in ["older copy", "torn page"] {
             for _ in 0..3 {
-                let executed = node.execute(KIND, KEY, append(clock.as_ref(), n)).await;
-                log.ack(n, executed.expect("acknowledged").outcome);
+                let executed = execute_as_a_client(&node, KEY, append(clock.as_ref(), n)).await;
+                log.ack(n, executed.outcome);
                 n += 1;
             }
             passivate(n).await;
             let older = std::fs::read(&db).unwrap();
             for _ in 0..3 {
-                let executed = node.execute(KIND, KEY, append(clock.as_ref(), n)).await;
-                log.ack(n, executed.expect("acknowledged").outcome);
+                let executed = execute_as_a_client(&node, KEY, append(clock.as_ref(), n)).await;
+                log.ack(n, executed.outcome);
                 n += 1;
             }
             passivate(n).await;

@@ -89,6 +89,16 @@ pub(crate) fn open_connection(
     let mut conn = Connection::open_with_flags(path, flags)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     if !read_only {
+        // No fsync of the local file, ever: it is a cache of the Cell's
+        // state in the bucket, never the proof of it. Every open verifies
+        // the file against the authority's position (TXID and the rolling
+        // checksum over every page, after merging whatever the WAL holds),
+        // and a file that lost writes to a machine crash fails that check
+        // and is rebuilt from the bucket. A process crash loses nothing the
+        // kernel already has. The fsyncs of each checkpoint were a fifth of
+        // a passivate-and-reopen cycle. Set before the switch to WAL, which
+        // on a new file is itself a commit (four syncs otherwise).
+        conn.execute_batch("PRAGMA synchronous = OFF;")?;
         if !exists {
             conn.execute_batch(&format!(
                 "PRAGMA page_size = {}; PRAGMA auto_vacuum = {};",
@@ -100,15 +110,7 @@ pub(crate) fn open_connection(
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Wal(format!("journal mode is {mode}, not wal")));
         }
-        // No fsync of the local file, ever: it is a cache of the Cell's
-        // state in the bucket, never the proof of it. Every open verifies
-        // the file against the authority's position (TXID and the rolling
-        // checksum over every page, after merging whatever the WAL holds),
-        // and a file that lost writes to a machine crash fails that check
-        // and is rebuilt from the bucket. A process crash loses nothing the
-        // kernel already has. The fsyncs of each checkpoint were a fifth of
-        // a passivate-and-reopen cycle.
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA synchronous = OFF;")?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
     } else {
         conn.execute_batch("PRAGMA query_only = 1;")?;
     }

@@ -224,6 +224,9 @@ pub struct Metrics {
     pub gc_ltx_deleted_total: AtomicU64,
     /// Garbage-collection deletions that failed (retried later or leaked).
     pub gc_failures_total: AtomicU64,
+    /// The node's store, counting its requests by operation (set once at
+    /// start).
+    pub store: std::sync::OnceLock<std::sync::Arc<cellfleet_store::MeteredStore>>,
 }
 
 impl Default for Metrics {
@@ -268,6 +271,7 @@ impl Default for Metrics {
             gc_segments_deleted_total: AtomicU64::new(0),
             gc_ltx_deleted_total: AtomicU64::new(0),
             gc_failures_total: AtomicU64::new(0),
+            store: std::sync::OnceLock::new(),
         }
     }
 }
@@ -371,6 +375,30 @@ impl Metrics {
             &braces,
             load(&self.compactions_total),
         );
+        if let Some(store) = self.store.get() {
+            let (calls, failures) = (store.calls(), store.failures());
+            for (name, help, counts) in [
+                (
+                    "cellfleet_runtime_store_requests_total",
+                    "Requests to the object store by operation.",
+                    &calls,
+                ),
+                (
+                    "cellfleet_runtime_store_failures_total",
+                    "Store requests that failed (not a refused precondition or a missing key), by operation.",
+                    &failures,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+                for op in cellfleet_store::Op::ALL {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{node_label},op=\"{op}\"}} {}",
+                        counts.get(op)
+                    );
+                }
+            }
+        }
         let _ = writeln!(out, "# HELP cellfleet_runtime_activations_total Cell activations by how ownership was obtained.\n# TYPE cellfleet_runtime_activations_total counter");
         for (how, value) in [
             ("created", &self.activations_created_total),

@@ -132,6 +132,8 @@ impl Node {
         kinds: Arc<Kinds>,
     ) -> Result<NodeHandle> {
         let layout = Layout::new(&config.prefix)?;
+        let metered = Arc::new(cellfleet_store::MeteredStore::new(store));
+        let store: Arc<dyn ObjectStore> = metered.clone();
         let leases = NodeLeases::new(store.clone(), layout.clone(), clock.clone(), config.lease)?;
         let held = leases
             .acquire_as(
@@ -145,6 +147,7 @@ impl Node {
             session: held.session(),
         };
         let metrics = Arc::new(Metrics::default());
+        let _ = metrics.store.set(metered);
         let lease = Arc::new(LeaseKeeper::new(
             leases.clone(),
             clock.clone(),

@@ -119,6 +119,14 @@ impl Fault {
 pub struct OpCounts([u64; Op::ALL.len()]);
 
 impl OpCounts {
+    pub(crate) fn load(counters: &[AtomicU64; Op::ALL.len()]) -> Self {
+        let mut counts = OpCounts::default();
+        for op in Op::ALL {
+            counts.0[op.index()] = counters[op.index()].load(Ordering::Relaxed);
+        }
+        counts
+    }
+
     /// Calls of `op`.
     pub fn get(&self, op: Op) -> u64 {
         self.0[op.index()]
@@ -173,11 +181,7 @@ impl FaultStore {
 
     /// Calls so far, per operation.
     pub fn counts(&self) -> OpCounts {
-        let mut counts = OpCounts::default();
-        for op in Op::ALL {
-            counts.0[op.index()] = self.counts[op.index()].load(Ordering::Relaxed);
-        }
-        counts
+        OpCounts::load(&self.counts)
     }
 
     /// Resets the counters to zero.

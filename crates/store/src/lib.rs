@@ -21,8 +21,9 @@
 //! * [`MemoryStore`] — in-process, for unit tests;
 //!
 //! and wrappers: [`RetryStore`] (bounded retries with jitter, used by
-//! [`open`] for S3) and [`FaultStore`] (latency, injected errors, lost replies,
-//! and per-operation counters for tests).
+//! [`open`] for S3), [`MeteredStore`] (per-operation calls and failures, for
+//! a node's metrics) and [`FaultStore`] (latency, injected errors, lost
+//! replies, and per-operation counters for tests).
 //!
 //! [`probe::run`] checks that a store really honours the preconditions before
 //! a node trusts it with data.
@@ -37,6 +38,7 @@ mod fault;
 mod key;
 mod local;
 mod memory;
+mod metered;
 mod object;
 pub mod probe;
 mod retry;
@@ -57,6 +59,7 @@ pub use fault::{Fault, FaultStore, OpCounts};
 pub use key::validate_key;
 pub use local::LocalStore;
 pub use memory::MemoryStore;
+pub use metered::MeteredStore;
 pub use object::{ETag, ListEntry, ListPage, Object, ObjectMeta, Op, PutCondition, KEY_BYTES_MAX};
 pub use retry::{RetryPolicy, RetryStore};
 pub use s3::S3Store;

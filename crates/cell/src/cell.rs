@@ -220,7 +220,21 @@ impl Cell {
     /// When the kind declares migrations the Cell has not applied (or the
     /// Cell is new) they run now as one captured transaction, returned as
     /// [`Opened::migration`] and pending like any group.
+    ///
+    /// [`Error::OutOfFiles`] when the process could open no more files: the
+    /// file is not at fault then, and must not be rebuilt.
     pub fn open(
+        path: &Path,
+        kind: Arc<dyn Kind>,
+        config: CellConfig,
+        published: Position,
+        now_ms: i64,
+    ) -> Result<Opened> {
+        Self::open_unclassified(path, kind, config, published, now_ms)
+            .map_err(|error| crate::connection::classify_open_error(path, error))
+    }
+
+    fn open_unclassified(
         path: &Path,
         kind: Arc<dyn Kind>,
         config: CellConfig,

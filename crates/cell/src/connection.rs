@@ -70,6 +70,42 @@ pub fn set_soft_heap_limit(bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// Descriptors one open Cell may use (writer and readers with their
+/// WAL files, and the shared memory file).
+const CELL_FDS: usize = 8;
+
+/// `error` from opening the Cell at `path`, or [`Error::OutOfFiles`] when
+/// the process cannot open a Cell's descriptors now. SQLite reports only
+/// "unable to open database file", and by then it has closed what it had
+/// opened, so the check opens [`CELL_FDS`] more files (of `/dev/null`) and
+/// closes them again.
+pub(crate) fn classify_open_error(path: &Path, error: Error) -> Error {
+    let cannot_open = match &error {
+        Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+            e.code == rusqlite::ErrorCode::CannotOpen
+        }
+        Error::Io(e) => matches!(e.raw_os_error(), Some(24) | Some(23)),
+        _ => false,
+    };
+    if !cannot_open {
+        return error;
+    }
+    let mut probes = Vec::with_capacity(CELL_FDS);
+    for _ in 0..CELL_FDS {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => probes.push(file),
+            // EMFILE (this process) or ENFILE (the whole system).
+            Err(probe) if matches!(probe.raw_os_error(), Some(24) | Some(23)) => {
+                return Error::OutOfFiles {
+                    path: path.display().to_string(),
+                };
+            }
+            Err(_) => break,
+        }
+    }
+    error
+}
+
 pub(crate) fn open_connection(
     path: &Path,
     read_only: bool,

@@ -90,6 +90,11 @@ pub enum Error {
     TxidOverflow,
     #[error("the cell is poisoned by an earlier failure and must be reopened or recovered")]
     Poisoned,
+    #[error(
+        "cannot open {path}: the process is at its open-file limit; retry once other Cells \
+         close, or raise the limit (`ulimit -n`) or lower the open-Cell bound"
+    )]
+    OutOfFiles { path: String },
 }
 
 impl Error {
@@ -109,10 +114,16 @@ impl Error {
         )
     }
 
+    /// Whether the process ran out of file descriptors: the file itself is
+    /// fine, so it must not be rebuilt; wait for descriptors instead.
+    pub fn is_out_of_files(&self) -> bool {
+        matches!(self, Error::OutOfFiles { .. })
+    }
+
     /// Whether the same call may succeed if tried again unchanged.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Io(_) => true,
+            Error::Io(_) | Error::OutOfFiles { .. } => true,
             Error::Ltx(e) => e.is_retryable(),
             Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,

@@ -202,6 +202,9 @@ impl Activator {
         .await?;
         let (opened, mut chain_bytes, recovered) = match first {
             Ok(opened) => (opened, vec![None; root.record.chain.len()], false),
+            // Out of descriptors: the file is not at fault, and a rebuild
+            // would need them too.
+            Err(error) if error.is_out_of_files() => return Err(Error::cell(&error)),
             Err(error) => {
                 tracing::debug!(cell = %cell_id, %error, "local file not at the cell's position; recovering");
                 let chain = self.download(&root.record).await?;

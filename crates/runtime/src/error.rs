@@ -117,6 +117,15 @@ impl Error {
     }
 
     pub(crate) fn cell(error: &cellfleet_cell::Error) -> Self {
+        if error.is_out_of_files() {
+            // The node's descriptors, not the Cell: retry once other
+            // Cells have closed (passivation frees them within seconds).
+            tracing::warn!(%error, "out of file descriptors");
+            return Error::ResourceExhausted {
+                what: "open files (raise `ulimit -n` or lower [limits] fds_max)",
+                retry_after_ms: OUT_OF_FILES_RETRY_MS,
+            };
+        }
         if error.is_request_error() {
             // Not the engine's failure: the caller's to fix.
             return Error::BadRequest(error.to_string());
@@ -127,6 +136,9 @@ impl Error {
         }
     }
 }
+
+/// The retry hint when the node ran out of file descriptors.
+const OUT_OF_FILES_RETRY_MS: u64 = 1_000;
 
 impl From<cellfleet_authority::Error> for Error {
     fn from(error: cellfleet_authority::Error) -> Self {
@@ -170,5 +182,13 @@ mod tests {
             ambiguous: true,
         };
         assert!(matches!(Error::from(ambiguous), Error::Unknown { .. }));
+        let out = Error::from(cellfleet_cell::Error::OutOfFiles {
+            path: "c.db".into(),
+        });
+        assert!(
+            matches!(out, Error::ResourceExhausted { retry_after_ms, .. } if retry_after_ms > 0),
+            "{out:?}"
+        );
+        assert!(out.is_retryable());
     }
 }

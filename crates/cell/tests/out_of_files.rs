@@ -1,0 +1,78 @@
+//! A process out of file descriptors gets [`Error::OutOfFiles`] from
+//! [`Cell::open`] (retryable, and not a reason to rebuild the file), and
+//! the same file opens at its position once descriptors are free again.
+//!
+//! Its own test binary: it lowers this process's open-file limit.
+
+use std::sync::Arc;
+
+use cellfleet_cell::kind::to_wire;
+use cellfleet_cell::kv::{Kv, KvCommand};
+use cellfleet_cell::{Cell, CellConfig, Command, Error, Kind, Position, Typed};
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+
+const NOW: i64 = 1_700_000_000_000;
+
+fn kv() -> Arc<dyn Kind> {
+    Arc::new(Typed(Kv))
+}
+
+fn put(n: u64) -> Command {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&n.to_be_bytes());
+    let (name, args) = to_wire(&KvCommand::Put {
+        key: format!("k{n}"),
+        value: serde_json::json!(n),
+    })
+    .unwrap();
+    Command::new(id, name, args, NOW + 60_000)
+}
+
+#[test]
+fn opening_past_the_open_file_limit_is_out_of_files_and_harms_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = CellConfig::default();
+    // One Cell with a published write, closed: the file that must survive.
+    let kept = dir.path().join("kept.db");
+    let opened = Cell::open(&kept, kv(), config.clone(), Position::EMPTY, NOW).unwrap();
+    let mut cell = opened.cell;
+    if let Some(migration) = opened.migration {
+        cell.confirm(migration.txid).unwrap();
+    }
+    let result = cell.execute(&[put(1)], NOW).unwrap();
+    let position = cell.confirm(result.publication.unwrap().txid).unwrap();
+    cell.close();
+
+    let limit = getrlimit(Resource::Nofile);
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(open_now + 24),
+            maximum: limit.maximum,
+        },
+    )
+    .unwrap();
+    let mut open = Vec::new();
+    let error = loop {
+        let path = dir.path().join(format!("c{}.db", open.len()));
+        match Cell::open(&path, kv(), config.clone(), Position::EMPTY, NOW) {
+            Ok(opened) => open.push(opened.cell),
+            Err(error) => break error,
+        }
+        assert!(open.len() < 100, "the lowered limit was never reached");
+    };
+    assert!(matches!(error, Error::OutOfFiles { .. }), "{error:?}");
+    assert!(error.is_out_of_files());
+    assert!(error.is_retryable());
+    assert!(error.to_string().contains("ulimit -n"), "{error}");
+    // The kept Cell cannot open now either, and is refused the same way
+    // (not as a file at the wrong position).
+    let refused = Cell::open(&kept, kv(), config.clone(), position, NOW).unwrap_err();
+    assert!(refused.is_out_of_files(), "{refused:?}");
+
+    drop(open);
+    setrlimit(Resource::Nofile, limit).unwrap();
+    let reopened = Cell::open(&kept, kv(), config, position, NOW).unwrap();
+    assert_eq!(reopened.cell.position(), position);
+}

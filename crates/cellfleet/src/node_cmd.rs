@@ -52,6 +52,7 @@
 //! lanes = 1                  # log lanes per node session (each a committer with its own pipeline)
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
 //! checkpoint_idle_ms = 30000 # ... or this long without a new record (open or passivated)
+//! replay_segments_max = 4096 # ... or once its lane grew this many segments past its root (bounds a takeover's replay)
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
@@ -84,6 +85,7 @@
 //! `CELLFLEET_PUBLICATION_MODE` (`log` or `cell`), `CELLFLEET_LOG_LANES`,
 //! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_LOG_CHECKPOINT_RECORDS`,
 //! `CELLFLEET_LOG_BATCH_COMMANDS_MIN`, `CELLFLEET_LOG_LINGER_MS`,
+//! `CELLFLEET_LOG_CHECKPOINT_IDLE_MS`, `CELLFLEET_LOG_REPLAY_SEGMENTS_MAX`,
 //! `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
@@ -328,6 +330,8 @@ pub struct PublicationFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_idle_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_segments_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments_inflight_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_commands_min: Option<usize>,
@@ -355,6 +359,9 @@ impl PublicationFile {
         }
         if let Some(idle) = self.checkpoint_idle_ms {
             log.checkpoint_idle_ms = idle;
+        }
+        if let Some(segments) = self.replay_segments_max {
+            log.replay_segments_max = segments;
         }
         if let Some(inflight) = self.segments_inflight_max {
             log.segments_inflight_max = inflight;
@@ -661,6 +668,9 @@ impl NodeFile {
         }
         if let Some(v) = env_u64("CELLFLEET_LOG_CHECKPOINT_IDLE_MS")? {
             self.publication.checkpoint_idle_ms = Some(v);
+        }
+        if let Some(v) = env_u64("CELLFLEET_LOG_REPLAY_SEGMENTS_MAX")? {
+            self.publication.replay_segments_max = Some(v);
         }
         if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
             self.gc.min_age_ms = Some(v);
@@ -1057,11 +1067,16 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
             "console: plain HTTP, no client certificates (development only)".to_owned()
         });
     }
-    let mode = match file.publication.mode()? {
-        PublicationMode::Log => "log",
-        PublicationMode::Cell => "cell",
-    };
-    summary.push(format!("publication mode {mode}"));
+    summary.push(match file.publication.mode()? {
+        PublicationMode::Log => {
+            let log = file.publication.log_settings();
+            format!(
+                "publication mode log: {} lane(s); a Cell checkpoints after {} records, {} ms without one, or {} segments of its lane past its root",
+                log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max
+            )
+        }
+        PublicationMode::Cell => "publication mode cell: one root CAS per group".to_owned(),
+    });
     Ok(summary)
 }
 

@@ -189,6 +189,26 @@ async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
         .map(|node| metric(node, "cellfleet_runtime_log_segments_total"))
         .sum();
     assert!(segments > 0.0, "no node-log segment was written");
+    // Every segment is a create-only PUT, and the store counts each one
+    // (with the lease's and the roots' conditional writes).
+    let creates: f64 = cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let (_, text) = http_get(node.http, "/metrics");
+            text.lines()
+                .filter(|line| {
+                    line.starts_with("cellfleet_runtime_store_requests_total{")
+                        && line.contains("op=\"put_if_none_match\"")
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum();
+    assert!(
+        creates >= segments,
+        "{creates} create-only PUTs counted for {segments} segments"
+    );
     // The lanes' queue depth and held segments are exported (idle now:
     // nothing waits for a segment).
     for node in &cluster.nodes {
@@ -284,6 +304,37 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         ),
         "{stderr}"
     );
+    // The replay budget is read from the file and the environment, and
+    // --check-config names the checkpoint triggers in force.
+    let budgeted = cluster.path("n3-budget.toml");
+    std::fs::write(
+        &budgeted,
+        base.replacen(
+            "[publication]\n",
+            "[publication]\nreplay_segments_max = 512\n",
+            1,
+        ),
+    )
+    .unwrap();
+    for (config, env, shown) in [
+        (&budgeted, None, "or 512 segments of its lane past its root"),
+        (
+            &budgeted,
+            Some("70000"),
+            "or 70000 segments of its lane past its root",
+        ),
+    ] {
+        let mut command = cluster.node_command(config, &["--check-config"]);
+        command.env_remove("CELLFLEET_PUBLICATION_MODE");
+        if let Some(value) = env {
+            command.env("CELLFLEET_LOG_REPLAY_SEGMENTS_MAX", value);
+        }
+        let output = command.output().expect("check config");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{stdout}");
+        assert!(stdout.contains("publication mode log: 1 lane(s)"), "{stdout}");
+        assert!(stdout.contains(shown), "{stdout}");
+    }
     let limited = cluster.path("n3-limited.toml");
     // (It also carries `[publication] parked_bytes_max`, which a node
     // would refuse as an unknown field if the key were not read.)

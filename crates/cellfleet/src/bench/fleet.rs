@@ -185,6 +185,12 @@ pub async fn run(
             continue;
         }
         let shared = Arc::new(cells.clone());
+        let cpu_of = |pids: &[u32]| -> f64 {
+            pids.iter()
+                .filter_map(|pid| node_stats::cpu_seconds(*pid))
+                .sum()
+        };
+        let cpu_before = cpu_of(&setup.pids);
         let metrics_before = node_stats::scrape(&setup.http_addrs).await;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let sampler = tokio::spawn(sample_nodes(setup.pids.clone(), stopped));
@@ -207,6 +213,7 @@ pub async fn run(
         let _ = stop.send(true);
         let maxima = sampler.await.unwrap_or_default();
         let metrics_after = node_stats::scrape(&setup.http_addrs).await;
+        let node_cpu_s = cpu_of(&setup.pids) - cpu_before;
         let summary = Summary::of_measured(&sample.total);
         let nodes = setup
             .node_ids
@@ -229,7 +236,11 @@ pub async fn run(
             created_per_s: (cells.len() - before) as f64 / setup_s.max(1e-3),
             concurrency: setup.concurrency,
             per_node_per_s: summary.throughput_per_s / setup.node_ids.len().max(1) as f64,
-            phases: Phases::between(&metrics_before, &metrics_after),
+            phases: {
+                let mut phases = Phases::between(&metrics_before, &metrics_after);
+                phases.cpu(node_cpu_s);
+                phases
+            },
             summary,
             nodes,
             histogram: sample.total.histogram,

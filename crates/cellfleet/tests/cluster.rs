@@ -332,7 +332,10 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         let output = command.output().expect("check config");
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert_eq!(output.status.code(), Some(0), "{stdout}");
-        assert!(stdout.contains("publication mode log: 1 lane(s)"), "{stdout}");
+        assert!(
+            stdout.contains("publication mode log: 1 lane(s)"),
+            "{stdout}"
+        );
         assert!(stdout.contains(shown), "{stdout}");
     }
     let limited = cluster.path("n3-limited.toml");

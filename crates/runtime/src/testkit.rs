@@ -76,8 +76,28 @@ impl RustKind for Journal {
 
 /// The tags of the journal Cell `key`, in order.
 pub async fn journal_tags(node: &NodeHandle, key: &[u8]) -> crate::Result<Vec<String>> {
-    let queried = node.query(JOURNAL, key, "all", json!({}), None).await?;
+    let queried = as_a_client(|| node.query(JOURNAL, key, "all", json!({}), None)).await?;
     serde_json::from_value(queried.value).map_err(|e| crate::Error::BadRequest(e.to_string()))
+}
+
+/// Calls `request` again after the node's hint while it answers
+/// `ResourceExhausted` (no open-Cell slot free yet), as a client does; at
+/// most 200 times.
+pub async fn as_a_client<T, F, Fut>(mut request: F) -> crate::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        match request().await {
+            Err(crate::Error::ResourceExhausted { retry_after_ms, .. }) if tries < 200 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(retry_after_ms.max(1))).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -134,7 +154,7 @@ impl AckLog {
             ));
         }
         for (id, (tag, outcome)) in &acked {
-            match node.resolve(JOURNAL, key, CommandId(*id), None).await {
+            match as_a_client(|| node.resolve(JOURNAL, key, CommandId(*id), None)).await {
                 Ok(Resolution::Committed {
                     outcome: stored, ..
                 }) if stored == *outcome => {}
@@ -149,8 +169,7 @@ impl AckLog {
         // runs right after the workload, well inside any test's window.
         let window_open = i64::MAX / 2;
         for (id, tag) in &not_committed {
-            match node
-                .resolve(JOURNAL, key, CommandId(*id), Some(window_open))
+            match as_a_client(|| node.resolve(JOURNAL, key, CommandId(*id), Some(window_open)))
                 .await
             {
                 Ok(Resolution::Absent) => {}

@@ -152,6 +152,29 @@ fn respond(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     response
 }
 
+/// Most bytes of a refused body read (and discarded) before the 413.
+const DRAIN_BYTES_MAX: u64 = 64 << 20;
+/// Longest a refused body is read before the 413.
+const DRAIN_FOR: Duration = Duration::from_secs(5);
+
+/// Reads and discards `body` up to [`DRAIN_BYTES_MAX`] or [`DRAIN_FOR`],
+/// so that a client sending a body the server refuses can finish sending
+/// and read the refusal.
+async fn drain(mut body: Incoming) {
+    let read = async {
+        let mut seen = 0u64;
+        while seen <= DRAIN_BYTES_MAX {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
+}
+
 fn error(status: StatusCode, message: &str) -> Response<Body> {
     let mut response = respond(status, format!("{message}\n"));
     set(response.headers_mut(), "content-type", "text/plain");
@@ -565,7 +588,18 @@ impl Streams {
     }
 
     async fn body(&self, request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
-        Limited::new(request.into_body(), self.config.body_bytes_max)
+        let limit = self.config.body_bytes_max;
+        let declared = request
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            // Read the rest before refusing: a client still sending would
+            // otherwise see its connection reset (EPIPE) instead of the 413.
+            drain(request.into_body()).await;
+            return Err(error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"));
+        }
+        Limited::new(request.into_body(), limit)
             .collect()
             .await
             .map(|c| c.to_bytes())

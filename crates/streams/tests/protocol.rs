@@ -102,6 +102,27 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
 
 const TEXT: (&str, &str) = ("content-type", "text/plain");
 
+/// A body over the limit is refused with 413 after the server has read it,
+/// so a client still sending it hears the refusal instead of a reset
+/// connection (the conformance suite's 10 MB append saw EPIPE through a
+/// non-owner); nothing of it is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_append_is_read_then_refused_with_413() {
+    let s = server_with(StreamsConfig {
+        body_bytes_max: 64 << 10,
+        ..StreamsConfig::default()
+    })
+    .await;
+    let created = request(&s, "PUT", "/v1/stream/big", &[TEXT], b"").await;
+    assert_eq!(created.status, 201);
+    let huge = vec![b'x'; 16 << 20];
+    let refused = request(&s, "POST", "/v1/stream/big", &[TEXT], &huge).await;
+    assert_eq!(refused.status, 413);
+    let read = request(&s, "GET", "/v1/stream/big?offset=-1", &[], b"").await;
+    assert_eq!(read.status, 200);
+    assert!(read.body.is_empty(), "{} bytes appended", read.body.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_append_read_with_offsets_and_delete() {
     let s = server().await;

@@ -1117,15 +1117,9 @@ async fn execute_as_a_client(
     key: &[u8],
     command: cellfleet_cell::Command,
 ) -> cellfleet_runtime::Executed {
-    for _ in 0..200 {
-        match node.execute(KIND, key, command.clone()).await {
-            Err(Error::ResourceExhausted { retry_after_ms, .. }) => {
-                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
-            }
-            other => return other.expect("acknowledged"),
-        }
-    }
-    panic!("no open-Cell slot for 200 tries");
+    cellfleet_runtime::testkit::as_a_client(|| node.execute(KIND, key, command.clone()))
+        .await
+        .expect("acknowledged")
 }
 
 /// The local file is a cache the bucket proves, so the engine never

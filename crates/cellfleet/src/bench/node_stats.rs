@@ -251,7 +251,7 @@ impl Phases {
                 self.checkpoints,
                 self.parked_checkpoints,
                 self.activations
-            ) + &self.store_line();
+            ) + &self.measured_line();
         }
         let other = (self.publication_ms - self.execute_ms - self.upload_ms - self.cas_ms).max(0.0);
         format!(
@@ -265,7 +265,7 @@ impl Phases {
             self.reply_ms,
             self.commands_per_publication,
             self.activations
-        ) + &self.store_line()
+        ) + &self.measured_line()
     }
 
     /// Records the nodes' CPU seconds spent in the window (the sum over
@@ -278,7 +278,7 @@ impl Phases {
 
     /// `; nodes' CPU 0.45 ms per command; store requests: put_if_none_match
     /// 812, get 3` (each part only where measured).
-    fn store_line(&self) -> String {
+    fn measured_line(&self) -> String {
         let mut line = String::new();
         if self.node_cpu_ms_per_command > 0.0 {
             line += &format!(

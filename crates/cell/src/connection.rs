@@ -76,13 +76,19 @@ const CELL_FDS: usize = 8;
 
 /// `error` from opening the Cell at `path`, or [`Error::OutOfFiles`] when
 /// the process cannot open a Cell's descriptors now. SQLite reports only
-/// "unable to open database file", and by then it has closed what it had
-/// opened, so the check opens [`CELL_FDS`] more files (of `/dev/null`) and
+/// "unable to open database file" (or an I/O error when the WAL or shared
+/// memory file is the one that failed), and by then it has closed what it
+/// had opened, so the check opens [`CELL_FDS`] more files (of `/dev/null`) and
 /// closes them again.
 pub(crate) fn classify_open_error(path: &Path, error: Error) -> Error {
     let cannot_open = match &error {
         Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
-            e.code == rusqlite::ErrorCode::CannotOpen
+            // A WAL or shared-memory file that cannot open surfaces as an
+            // I/O error (SHMOPEN, SHMLOCK), not as CANTOPEN.
+            matches!(
+                e.code,
+                rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::SystemIoFailure
+            )
         }
         Error::Io(e) => matches!(e.raw_os_error(), Some(24) | Some(23)),
         _ => false,

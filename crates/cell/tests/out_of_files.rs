@@ -66,11 +66,19 @@ fn opening_past_the_open_file_limit_is_out_of_files_and_harms_no_file() {
     assert!(error.is_out_of_files());
     assert!(error.is_retryable());
     assert!(error.to_string().contains("ulimit -n"), "{error}");
-    // The kept Cell cannot open now either, and is refused the same way
-    // (not as a file at the wrong position).
+    // Creating a Cell needs a descriptor more at its peak than reopening
+    // one, so the loop's failure can leave a few free: take the rest, so
+    // that the kept Cell cannot open now either. It must be refused the
+    // same way (not as a file at the wrong position).
+    let mut filler = Vec::new();
+    while let Ok(file) = std::fs::File::open("/dev/null") {
+        filler.push(file);
+        assert!(filler.len() < 100, "the lowered limit was never reached");
+    }
     let refused = Cell::open(&kept, kv(), config.clone(), position, NOW).unwrap_err();
     assert!(refused.is_out_of_files(), "{refused:?}");
 
+    drop(filler);
     drop(open);
     setrlimit(Resource::Nofile, limit).unwrap();
     let reopened = Cell::open(&kept, kv(), config, position, NOW).unwrap();

@@ -43,6 +43,7 @@
 //! - [`Cell::open`] checkpoints whatever the files hold and then refuses to
 //!   serve unless the database is exactly at the published position.
 
+use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -125,12 +126,19 @@ pub struct Cell {
     write: Connection,
     write_guard: Guard,
     /// Queries run here: pinned at the published state while anything is
-    /// pending, free (and so seeing the published state) otherwise.
-    published_reader: Reader,
+    /// pending, free (and so seeing the published state) otherwise. Opened
+    /// with the Cell, or with [`CellConfig::reader_on_demand`] on the first
+    /// query or by a group executed after [`Cell::want_view`] (a Cell only
+    /// written then holds one connection: descriptors are what bounds the
+    /// Cells a node keeps open).
+    published_reader: OnceCell<Reader>,
     /// Free readers for the next pins, opened on first need (at most
     /// `pending_publications_max - 1` are ever pinned at once besides the
     /// published one).
     spare_readers: Vec<Reader>,
+    /// The next group pins a published reader even if none is open yet:
+    /// someone asked for the published state while a group was pending.
+    view_wanted: bool,
     capture: CaptureState,
     published: Position,
     /// Oldest first; at most `pending_publications_max`.
@@ -282,7 +290,10 @@ impl Cell {
                 expected: published,
             });
         }
-        let published_reader = Reader::open(path, &config)?;
+        let published_reader = OnceCell::new();
+        if !config.reader_on_demand {
+            let _ = published_reader.set(Reader::open(path, &config)?);
+        }
         write.set_prepared_statement_cache_capacity(64);
         let mut cell = Cell {
             path: path.to_path_buf(),
@@ -293,6 +304,7 @@ impl Cell {
             write,
             write_guard,
             published_reader,
+            view_wanted: false,
             spare_readers: Vec::new(),
             capture,
             published,
@@ -590,7 +602,18 @@ impl Cell {
     /// kept by the newest pending publication.
     fn pin_head(&mut self, head: Txid) -> Result<()> {
         if self.pending.is_empty() {
-            return self.published_reader.pin_at(head);
+            if self.published_reader.get().is_none() && self.view_wanted {
+                let _ = self
+                    .published_reader
+                    .set(Reader::open(&self.path, &self.config)?);
+            }
+            self.view_wanted = false;
+            return match self.published_reader.get_mut() {
+                Some(reader) => reader.pin_at(head),
+                // Nobody reads: no view to keep. A query while this group
+                // is pending waits for its confirm (`ViewPending`).
+                None => Ok(()),
+            };
         }
         let mut reader = match self.spare_readers.pop() {
             Some(reader) => reader,
@@ -609,7 +632,10 @@ impl Cell {
     /// Undo [`Cell::pin_head`] after a group that left the state alone.
     fn unpin_head(&mut self) -> Result<()> {
         let Some(newest) = self.pending.back_mut() else {
-            return self.published_reader.unpin();
+            return match self.published_reader.get_mut() {
+                Some(reader) => reader.unpin(),
+                None => Ok(()),
+            };
         };
         if let Some(mut reader) = newest.reader.take() {
             reader.unpin()?;
@@ -853,13 +879,17 @@ impl Cell {
         match pinned {
             Some(next) => {
                 debug_assert!(!self.pending.is_empty());
-                let mut previous = std::mem::replace(&mut self.published_reader, next);
-                previous.unpin()?;
-                self.spare_readers.push(previous);
+                let previous = std::mem::replace(&mut self.published_reader, OnceCell::from(next));
+                if let Some(mut previous) = previous.into_inner() {
+                    previous.unpin()?;
+                    self.spare_readers.push(previous);
+                }
             }
             None => {
                 debug_assert!(self.pending.is_empty());
-                self.published_reader.unpin()?;
+                if let Some(reader) = self.published_reader.get_mut() {
+                    reader.unpin()?;
+                }
             }
         }
         Ok(())
@@ -893,12 +923,8 @@ impl Cell {
         let published_cursor = self.capture.cursor;
         // Close every connection; none checkpoints on close.
         let placeholder_write = Connection::open_in_memory()?;
-        let placeholder_read = Reader::placeholder(&self.config)?;
         drop(std::mem::replace(&mut self.write, placeholder_write));
-        drop(std::mem::replace(
-            &mut self.published_reader,
-            placeholder_read,
-        ));
+        drop(self.published_reader.take());
         self.spare_readers.clear();
         if let Ok(wal) = OpenOptions::new().write(true).open(&self.wal_path) {
             if published_cursor.offset > 0 {
@@ -927,7 +953,11 @@ impl Cell {
         let (write, write_guard) = open_connection(&self.path, false, &self.config)?;
         self.write = write;
         self.write_guard = write_guard;
-        self.published_reader = Reader::open(&self.path, &self.config)?;
+        if !self.config.reader_on_demand {
+            let _ = self
+                .published_reader
+                .set(Reader::open(&self.path, &self.config)?);
+        }
         let txid = ledger::txid(&self.write)?;
         if txid != self.published.txid {
             return Err(Error::Recovery(format!(
@@ -991,8 +1021,7 @@ impl Cell {
                 limit: limits.payload_bytes_max,
             });
         }
-        let reader = &self.published_reader;
-        self.check_published_view()?;
+        let reader = self.view()?;
         let ran = reader
             .guard
             .run(Mode::Kind, || self.kind.query(&reader.conn, name, args));
@@ -1023,11 +1052,10 @@ impl Cell {
     /// ledger has no entry. The runtime's `resolve` answers from this.
     pub fn published_outcome(&self, id: &CommandId) -> Result<Option<(Txid, Outcome)>> {
         self.check_not_poisoned()?;
-        self.check_published_view()?;
         if self.published.txid == Txid::ZERO {
             return Ok(None);
         }
-        let entry = ledger::lookup(&self.published_reader.conn, id)?;
+        let entry = ledger::lookup(&self.view()?.conn, id)?;
         // As for queries: an answer read through a lost pin is void.
         self.check_published_view()?;
         Ok(entry
@@ -1035,9 +1063,67 @@ impl Cell {
             .map(|entry| (entry.txid, entry.outcome)))
     }
 
+    /// The reader of the published state, opened now if nothing is pending
+    /// ([`Error::ViewPending`] if something is and no reader holds the
+    /// published state; the next group pins one, see [`Cell::want_view`]).
+    fn view(&self) -> Result<&Reader> {
+        if self.published_reader.get().is_none() {
+            if let Some(pending) = self.pending_txid() {
+                return Err(Error::ViewPending {
+                    published: self.published.txid,
+                    pending,
+                });
+            }
+            let _ = self
+                .published_reader
+                .set(Reader::open(&self.path, &self.config)?);
+        }
+        self.check_published_view()?;
+        Ok(self.published_reader.get().expect("opened above"))
+    }
+
+    /// Whether a query or [`Cell::published_outcome`] can read the
+    /// published state now (else it gets [`Error::ViewPending`]).
+    pub fn has_published_view(&self) -> bool {
+        self.published_reader.get().is_some() || self.pending.is_empty()
+    }
+
+    /// Asks the next group to keep a reader of the published state, so
+    /// queries during its publication answer at once (call it when one
+    /// got [`Error::ViewPending`]).
+    pub fn want_view(&mut self) {
+        self.view_wanted = true;
+    }
+
+    /// Read connections open now (the write connection aside): each holds
+    /// the database and its WAL open, two descriptors.
+    pub fn readers_open(&self) -> usize {
+        usize::from(self.published_reader.get().is_some())
+            + self.spare_readers.len()
+            + self.pending.iter().filter(|p| p.reader.is_some()).count()
+    }
+
+    /// Closes the readers nothing needs now: the spare ones, and (with
+    /// [`CellConfig::reader_on_demand`]) the published one when nothing is
+    /// pending (the next query reopens it). Returns how many it closed.
+    pub fn close_idle_readers(&mut self) -> usize {
+        let mut closed = self.spare_readers.len();
+        self.spare_readers.clear();
+        if self.config.reader_on_demand
+            && self.pending.is_empty()
+            && self.published_reader.take().is_some()
+        {
+            closed += 1;
+        }
+        closed
+    }
+
     /// The published reader sees exactly the published state.
     fn check_published_view(&self) -> Result<()> {
-        match (self.published_reader.pin(), self.pending_txid()) {
+        let Some(reader) = self.published_reader.get() else {
+            return Ok(());
+        };
+        match (reader.pin(), self.pending_txid()) {
             (Pin::Free, None) => Ok(()),
             (Pin::Pinned(txid), Some(_)) if txid == self.published.txid => Ok(()),
             (_, pending) => Err(Error::PublishedViewLost {

@@ -40,6 +40,14 @@ pub struct CellConfig {
     /// only form Litestream 0.5's `restore` accepts. Either way the engine
     /// computes the checksums and returns them in each [`crate::Publication`].
     pub ltx_checksums_in_file: bool,
+    /// Open the reader of the published state on the first query instead
+    /// of with the Cell (two descriptors and a schema parse fewer for a
+    /// Cell that is only written). A query or
+    /// [`crate::Cell::published_outcome`] while a group is pending and no
+    /// reader holds the published state then gets
+    /// [`crate::Error::ViewPending`]; [`crate::Cell::want_view`] makes the
+    /// next group keep one. Off by default: queries always answer.
+    pub reader_on_demand: bool,
 }
 
 impl Default for CellConfig {
@@ -56,6 +64,7 @@ impl Default for CellConfig {
             ledger_prune_max: 256,
             statement_steps_max: 50_000_000,
             ltx_checksums_in_file: false,
+            reader_on_demand: false,
         }
     }
 }

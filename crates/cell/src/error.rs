@@ -56,6 +56,12 @@ pub enum Error {
         pending: Option<Txid>,
     },
     #[error(
+        "the cell has no reader of its published txid {published} while txid {pending} is \
+         pending (a cell opens its reader on its first query): ask again once the pending \
+         publication is confirmed or aborted"
+    )]
+    ViewPending { published: Txid, pending: Txid },
+    #[error(
         "the local database is at {found:?}, not at the published position {expected:?}: \
          recover it from the published chain"
     )]
@@ -123,7 +129,7 @@ impl Error {
     /// Whether the same call may succeed if tried again unchanged.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Io(_) | Error::OutOfFiles { .. } => true,
+            Error::Io(_) | Error::OutOfFiles { .. } | Error::ViewPending { .. } => true,
             Error::Ltx(e) => e.is_retryable(),
             Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,

@@ -50,17 +50,6 @@ impl Reader {
         })
     }
 
-    /// A connection to nothing, to stand in while the real ones are closed.
-    pub(crate) fn placeholder(config: &CellConfig) -> Result<Reader> {
-        let mut conn = Connection::open_in_memory()?;
-        let guard = Guard::install(&mut conn, config.statement_steps_max)?;
-        Ok(Reader {
-            conn,
-            guard,
-            pin: Pin::Lost,
-        })
-    }
-
     /// What the reader sees now: a pin whose transaction SQLite ended is
     /// reported [`Pin::Lost`] (kind code cannot open a transaction again:
     /// the authorizer denies transaction control, so once lost it stays

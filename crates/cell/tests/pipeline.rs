@@ -438,3 +438,91 @@ fn engine_statements_never_spend_the_kind_step_budget() {
     assert!(matches!(r.results[0].outcome, Outcome::Applied { .. }));
     assert_eq!(items(h.cell()), json!([[1, "one"], [2, "two"]]));
 }
+
+/// With `reader_on_demand` a Cell holds no reader until something reads
+/// it; while a group is pending and no reader holds the published state,
+/// reads are refused with the retryable `ViewPending` (never answered
+/// from pending state), and answer again once the group is confirmed.
+#[test]
+fn a_reader_on_demand_is_opened_by_the_first_read_and_never_shows_pending_state() {
+    let config = CellConfig {
+        reader_on_demand: true,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(kind(), config);
+    assert_eq!(h.cell().readers_open(), 0, "opening reads nothing");
+    h.run(&[set(1, 1, "one")]);
+    assert_eq!(h.cell().readers_open(), 0, "writing reads nothing");
+
+    // Pending, never read: refused, with a hint to ask again.
+    let published = h.position();
+    let (_, p2) = exec(&mut h, &[set(2, 1, "uno")]);
+    assert!(!h.cell().has_published_view());
+    let err = h.cell().query("items", &json!({})).unwrap_err();
+    assert!(
+        matches!(err, Error::ViewPending { published: p, pending } if p == published.txid && pending == p2.txid),
+        "{err}"
+    );
+    assert!(err.is_retryable());
+    let err = h
+        .cell()
+        .published_outcome(&cellfleet_cell::CommandId(id(1)))
+        .unwrap_err();
+    assert!(matches!(err, Error::ViewPending { .. }), "{err}");
+    h.publish(p2);
+    // Settled: the first read opens the reader, which then keeps the
+    // published state while the next group is pending.
+    assert!(h.cell().has_published_view());
+    assert_eq!(items(h.cell()), json!([[1, "uno"]]));
+    assert_eq!(h.cell().readers_open(), 1);
+    let (_, p3) = exec(&mut h, &[set(3, 2, "two")]);
+    assert_eq!(items(h.cell()), json!([[1, "uno"]]));
+    assert!(h
+        .cell()
+        .published_outcome(&cellfleet_cell::CommandId(id(3)))
+        .unwrap()
+        .is_none());
+    h.publish(p3);
+    assert_eq!(items(h.cell()), json!([[1, "uno"], [2, "two"]]));
+
+    // Closed while idle; `want_view` makes the next group keep one.
+    assert_eq!(h.cell().close_idle_readers(), 1);
+    assert_eq!(h.cell().readers_open(), 0);
+    let (_, p4) = exec(&mut h, &[set(4, 3, "three")]);
+    assert!(matches!(
+        h.cell().query("items", &json!({})),
+        Err(Error::ViewPending { .. })
+    ));
+    h.cell().want_view();
+    h.publish(p4);
+    assert_eq!(h.cell().readers_open(), 0);
+    let (_, p5) = exec(&mut h, &[set(5, 4, "four")]);
+    assert!(h.cell().has_published_view(), "wanted: pinned by the group");
+    assert_eq!(
+        items(h.cell()),
+        json!([[1, "uno"], [2, "two"], [3, "three"]])
+    );
+    h.publish(p5);
+
+    // Pipelined with no reader: the second group pins one at the first
+    // group's state, which becomes the published view on its confirm.
+    assert_eq!(h.cell().close_idle_readers(), 1);
+    let (_, p6) = exec(&mut h, &[set(6, 1, "eins")]);
+    let (_, p7) = exec(&mut h, &[set(7, 1, "ein")]);
+    assert!(!h.cell().has_published_view());
+    h.publish(p6);
+    assert!(h.cell().has_published_view());
+    assert_eq!(items(h.cell())[0], json!([1, "eins"]));
+    h.publish(p7);
+    assert_eq!(items(h.cell())[0], json!([1, "ein"]));
+
+    // An abort with no reader leaves the published state readable.
+    assert_eq!(h.cell().close_idle_readers(), 1);
+    exec(&mut h, &[set(8, 1, "lost")]);
+    h.cell().abort().unwrap();
+    assert_eq!(h.cell().readers_open(), 0);
+    assert_eq!(items(h.cell())[0], json!([1, "ein"]));
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}

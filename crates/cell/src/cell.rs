@@ -43,7 +43,7 @@
 //! - [`Cell::open`] checkpoints whatever the files hold and then refuses to
 //!   serve unless the database is exactly at the published position.
 
-use std::cell::OnceCell;
+use std::cell::{Cell as Flag, OnceCell};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -139,6 +139,10 @@ pub struct Cell {
     /// The next group pins a published reader even if none is open yet:
     /// someone asked for the published state while a group was pending.
     view_wanted: bool,
+    /// Something read the published state (or asked to) since the Cell
+    /// opened. With [`CellConfig::reader_on_demand`], a Cell never read
+    /// closes the readers its pipelined groups pinned once it settles.
+    view_used: Flag<bool>,
     capture: CaptureState,
     published: Position,
     /// Oldest first; at most `pending_publications_max`.
@@ -305,6 +309,7 @@ impl Cell {
             write_guard,
             published_reader,
             view_wanted: false,
+            view_used: Flag::new(false),
             spare_readers: Vec::new(),
             capture,
             published,
@@ -866,6 +871,11 @@ impl Cell {
             self.poisoned = true;
             return Err(e);
         }
+        if self.pending.is_empty() && self.config.reader_on_demand && !self.view_used.get() {
+            // Pinned only because groups overlapped; nobody reads this Cell.
+            self.published_reader.take();
+            self.spare_readers.clear();
+        }
         if self.pending.is_empty() && self.capture.cursor.offset >= self.config.checkpoint_wal_bytes
         {
             self.checkpoint()?;
@@ -1067,6 +1077,7 @@ impl Cell {
     /// ([`Error::ViewPending`] if something is and no reader holds the
     /// published state; the next group pins one, see [`Cell::want_view`]).
     fn view(&self) -> Result<&Reader> {
+        self.view_used.set(true);
         if self.published_reader.get().is_none() {
             if let Some(pending) = self.pending_txid() {
                 return Err(Error::ViewPending {
@@ -1093,6 +1104,7 @@ impl Cell {
     /// got [`Error::ViewPending`]).
     pub fn want_view(&mut self) {
         self.view_wanted = true;
+        self.view_used.set(true);
     }
 
     /// Read connections open now (the write connection aside): each holds

@@ -61,7 +61,7 @@
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 4096      # SQLite files open at once (idle ones are passivated, LRU)
 //! cells_owned_max = 100000   # Cells owned, open or passivated
-//! fds_max = 32768            # file descriptors for open Cells, 8 each (capped by the open-file limit)
+//! fds_max = 32768            # file descriptors for open Cells, 4 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit)
 //!
 //! [gc]                       # optional: deleting what no root can reach
@@ -1148,13 +1148,14 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         format!(" (raised from {})", show(open_files_before))
     };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell, memory_bytes_max {} / {} per cell), owned at most {}",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {} / {} per cell), owned at most {}",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
         limits.cells_open_max,
         limits.fds_max,
         limits.fds_per_cell,
+        limits.fds_per_reader,
         limits.memory_bytes_max,
         limits.memory_bytes_per_cell,
         limits.cells_owned_max
@@ -1374,8 +1375,12 @@ mod tests {
         assert_eq!(limits.fds_max, 20_000 - 256 - 1_250);
         assert_eq!(
             limits.effective_cells_open_max(),
-            (20_000 - 256 - 1_250) / 8
+            4_096,
+            "{} descriptors at 4 per Cell leave cells_open_max the bound",
+            limits.fds_max
         );
+        let (limits, _) = LimitsFile::default().limits(Some(8_000));
+        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 4);
         assert!(note.is_none());
         assert!(LimitsFile {
             cells_owned_max: Some(0),

@@ -235,9 +235,21 @@ pub(crate) enum Exit {
     Gone,
 }
 
+/// What an open Cell holds of its node's budgets: its place among the open
+/// Cells, and the descriptors its connections hold now.
+#[derive(Debug)]
+pub(crate) struct OpenCharge {
+    pub _open: OwnedSemaphorePermit,
+    pub fds: OwnedSemaphorePermit,
+}
+
 /// What every actor shares with its node.
 #[derive(Debug)]
 pub(crate) struct ActorContext {
+    /// The node's descriptor budget for open Cells (`fds_max`).
+    pub fd_permits: Arc<tokio::sync::Semaphore>,
+    pub fds_per_cell: usize,
+    pub fds_per_reader: usize,
     pub publisher: Arc<dyn Publisher>,
     pub activator: Activator,
     pub clock: Arc<dyn Clock>,
@@ -380,7 +392,7 @@ pub(crate) struct Actor {
     /// size trigger fired.
     ckpt_due: Option<tokio::time::Instant>,
     ckpt_failures: u32,
-    _permit: OwnedSemaphorePermit,
+    charge: OpenCharge,
 }
 
 impl std::fmt::Debug for Actor {
@@ -403,7 +415,7 @@ pub(crate) struct ActorStart {
     pub migration: Option<Publication>,
     pub rx: mpsc::Receiver<Msg>,
     pub load: Arc<AtomicUsize>,
-    pub permit: OwnedSemaphorePermit,
+    pub charge: OpenCharge,
     /// Log mode: acknowledged records past `root` (a parked tail) and
     /// when their checkpoint is due.
     pub tail: Vec<Unckpt>,
@@ -439,7 +451,7 @@ impl Actor {
             ckpt: None,
             ckpt_due: None,
             ckpt_failures: 0,
-            _permit: start.permit,
+            charge: start.charge,
         };
         let mut actor = actor;
         actor.acked_txid = start
@@ -720,12 +732,44 @@ impl Actor {
         match joined {
             Ok((cell, out)) => {
                 self.cell = Some(cell);
+                self.settle_fds();
                 Some(out)
             }
             Err(error) => {
                 tracing::error!(cell = %self.cell_id, %error, "cell engine task failed");
                 None
             }
+        }
+    }
+
+    /// Brings the charge's descriptors to what the Cell's connections hold
+    /// (its readers come and go). When the node's budget has none to give,
+    /// the Cell's idle readers are closed; readers pinned for a pending
+    /// publication stay open past the budget until it is confirmed (the
+    /// open-file limit keeps a reserve above `fds_max` for this).
+    fn settle_fds(&mut self) {
+        let Some(cell) = self.cell.as_mut() else {
+            return;
+        };
+        let want =
+            |cell: &Cell| self.ctx.fds_per_cell + self.ctx.fds_per_reader * cell.readers_open();
+        let have = self.charge.fds.num_permits();
+        let mut need = want(cell);
+        if need > have {
+            let more = u32::try_from(need - have).unwrap_or(u32::MAX);
+            match self.ctx.fd_permits.clone().try_acquire_many_owned(more) {
+                Ok(more) => {
+                    self.charge.fds.merge(more);
+                    return;
+                }
+                Err(_) => {
+                    cell.close_idle_readers();
+                    need = want(cell);
+                }
+            }
+        }
+        if need < have {
+            drop(self.charge.fds.split(have - need));
         }
     }
 
@@ -754,6 +798,30 @@ impl Actor {
                     + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
                 self.waiters.push(QueryWaiter {
                     min_txid: min,
+                    name,
+                    args,
+                    reply,
+                    deadline,
+                });
+            }
+            _ if !self.cell.as_ref().is_some_and(Cell::has_published_view) => {
+                // No reader holds the published state while a group is
+                // pending (readers open on demand): answer once the group
+                // is confirmed, and keep a reader from the next group on.
+                if let Some(cell) = self.cell.as_mut() {
+                    cell.want_view();
+                }
+                if self.waiters.len() >= self.ctx.query_waiters_max {
+                    reply.send(Err(Error::ResourceExhausted {
+                        what: "queries waiting on a cell",
+                        retry_after_ms: 50,
+                    }));
+                    return;
+                }
+                let deadline = tokio::time::Instant::now()
+                    + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
+                self.waiters.push(QueryWaiter {
+                    min_txid: self.published_txid() + 1,
                     name,
                     args,
                     reply,
@@ -815,6 +883,12 @@ impl Actor {
             || self.batch.iter().any(|q| q.command.id == id)
             || self.inflight.iter().any(|f| f.ids.contains(&id))
         {
+            return Ok(Resolution::Unknown);
+        }
+        if let Some(cell) = self.cell.as_mut().filter(|cell| !cell.has_published_view()) {
+            // Nothing reads the published ledger while a group is pending:
+            // not known yet; the next group keeps a reader for the retry.
+            cell.want_view();
             return Ok(Resolution::Unknown);
         }
         let found = self

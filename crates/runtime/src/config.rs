@@ -16,9 +16,15 @@ pub struct NodeLimits {
     pub cells_owned_max: usize,
     /// File descriptors this node may spend on open Cells.
     pub fds_max: usize,
-    /// Estimated file descriptors one open Cell holds (write connection,
-    /// readers with their `-wal`/`-shm`, the lock file).
+    /// File descriptors one open Cell holds without readers: its database
+    /// and `-wal` (the write connection), its `-shm` and its lock file.
     pub fds_per_cell: usize,
+    /// File descriptors each read connection adds (its database and
+    /// `-wal`). A Cell opens its published reader on its first query and
+    /// one more while a second group is pending; an actor's charge follows
+    /// what its Cell holds, and idle readers are closed when the node's
+    /// descriptors run short.
+    pub fds_per_reader: usize,
     /// Memory this node may spend on open Cells, in bytes. It is also
     /// SQLite's soft heap limit in the node's process: near it, page
     /// caches recycle their own pages instead of growing.
@@ -60,7 +66,8 @@ impl Default for NodeLimits {
             cells_open_max: 4_096,
             cells_owned_max: 100_000,
             fds_max: 32_768,
-            fds_per_cell: 8,
+            fds_per_cell: 4,
+            fds_per_reader: 2,
             memory_bytes_max: 4 << 30,
             memory_bytes_per_cell: 1 << 20,
             mailbox_commands_max: 1_024,
@@ -254,7 +261,10 @@ impl NodeConfig {
             endpoints: Endpoints::default(),
             ingress_only: false,
             limits: NodeLimits::default(),
-            cell: cellfleet_cell::CellConfig::default(),
+            cell: cellfleet_cell::CellConfig {
+                reader_on_demand: true,
+                ..cellfleet_cell::CellConfig::default()
+            },
             publication: PublicationMode::default(),
             log: LogSettings::default(),
             gc: GcSettings::default(),

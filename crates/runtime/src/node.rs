@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::Instrument;
 
 use crate::activation::{Activation, Activator};
-use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, Reply, StopHow};
+use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, OpenCharge, Reply, StopHow};
 pub use crate::actor::{CellDescription, Executed, Queried, Receipt, Resolution};
 use crate::config::NodeConfig;
 use crate::config::PublicationMode;
@@ -102,6 +102,9 @@ struct Shared {
     /// term under which it was proven ours.
     parked: Mutex<HashMap<CellId, Parked>>,
     open_permits: Arc<Semaphore>,
+    /// `fds_max` descriptors: an open Cell holds `fds_per_cell` and
+    /// `fds_per_reader` per read connection (its actor keeps the count).
+    fd_permits: Arc<Semaphore>,
     activation_permits: Arc<Semaphore>,
     draining: AtomicBool,
     tick: AtomicU64,
@@ -202,7 +205,11 @@ impl Node {
             log: log.clone(),
             settle_ms: config.log.reply_wait_ms,
         };
+        let fd_permits = Arc::new(Semaphore::new(limits.fds_max.min(Semaphore::MAX_PERMITS)));
         let actor_context = Arc::new(ActorContext {
+            fd_permits: fd_permits.clone(),
+            fds_per_cell: limits.fds_per_cell,
+            fds_per_reader: limits.fds_per_reader,
             publisher,
             activator: activator.clone(),
             clock: clock.clone(),
@@ -224,6 +231,7 @@ impl Node {
         }
         let shared = Arc::new(Shared {
             open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),
+            fd_permits,
             activation_permits: Arc::new(Semaphore::new(limits.activations_concurrent_max.max(1))),
             config,
             kinds,
@@ -396,10 +404,20 @@ impl Shared {
         Err(self.not_owner(cell, owner).await)
     }
 
-    /// Takes an open-Cell charge, passivating the LRU idle Cell if needed.
-    async fn open_charge(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        if let Ok(permit) = self.open_permits.clone().try_acquire_owned() {
-            return Ok(permit);
+    /// An open-Cell charge if both budgets have room now.
+    fn try_open_charge(&self) -> Option<OpenCharge> {
+        let fds = u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX);
+        let open = self.open_permits.clone().try_acquire_owned().ok()?;
+        let fds = self.fd_permits.clone().try_acquire_many_owned(fds).ok()?;
+        Some(OpenCharge { _open: open, fds })
+    }
+
+    /// Takes an open-Cell charge (a place among the open Cells and the
+    /// descriptors of one without readers), passivating the LRU idle Cell
+    /// if needed.
+    async fn open_charge(&self) -> Result<OpenCharge> {
+        if let Some(charge) = self.try_open_charge() {
+            return Ok(charge);
         }
         // The least recently used idle Cell: one scan under the read lock
         // that clones only the winner (an activation per command at 10,000
@@ -443,8 +461,14 @@ impl Shared {
             done: None,
         });
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
-        match tokio::time::timeout(wait, self.open_permits.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
+        let fds = u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX);
+        let charge = async {
+            let open = self.open_permits.clone().acquire_owned().await?;
+            let fds = self.fd_permits.clone().acquire_many_owned(fds).await?;
+            Ok::<_, tokio::sync::AcquireError>(OpenCharge { _open: open, fds })
+        };
+        match tokio::time::timeout(wait, charge).await {
+            Ok(Ok(charge)) => Ok(charge),
             _ => {
                 self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
                 Err(exhausted)
@@ -482,7 +506,7 @@ impl Shared {
                 retry_after_ms: self.config.limits.retry_after_ms,
             });
         }
-        let permit = self.open_charge().await?;
+        let charge = self.open_charge().await?;
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
         let _slot =
             match tokio::time::timeout(wait, self.activation_permits.clone().acquire_owned()).await
@@ -579,7 +603,7 @@ impl Shared {
                 migration: ready.migration,
                 rx,
                 load: handle.load.clone(),
-                permit,
+                charge,
                 tail: ready.tail,
                 tail_due: ready.tail_due,
             },

@@ -1183,3 +1183,95 @@ async fn a_local_file_that_lost_writes_is_rebuilt_from_the_bucket() {
         }
     }
 }
+
+/// A Cell opens its reader of the published state on its first read. A
+/// query that reaches a Cell never read while one of its groups publishes
+/// waits for that group (and sees it); from then on the Cell keeps a
+/// reader, so a query during the next publication answers at once from
+/// the published state, never from the pending group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_on_a_cell_never_read_waits_for_its_publishing_group() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("log-view", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let node = start(
+            node_config("n1", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let log = AckLog::default();
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        log.ack(0, first.outcome);
+        let slow = Duration::from_millis(400);
+        let publishing = |n: u64| {
+            store.inject(
+                Fault::delay(Some(Op::PutIfNoneMatch), slow)
+                    .key_prefix(logs_prefix(&prefix))
+                    .times(1),
+            );
+            let (node, clock) = (node.clone(), clock.clone());
+            tokio::spawn(async move { node.execute(KIND, KEY, append(clock.as_ref(), n)).await })
+        };
+
+        let second = publishing(1);
+        tokio::time::sleep(slow / 4).await;
+        // Nothing reads the published ledger yet: not known, never absent.
+        let resolved = node
+            .resolve(KIND, KEY, cellfleet_cell::CommandId(command_id(0)), None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                resolved,
+                cellfleet_runtime::Resolution::Unknown
+                    | cellfleet_runtime::Resolution::Committed { .. }
+            ),
+            "{backend}: {resolved:?}"
+        );
+        let queried = node
+            .query(KIND, KEY, "all", serde_json::json!({}), None)
+            .await
+            .unwrap();
+        let executed = second.await.unwrap().unwrap();
+        log.ack(1, executed.outcome);
+        assert_eq!(
+            queried.receipt.txid, executed.receipt.txid,
+            "{backend}: the query waited for the publishing group"
+        );
+
+        // The Cell keeps a reader now: the next query during a publication
+        // answers from the published state, without the pending group.
+        let third = publishing(2);
+        tokio::time::sleep(slow / 4).await;
+        let queried = node
+            .query(KIND, KEY, "all", serde_json::json!({}), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            queried.receipt.txid, executed.receipt.txid,
+            "{backend}: answered from the published state"
+        );
+        let executed = third.await.unwrap().unwrap();
+        assert!(executed.receipt.txid > queried.receipt.txid, "{backend}");
+        log.ack(2, executed.outcome);
+        match node
+            .resolve(KIND, KEY, cellfleet_cell::CommandId(command_id(0)), None)
+            .await
+            .unwrap()
+        {
+            cellfleet_runtime::Resolution::Committed { .. } => {}
+            other => panic!("{backend}: {other:?}"),
+        }
+        log.verify(&node, KEY).await;
+        assert_eq!(
+            journal(&node, KEY).await,
+            vec!["t0", "t1", "t2"],
+            "{backend}"
+        );
+    }
+}

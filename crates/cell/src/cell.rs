@@ -43,7 +43,7 @@
 //! - [`Cell::open`] checkpoints whatever the files hold and then refuses to
 //!   serve unless the database is exactly at the published position.
 
-use std::cell::{Cell as Flag, OnceCell};
+use std::cell::{Cell as Counter, OnceCell};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -139,10 +139,11 @@ pub struct Cell {
     /// The next group pins a published reader even if none is open yet:
     /// someone asked for the published state while a group was pending.
     view_wanted: bool,
-    /// Something read the published state (or asked to) since the Cell
-    /// opened. With [`CellConfig::reader_on_demand`], a Cell never read
-    /// closes the readers its pipelined groups pinned once it settles.
-    view_used: Flag<bool>,
+    /// Database descriptors of closed readers SQLite still holds: a
+    /// connection closed while another one of the same file holds a lock
+    /// leaves its descriptor open (closing it would drop that lock), and
+    /// the next reader of the file reuses it.
+    lingering_fds: Counter<usize>,
     capture: CaptureState,
     published: Position,
     /// Oldest first; at most `pending_publications_max`.
@@ -309,7 +310,7 @@ impl Cell {
             write_guard,
             published_reader,
             view_wanted: false,
-            view_used: Flag::new(false),
+            lingering_fds: Counter::new(0),
             spare_readers: Vec::new(),
             capture,
             published,
@@ -604,25 +605,28 @@ impl Cell {
 
     /// Pin a reader at the latest state (`head`) before a group changes
     /// it: the published reader when nothing is pending, else a spare one
-    /// kept by the newest pending publication.
+    /// kept by the newest pending publication. With
+    /// [`CellConfig::reader_on_demand`] nothing is pinned while the Cell
+    /// has no reader and nobody asked for one ([`Cell::want_view`]): a
+    /// read during this group's publication then waits for its confirm.
     fn pin_head(&mut self, head: Txid) -> Result<()> {
+        let keep_view = !self.config.reader_on_demand
+            || self.published_reader.get().is_some()
+            || self.view_wanted;
+        if !keep_view {
+            return Ok(());
+        }
+        self.view_wanted = false;
         if self.pending.is_empty() {
-            if self.published_reader.get().is_none() && self.view_wanted {
-                let _ = self
-                    .published_reader
-                    .set(Reader::open(&self.path, &self.config)?);
+            if self.published_reader.get().is_none() {
+                let _ = self.published_reader.set(self.open_reader()?);
             }
-            self.view_wanted = false;
-            return match self.published_reader.get_mut() {
-                Some(reader) => reader.pin_at(head),
-                // Nobody reads: no view to keep. A query while this group
-                // is pending waits for its confirm (`ViewPending`).
-                None => Ok(()),
-            };
+            let reader = self.published_reader.get_mut().expect("opened above");
+            return reader.pin_at(head);
         }
         let mut reader = match self.spare_readers.pop() {
             Some(reader) => reader,
-            None => Reader::open(&self.path, &self.config)?,
+            None => self.open_reader()?,
         };
         if let Err(e) = reader.pin_at(head) {
             self.spare_readers.push(reader);
@@ -871,11 +875,6 @@ impl Cell {
             self.poisoned = true;
             return Err(e);
         }
-        if self.pending.is_empty() && self.config.reader_on_demand && !self.view_used.get() {
-            // Pinned only because groups overlapped; nobody reads this Cell.
-            self.published_reader.take();
-            self.spare_readers.clear();
-        }
         if self.pending.is_empty() && self.capture.cursor.offset >= self.config.checkpoint_wal_bytes
         {
             self.checkpoint()?;
@@ -895,10 +894,18 @@ impl Cell {
                     self.spare_readers.push(previous);
                 }
             }
-            None => {
-                debug_assert!(self.pending.is_empty());
+            None if self.pending.is_empty() => {
                 if let Some(reader) = self.published_reader.get_mut() {
                     reader.unpin()?;
+                }
+            }
+            None => {
+                // Nothing pinned the newly published state (a reader on
+                // demand nobody had asked for yet): no view until the next
+                // confirm, and a reader still pinned at the old state must
+                // never answer.
+                if self.published_reader.take().is_some() {
+                    self.readers_closed(1);
                 }
             }
         }
@@ -963,10 +970,10 @@ impl Cell {
         let (write, write_guard) = open_connection(&self.path, false, &self.config)?;
         self.write = write;
         self.write_guard = write_guard;
+        // Every connection of the file closed: SQLite closed what it kept.
+        self.lingering_fds.set(0);
         if !self.config.reader_on_demand {
-            let _ = self
-                .published_reader
-                .set(Reader::open(&self.path, &self.config)?);
+            let _ = self.published_reader.set(self.open_reader()?);
         }
         let txid = ledger::txid(&self.write)?;
         if txid != self.published.txid {
@@ -1077,7 +1084,6 @@ impl Cell {
     /// ([`Error::ViewPending`] if something is and no reader holds the
     /// published state; the next group pins one, see [`Cell::want_view`]).
     fn view(&self) -> Result<&Reader> {
-        self.view_used.set(true);
         if self.published_reader.get().is_none() {
             if let Some(pending) = self.pending_txid() {
                 return Err(Error::ViewPending {
@@ -1085,9 +1091,7 @@ impl Cell {
                     pending,
                 });
             }
-            let _ = self
-                .published_reader
-                .set(Reader::open(&self.path, &self.config)?);
+            let _ = self.published_reader.set(self.open_reader()?);
         }
         self.check_published_view()?;
         Ok(self.published_reader.get().expect("opened above"))
@@ -1104,7 +1108,6 @@ impl Cell {
     /// got [`Error::ViewPending`]).
     pub fn want_view(&mut self) {
         self.view_wanted = true;
-        self.view_used.set(true);
     }
 
     /// Read connections open now (the write connection aside): each holds
@@ -1113,6 +1116,29 @@ impl Cell {
         usize::from(self.published_reader.get().is_some())
             + self.spare_readers.len()
             + self.pending.iter().filter(|p| p.reader.is_some()).count()
+    }
+
+    /// Descriptors the Cell holds now: its database, `-wal`, `-shm` and
+    /// lock file, two per reader ([`Cell::readers_open`]), and the
+    /// database descriptors of closed readers SQLite keeps for the next
+    /// one.
+    pub fn descriptors(&self) -> usize {
+        4 + 2 * self.readers_open() + self.lingering_fds.get()
+    }
+
+    /// A new read connection (reusing a closed reader's descriptor when
+    /// SQLite kept one).
+    fn open_reader(&self) -> Result<Reader> {
+        let reader = Reader::open(&self.path, &self.config)?;
+        self.lingering_fds
+            .set(self.lingering_fds.get().saturating_sub(1));
+        Ok(reader)
+    }
+
+    /// Counts `closed` readers closed while the write connection stays
+    /// open.
+    fn readers_closed(&self, closed: usize) {
+        self.lingering_fds.set(self.lingering_fds.get() + closed);
     }
 
     /// Closes the readers nothing needs now: the spare ones, and (with
@@ -1127,6 +1153,7 @@ impl Cell {
         {
             closed += 1;
         }
+        self.readers_closed(closed);
         closed
     }
 

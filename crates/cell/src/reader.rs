@@ -42,7 +42,8 @@ pub(crate) struct Reader {
 impl Reader {
     /// A free read-only connection to the database at `path`.
     pub(crate) fn open(path: &Path, config: &CellConfig) -> Result<Reader> {
-        let (conn, guard) = open_connection(path, true, config)?;
+        let (conn, guard) = open_connection(path, true, config)
+            .map_err(|error| crate::connection::classify_open_error(path, error))?;
         Ok(Reader {
             conn,
             guard,

@@ -248,8 +248,12 @@ pub(crate) struct OpenCharge {
 pub(crate) struct ActorContext {
     /// The node's descriptor budget for open Cells (`fds_max`).
     pub fd_permits: Arc<tokio::sync::Semaphore>,
-    pub fds_per_cell: usize,
     pub fds_per_reader: usize,
+    /// Asks the node to passivate an idle Cell (not this one) when a
+    /// reader finds `fds_max` spent.
+    pub room: mpsc::Sender<CellId>,
+    pub retry_after_ms: u64,
+    pub activation_wait_ms_max: u64,
     pub publisher: Arc<dyn Publisher>,
     pub activator: Activator,
     pub clock: Arc<dyn Clock>,
@@ -742,19 +746,19 @@ impl Actor {
         }
     }
 
-    /// Brings the charge's descriptors to what the Cell's connections hold
-    /// (its readers come and go). When the node's budget has none to give,
-    /// the Cell's idle readers are closed; readers pinned for a pending
-    /// publication stay open past the budget until it is confirmed (the
-    /// open-file limit keeps a reserve above `fds_max` for this).
+    /// Brings the charge's descriptors to what the Cell holds
+    /// ([`Cell::descriptors`]: its readers come and go). When the node's
+    /// budget has none to give, the Cell's idle readers are closed; readers
+    /// pinned for a pending publication stay open past the budget until it
+    /// is confirmed (the open-file limit keeps a reserve above `fds_max`
+    /// for this). A read reserves its reader's descriptors before it opens
+    /// one ([`Actor::reserve_reader`]).
     fn settle_fds(&mut self) {
         let Some(cell) = self.cell.as_mut() else {
             return;
         };
-        let want =
-            |cell: &Cell| self.ctx.fds_per_cell + self.ctx.fds_per_reader * cell.readers_open();
         let have = self.charge.fds.num_permits();
-        let mut need = want(cell);
+        let mut need = cell.descriptors();
         if need > have {
             let more = u32::try_from(need - have).unwrap_or(u32::MAX);
             match self.ctx.fd_permits.clone().try_acquire_many_owned(more) {
@@ -764,13 +768,46 @@ impl Actor {
                 }
                 Err(_) => {
                     cell.close_idle_readers();
-                    need = want(cell);
+                    need = cell.descriptors();
                 }
             }
         }
         if need < have {
             drop(self.charge.fds.split(have - need));
         }
+    }
+
+    /// Takes the descriptors of the reader the next read opens (the Cell
+    /// has none and nothing is pending), asking the node to passivate an
+    /// idle Cell when `fds_max` is spent.
+    async fn reserve_reader(&mut self) -> Result<()> {
+        let opens = self
+            .cell
+            .as_ref()
+            .is_some_and(|cell| cell.readers_open() == 0 && cell.has_published_view());
+        if !opens {
+            return Ok(());
+        }
+        let need = u32::try_from(self.ctx.fds_per_reader).unwrap_or(u32::MAX);
+        let permits = self.ctx.fd_permits.clone();
+        let more = match permits.clone().try_acquire_many_owned(need) {
+            Ok(more) => more,
+            Err(_) => {
+                let _ = self.ctx.room.try_send(self.cell_id.clone());
+                let wait = std::time::Duration::from_millis(self.ctx.activation_wait_ms_max);
+                match tokio::time::timeout(wait, permits.acquire_many_owned(need)).await {
+                    Ok(Ok(more)) => more,
+                    _ => {
+                        return Err(Error::ResourceExhausted {
+                            what: "fds_max (descriptors for a Cell's reader)",
+                            retry_after_ms: self.ctx.retry_after_ms,
+                        })
+                    }
+                }
+            }
+        };
+        self.charge.fds.merge(more);
+        Ok(())
     }
 
     async fn on_query(
@@ -838,6 +875,7 @@ impl Actor {
     /// The value and its TXID come from one engine call
     /// ([`Cell::query_with_position`]), so they name the same state.
     async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
+        self.reserve_reader().await?;
         match self
             .with_cell(move |cell| cell.query_with_position(&name, &args))
             .await
@@ -872,7 +910,17 @@ impl Actor {
             .drain(..)
             .partition(|w| w.min_txid <= published);
         self.waiters = kept;
-        for waiter in ready {
+        for mut waiter in ready {
+            if !self.cell.as_ref().is_some_and(Cell::has_published_view) {
+                // Confirmed, but the next group (executed before anyone
+                // asked) pinned no reader: wait for that one too.
+                if let Some(cell) = self.cell.as_mut() {
+                    cell.want_view();
+                }
+                waiter.min_txid = published + 1;
+                self.waiters.push(waiter);
+                continue;
+            }
             let answer = self.run_query(waiter.name, waiter.args).await;
             waiter.reply.send(answer);
         }
@@ -891,6 +939,7 @@ impl Actor {
             cell.want_view();
             return Ok(Resolution::Unknown);
         }
+        self.reserve_reader().await?;
         let found = self
             .with_cell(move |cell| cell.published_outcome(&id))
             .await

@@ -52,6 +52,10 @@ use parked::Parked;
 /// Times a request is re-dispatched after finding its actor stopped.
 const DISPATCH_ATTEMPTS_MAX: usize = 3;
 
+/// Actors' requests for descriptors waiting at once (one more is dropped:
+/// a passivation the asker waits for is already on its way).
+const ROOM_REQUESTS_MAX: usize = 64;
+
 #[derive(Clone, Debug)]
 struct ActorHandle {
     tx: mpsc::Sender<Msg>,
@@ -206,9 +210,12 @@ impl Node {
             settle_ms: config.log.reply_wait_ms,
         };
         let fd_permits = Arc::new(Semaphore::new(limits.fds_max.min(Semaphore::MAX_PERMITS)));
+        let (room_tx, room_rx) = mpsc::channel(ROOM_REQUESTS_MAX);
         let actor_context = Arc::new(ActorContext {
             fd_permits: fd_permits.clone(),
-            fds_per_cell: limits.fds_per_cell,
+            room: room_tx,
+            retry_after_ms: limits.retry_after_ms,
+            activation_wait_ms_max: limits.activation_wait_ms_max,
             fds_per_reader: limits.fds_per_reader,
             publisher,
             activator: activator.clone(),
@@ -263,6 +270,7 @@ impl Node {
         if shared.config.publication == PublicationMode::Log {
             tokio::spawn(Shared::sweep_parked(Arc::downgrade(&shared)));
         }
+        tokio::spawn(Shared::make_room(Arc::downgrade(&shared), room_rx));
         tokio::spawn(lease.clone().run());
         // A sealed lane means a successor declared this session dead: it
         // ends, so the node cannot keep taking Cells into a log that no
@@ -412,6 +420,23 @@ impl Shared {
         Some(OpenCharge { _open: open, fds })
     }
 
+    /// Passivates the least recently used idle Cell (not `except`) for
+    /// each actor that asked for descriptors (a Cell about to open its
+    /// reader when `fds_max` is spent).
+    async fn make_room(shared: std::sync::Weak<Shared>, mut asks: mpsc::Receiver<CellId>) {
+        while let Some(except) = asks.recv().await {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if let Some(victim) = shared.claim_lru_idle(Some(&except)) {
+                let _ = victim.tx.try_send(Msg::Stop {
+                    how: StopHow::Passivate,
+                    done: None,
+                });
+            }
+        }
+    }
+
     /// Takes an open-Cell charge (a place among the open Cells and the
     /// descriptors of one without readers), passivating the LRU idle Cell
     /// if needed.
@@ -419,35 +444,7 @@ impl Shared {
         if let Some(charge) = self.try_open_charge() {
             return Ok(charge);
         }
-        // The least recently used idle Cell: one scan under the read lock
-        // that clones only the winner (an activation per command at 10,000
-        // Cells cloned and sorted every open handle). Each last use is read
-        // once, so requests moving it cannot upset the choice. A victim
-        // another activation claimed first is passed over by the next
-        // scan, so concurrent activations each claim a different one.
-        let victim = loop {
-            let oldest = self
-                .slots()
-                .values()
-                .filter_map(|slot| match slot {
-                    Slot::Active(handle)
-                        if handle.load.load(Ordering::Relaxed) == 0
-                            && !handle.passivating.load(Ordering::Relaxed) =>
-                    {
-                        Some(handle)
-                    }
-                    _ => None,
-                })
-                .min_by_key(|handle| handle.last_used.load(Ordering::Relaxed))
-                .cloned();
-            match oldest {
-                None => break None,
-                Some(handle) if !handle.passivating.swap(true, Ordering::SeqCst) => {
-                    break Some(handle)
-                }
-                Some(_) => continue,
-            }
-        };
+        let victim = self.claim_lru_idle(None);
         let exhausted = Error::ResourceExhausted {
             what: "cells_open_max",
             retry_after_ms: self.config.limits.retry_after_ms,
@@ -474,6 +471,42 @@ impl Shared {
                 Err(exhausted)
             }
         }
+    }
+
+    /// Claims the least recently used idle Cell (other than `except`) for
+    /// passivation, or `None` if every open Cell is busy.
+    fn claim_lru_idle(&self, except: Option<&CellId>) -> Option<ActorHandle> {
+        // The least recently used idle Cell: one scan under the read lock
+        // that clones only the winner (an activation per command at 10,000
+        // Cells cloned and sorted every open handle). Each last use is read
+        // once, so requests moving it cannot upset the choice. A victim
+        // another activation claimed first is passed over by the next
+        // scan, so concurrent activations each claim a different one.
+        let victim = loop {
+            let oldest = self
+                .slots()
+                .iter()
+                .filter(|(cell, _)| Some(*cell) != except)
+                .filter_map(|(_, slot)| match slot {
+                    Slot::Active(handle)
+                        if handle.load.load(Ordering::Relaxed) == 0
+                            && !handle.passivating.load(Ordering::Relaxed) =>
+                    {
+                        Some(handle)
+                    }
+                    _ => None,
+                })
+                .min_by_key(|handle| handle.last_used.load(Ordering::Relaxed))
+                .cloned();
+            match oldest {
+                None => break None,
+                Some(handle) if !handle.passivating.swap(true, Ordering::SeqCst) => {
+                    break Some(handle)
+                }
+                Some(_) => continue,
+            }
+        };
+        victim
     }
 
     /// Activates a Cell and starts its actor (runs in a spawned task so a
@@ -933,6 +966,18 @@ impl NodeHandle {
     /// Prometheus text of this node's metrics.
     pub fn metrics_text(&self) -> String {
         self.shared.metrics.render(self.shared.me.node.as_str())
+    }
+
+    /// File descriptors open Cells are charged for now, of `fds_max`
+    /// (each Cell's database, `-wal`, `-shm` and lock file, its readers,
+    /// and closed readers' descriptors SQLite keeps).
+    pub fn cell_descriptors_charged(&self) -> usize {
+        self.shared
+            .config
+            .limits
+            .fds_max
+            .min(tokio::sync::Semaphore::MAX_PERMITS)
+            .saturating_sub(self.shared.fd_permits.available_permits())
     }
 
     /// The node's metrics.

@@ -855,3 +855,65 @@ async fn a_cell_whose_compactions_failed_recovers_once_uploads_work() {
     );
     log.verify(&node, KEY).await;
 }
+
+/// Descriptors this process holds open on files of `cells` (a node's Cell
+/// directory): databases, WALs, shared memory and lock files.
+fn descriptors_under(cells: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.starts_with(cells))
+        .count()
+}
+
+/// The descriptor budget covers what Cells really hold: a Cell is charged
+/// for its files, each reader a query opens, and the descriptors SQLite
+/// keeps of closed readers. With room for a few Cells and readers, reading
+/// many Cells over and over passivates idle ones to make room, every query
+/// answers, and the descriptors open never exceed the charge or `fds_max`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_are_charged_against_fds_max_and_every_query_answers() {
+    const CELLS: u64 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "fds");
+    config.limits.fds_max = 4 * 5 + 2 * 2;
+    config.log.checkpoint_idle_ms = 50;
+    let fds_max = config.limits.fds_max;
+    let a = start(config, store, clock.clone()).await;
+    let cells = dir.path().join("a").join("cells");
+    let check = |what: &str| {
+        let open = descriptors_under(&cells);
+        let charged = a.cell_descriptors_charged();
+        assert!(
+            open <= charged && charged <= fds_max,
+            "{what}: {open} descriptors open, {charged} charged, fds_max {fds_max}"
+        );
+    };
+    for n in 0..CELLS {
+        let key = format!("cell-{n}");
+        a.execute(KIND, key.as_bytes(), append(clock.as_ref(), n))
+            .await
+            .unwrap();
+        check(&format!("after creating {key}"));
+    }
+    for round in 0..3 {
+        for n in 0..CELLS {
+            let key = format!("cell-{n}");
+            assert_eq!(
+                journal(&a, key.as_bytes()).await,
+                vec![format!("t{n}")],
+                "round {round}"
+            );
+            check(&format!("round {round}, after reading {key}"));
+        }
+    }
+    assert!(
+        a.metrics()
+            .passivations_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= CELLS - 5
+    );
+}

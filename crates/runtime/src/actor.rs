@@ -851,7 +851,7 @@ impl Actor {
                 if self.waiters.len() >= self.ctx.query_waiters_max {
                     reply.send(Err(Error::ResourceExhausted {
                         what: "queries waiting on a cell",
-                        retry_after_ms: 50,
+                        retry_after_ms: self.ctx.retry_after_ms,
                     }));
                     return;
                 }

@@ -52,6 +52,10 @@ use parked::Parked;
 /// Times a request is re-dispatched after finding its actor stopped.
 const DISPATCH_ATTEMPTS_MAX: usize = 3;
 
+/// Idle Cells with a full mailbox passed over before one is asked to
+/// passivate gives up.
+const PASSIVATION_ASKS_MAX: usize = 8;
+
 /// Actors' requests for descriptors waiting at once (one more is dropped:
 /// a passivation the asker waits for is already on its way).
 const ROOM_REQUESTS_MAX: usize = 64;
@@ -428,12 +432,7 @@ impl Shared {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            if let Some(victim) = shared.claim_lru_idle(Some(&except)) {
-                let _ = victim.tx.try_send(Msg::Stop {
-                    how: StopHow::Passivate,
-                    done: None,
-                });
-            }
+            shared.passivate_lru_idle(Some(&except));
         }
     }
 
@@ -444,19 +443,14 @@ impl Shared {
         if let Some(charge) = self.try_open_charge() {
             return Ok(charge);
         }
-        let victim = self.claim_lru_idle(None);
         let exhausted = Error::ResourceExhausted {
             what: "cells_open_max",
             retry_after_ms: self.config.limits.retry_after_ms,
         };
-        let Some(victim) = victim else {
+        if !self.passivate_lru_idle(None) {
             self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
             return Err(exhausted);
-        };
-        let _ = victim.tx.try_send(Msg::Stop {
-            how: StopHow::Passivate,
-            done: None,
-        });
+        }
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
         let fds = u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX);
         let charge = async {
@@ -471,6 +465,32 @@ impl Shared {
                 Err(exhausted)
             }
         }
+    }
+
+    /// Asks the least recently used idle Cell (other than `except`) to
+    /// passivate; false if no idle Cell took the request. A Cell whose
+    /// mailbox is full is passed over and stays a candidate later.
+    fn passivate_lru_idle(&self, except: Option<&CellId>) -> bool {
+        let mut passed_over = Vec::new();
+        let mut asked = false;
+        while let Some(victim) = self.claim_lru_idle(except) {
+            let stop = Msg::Stop {
+                how: StopHow::Passivate,
+                done: None,
+            };
+            if victim.tx.try_send(stop).is_ok() {
+                asked = true;
+                break;
+            }
+            passed_over.push(victim);
+            if passed_over.len() >= PASSIVATION_ASKS_MAX {
+                break;
+            }
+        }
+        for handle in passed_over {
+            handle.passivating.store(false, Ordering::SeqCst);
+        }
+        asked
     }
 
     /// Claims the least recently used idle Cell (other than `except`) for

@@ -38,20 +38,8 @@ fn lazy(mut config: NodeConfig) -> NodeConfig {
 async fn a_lost_segment_reply_is_settled_by_sending_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, inner, prefix) in backends("log-lost-reply", dir.path()).await {
-        let store = Arc::new(FaultStore::new(inner));
-        let clock = manual_clock();
-        let node = start(
-            node_config("n1", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
-        let log = AckLog::default();
-        let first = node
-            .execute(KIND, KEY, append(clock.as_ref(), 0))
-            .await
-            .unwrap();
-        log.ack(0, first.outcome);
+        let config = node_config("n1", &dir.path().join(backend), &prefix);
+        let (store, clock, node, log) = start_with_first_command(config, inner, KEY).await;
         // The segment lands but its reply is lost: the resend finds this
         // session's bytes in the slot, so the group is acknowledged once.
         store.inject(
@@ -1193,20 +1181,8 @@ async fn a_local_file_that_lost_writes_is_rebuilt_from_the_bucket() {
 async fn a_query_on_a_cell_never_read_waits_for_its_publishing_group() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, inner, prefix) in backends("log-view", dir.path()).await {
-        let store = Arc::new(FaultStore::new(inner));
-        let clock = manual_clock();
-        let node = start(
-            node_config("n1", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
-        let log = AckLog::default();
-        let first = node
-            .execute(KIND, KEY, append(clock.as_ref(), 0))
-            .await
-            .unwrap();
-        log.ack(0, first.outcome);
+        let config = node_config("n1", &dir.path().join(backend), &prefix);
+        let (store, clock, node, log) = start_with_first_command(config, inner, KEY).await;
         let slow = Duration::from_millis(400);
         let publishing = |n: u64| {
             store.inject(

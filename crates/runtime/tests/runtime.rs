@@ -268,20 +268,8 @@ async fn takeover_waits_for_lease_expiry_and_fences_the_paused_owner() {
 async fn a_lost_cas_reply_commits_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, inner, prefix) in backends("lost-reply", dir.path()).await {
-        let store = Arc::new(FaultStore::new(inner));
-        let clock = manual_clock();
-        let node = start(
-            cell_node_config("n1", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
-        let log = AckLog::default();
-        let first = node
-            .execute(KIND, KEY, append(clock.as_ref(), 0))
-            .await
-            .unwrap();
-        log.ack(0, first.outcome);
+        let config = cell_node_config("n1", &dir.path().join(backend), &prefix);
+        let (store, clock, node, log) = start_with_first_command(config, inner, KEY).await;
         store.inject(Fault::lose_reply(Op::PutIfMatch).key_prefix(root_key(&prefix)));
         let executed = node
             .execute(KIND, KEY, append(clock.as_ref(), 1))

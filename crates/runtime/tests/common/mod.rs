@@ -134,3 +134,27 @@ pub async fn execute_all(
     }
     results
 }
+
+/// A node over a fault-injecting wrapper of `inner`, with command 0
+/// executed on `key` and acknowledged in the returned log.
+pub async fn start_with_first_command(
+    config: NodeConfig,
+    inner: Arc<dyn ObjectStore>,
+    key: &[u8],
+) -> (
+    Arc<cellfleet_store::FaultStore>,
+    Arc<ManualClock>,
+    NodeHandle,
+    AckLog,
+) {
+    let store = Arc::new(cellfleet_store::FaultStore::new(inner));
+    let clock = manual_clock();
+    let node = start(config, store.clone(), clock.clone()).await;
+    let log = AckLog::default();
+    let first = node
+        .execute(KIND, key, append(clock.as_ref(), 0))
+        .await
+        .unwrap();
+    log.ack(0, first.outcome);
+    (store, clock, node, log)
+}

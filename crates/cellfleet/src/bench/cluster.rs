@@ -9,7 +9,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -404,6 +404,12 @@ impl BenchCluster {
         Ok(())
     }
 
+    /// Copies the nodes' logs (`n1.log`, …) out of the cluster directory,
+    /// which is deleted with the cluster, into a new directory it returns.
+    pub fn keep_logs(&self) -> anyhow::Result<PathBuf> {
+        keep_logs(self.dir.path(), &std::env::temp_dir())
+    }
+
     pub fn stop(&mut self) -> Vec<(String, bool)> {
         for node in self.nodes.iter().filter(|n| !n.killed) {
             dev_cmd::terminate(&node.child);
@@ -511,5 +517,50 @@ fn forward_output(
         if let (Some(client), Some(http)) = (field("client"), field("http")) {
             let _ = ready.send((index, Ready { client, http }));
         }
+    }
+}
+
+/// Copies every `*.log` file of `from` into a new `cellfleet-bench-logs-*`
+/// directory under `under` and returns it.
+fn keep_logs(from: &Path, under: &Path) -> anyhow::Result<PathBuf> {
+    let kept = tempfile::Builder::new()
+        .prefix("cellfleet-bench-logs-")
+        .tempdir_in(under)
+        .context("creating the directory for the nodes' logs")?
+        .keep();
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "log") {
+            let name = path.file_name().expect("a file in a directory");
+            std::fs::copy(&path, kept.join(name))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod keep_logs_tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_logs_are_copied_and_nothing_else() {
+        let cluster = tempfile::tempdir().unwrap();
+        std::fs::write(cluster.path().join("n1.log"), "n1 ready\n").unwrap();
+        std::fs::write(cluster.path().join("n2.log"), "n2 drained\n").unwrap();
+        std::fs::write(cluster.path().join("n1.toml"), "node_id = 'n1'\n").unwrap();
+        let under = tempfile::tempdir().unwrap();
+        let kept = keep_logs(cluster.path(), under.path()).unwrap();
+        assert!(kept.starts_with(under.path()));
+        let mut names: Vec<_> = std::fs::read_dir(&kept)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["n1.log", "n2.log"]);
+        assert_eq!(
+            std::fs::read_to_string(kept.join("n2.log")).unwrap(),
+            "n2 drained\n"
+        );
     }
 }

@@ -293,15 +293,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             eprintln!("bench: wrote {}", path.display());
         }
     }
-    if !report.exactness.passed {
-        eprintln!("bench: the exactness check FAILED");
-        return Ok(ExitCode::from(1));
+    let failed = if !report.exactness.passed {
+        Some("the exactness check FAILED")
+    } else if report.drained.iter().any(|(_, clean)| !clean) {
+        Some("a node did not drain cleanly")
+    } else {
+        None
+    };
+    let Some(failed) = failed else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    eprintln!("bench: {failed}");
+    // The cluster directory goes with the run; its nodes' logs are what
+    // explains a failure.
+    match cluster.keep_logs() {
+        Ok(kept) => eprintln!("bench: the nodes' logs are kept in {}", kept.display()),
+        Err(error) => eprintln!("bench: could not keep the nodes' logs: {error:#}"),
     }
-    if report.drained.iter().any(|(_, clean)| !clean) {
-        eprintln!("bench: a node did not drain cleanly");
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(1))
 }
 
 /// The machine the run measured: CPU model and count, memory, kernel.

@@ -831,15 +831,7 @@ impl Actor {
                     }));
                     return;
                 }
-                let deadline = tokio::time::Instant::now()
-                    + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
-                self.waiters.push(QueryWaiter {
-                    min_txid: min,
-                    name,
-                    args,
-                    reply,
-                    deadline,
-                });
+                self.park_query(min, name, args, reply);
             }
             _ if !self.cell.as_ref().is_some_and(Cell::has_published_view) => {
                 // No reader holds the published state while a group is
@@ -855,15 +847,8 @@ impl Actor {
                     }));
                     return;
                 }
-                let deadline = tokio::time::Instant::now()
-                    + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
-                self.waiters.push(QueryWaiter {
-                    min_txid: self.published_txid() + 1,
-                    name,
-                    args,
-                    reply,
-                    deadline,
-                });
+                let next = self.published_txid() + 1;
+                self.park_query(next, name, args, reply);
             }
             _ => {
                 let answer = self.run_query(name, args).await;
@@ -887,6 +872,20 @@ impl Actor {
             Some(Err(error)) => Err(Error::from(error)),
             None => Err(Error::Closed("the cell engine was lost".into())),
         }
+    }
+
+    /// Keeps a query until `min_txid` is published (or its wait bound
+    /// passes).
+    fn park_query(&mut self, min_txid: u64, name: String, args: Value, reply: Reply<Queried>) {
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
+        self.waiters.push(QueryWaiter {
+            min_txid,
+            name,
+            args,
+            reply,
+            deadline,
+        });
     }
 
     fn expire_waiters(&mut self) {

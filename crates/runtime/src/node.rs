@@ -416,9 +416,14 @@ impl Shared {
         Err(self.not_owner(cell, owner).await)
     }
 
+    /// The descriptor permits an open Cell without readers is charged.
+    fn fds_per_cell_permits(&self) -> u32 {
+        u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX)
+    }
+
     /// An open-Cell charge if both budgets have room now.
     fn try_open_charge(&self) -> Option<OpenCharge> {
-        let fds = u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX);
+        let fds = self.fds_per_cell_permits();
         let open = self.open_permits.clone().try_acquire_owned().ok()?;
         let fds = self.fd_permits.clone().try_acquire_many_owned(fds).ok()?;
         Some(OpenCharge { _open: open, fds })
@@ -452,7 +457,7 @@ impl Shared {
             return Err(exhausted);
         }
         let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
-        let fds = u32::try_from(self.config.limits.fds_per_cell).unwrap_or(u32::MAX);
+        let fds = self.fds_per_cell_permits();
         let charge = async {
             let open = self.open_permits.clone().acquire_owned().await?;
             let fds = self.fd_permits.clone().acquire_many_owned(fds).await?;

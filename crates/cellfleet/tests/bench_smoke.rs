@@ -32,6 +32,7 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             "4",
             "--capacity-rates",
             "20,40",
+            "--keep-logs",
             "--json",
         ])
         .arg(&json_path)
@@ -47,6 +48,20 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         output.status
     );
     assert!(stdout.contains("exactness: PASSED"), "{stdout}");
+    // --keep-logs: a passing run keeps its nodes' logs too, and says where.
+    let kept = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("bench: the nodes' logs are kept in "))
+        .unwrap_or_else(|| panic!("no kept logs reported:\n{stderr}"));
+    for node in ["n1", "n2"] {
+        let log = std::fs::read_to_string(std::path::Path::new(kept).join(format!("{node}.log")))
+            .unwrap_or_else(|e| panic!("{node}'s kept log in {kept}: {e}"));
+        assert!(
+            log.contains(&format!("cellfleet node {node} ready")),
+            "{log}"
+        );
+    }
+    std::fs::remove_dir_all(kept).expect("remove the kept logs");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
             .expect("the report is JSON");

@@ -9,10 +9,13 @@
 //! * [`ServingMode::Stopped`] — the lease was replaced by another session
 //!   or retired: serve nothing.
 //!
-//! The renewal loop ([`LeaseKeeper::run`]) renews every `renew_every_ms`;
+//! The renewal loop ([`LeaseKeeper::run`]) sends a renewal every
+//! `renew_every_ms`, counted from the last one's send ([`next_renewal`]);
 //! a renewal that finds another session stops the node at once. A failed
-//! renewal (store unavailable) is retried on the next tick; the deadline,
-//! not the failure, decides when the node self-fences.
+//! renewal (store unavailable) is retried after a quarter period; the
+//! deadline, not the failure, decides when the node self-fences. Every
+//! renewal's time is measured (`cellfleet_runtime_lease_renewal_seconds`)
+//! and one taking half a period or more is logged.
 //!
 //! **A lapse is never forgotten.** A renewal whose reply arrives at or after
 //! the deadline it replaces (the node was paused, cut off, or the store was
@@ -75,6 +78,20 @@ pub fn term_after_renewal(term: u64, previous_deadline: Instant, answered: Insta
         term
     } else {
         term + 1
+    }
+}
+
+/// When the next renewal is sent (pure). After a renewal that committed:
+/// one period after it was *sent*, so a slow answer does not also delay
+/// the next send by its own length (the gap between two sends is the
+/// longer of the period and the answer time, not their sum; a lapse needs
+/// that gap plus the next answer time to reach the lease). After a failed
+/// one: a quarter period after the answer, not a whole period.
+pub fn next_renewal(sent: Instant, answered: Instant, renewed: bool, period: Duration) -> Instant {
+    if renewed {
+        sent + period
+    } else {
+        answered + period / 4
     }
 }
 
@@ -178,15 +195,34 @@ impl LeaseKeeper {
 
     /// Renews once now (unless paused or stopped). Returns the new status.
     pub async fn renew_now(&self) -> LeaseStatus {
+        self.renew_once().await.0
+    }
+
+    /// Renews once now; the new status, and whether the record was renewed.
+    async fn renew_once(&self) -> (LeaseStatus, bool) {
         let _writing = self.writing.lock().await;
         let held = {
             let state = self.state();
             if state.status != LeaseStatus::Held || self.paused.load(Ordering::SeqCst) {
-                return state.status.clone();
+                return (state.status.clone(), false);
             }
             state.held.clone()
         };
-        match self.leases.renew(&held).await {
+        let sent = self.clock.now_monotonic();
+        let outcome = self.leases.renew(&held).await;
+        let took = self.clock.now_monotonic().saturating_duration_since(sent);
+        self.metrics.lease_renewal_seconds.observe_duration(took);
+        let config = self.leases.config();
+        if took >= Duration::from_millis(config.renew_every_ms / 2) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                renew_every_ms = config.renew_every_ms,
+                lease_ms = config.lease_ms,
+                ok = outcome.is_ok(),
+                "lease renewal was slow (the store or this process is overloaded); the lease lapses if renewals keep taking this long"
+            );
+        }
+        match outcome {
             Ok(renewed) => {
                 self.metrics
                     .lease_renewals_total
@@ -207,36 +243,42 @@ impl LeaseKeeper {
                     state.term = term;
                     state.held = renewed;
                 }
-                state.status.clone()
+                (state.status.clone(), true)
             }
             Err(error) if error.is_fenced() => {
                 tracing::error!(%error, "node lease replaced; stopping");
                 let mut state = self.state_mut();
                 state.status = LeaseStatus::Replaced(error.to_string());
                 let _ = self.replaced.send(true);
-                state.status.clone()
+                (state.status.clone(), false)
             }
             Err(error) => {
-                // Keep serving only until the local deadline; retry next tick.
+                // Keep serving only until the local deadline; retry soon.
                 tracing::warn!(%error, "lease renewal failed");
-                self.state().status.clone()
+                (self.state().status.clone(), false)
             }
         }
     }
 
-    /// Renews every `renew_every_ms` until stopped, replaced or retired.
-    /// Spawned by the node (the renewal is a CAS and must not be cut off).
+    /// Renews every `renew_every_ms` (timed by [`next_renewal`]) until
+    /// stopped, replaced or retired. Spawned by the node (the renewal is a
+    /// CAS and must not be cut off).
     pub async fn run(self: Arc<Self>) {
         let period = Duration::from_millis(self.leases.config().renew_every_ms);
         let mut stop = self.stop.subscribe();
+        let mut next = tokio::time::Instant::now() + period;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep_until(next) => {}
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
-            if self.renew_now().await != LeaseStatus::Held {
+            let sent = tokio::time::Instant::now();
+            let (status, renewed) = self.renew_once().await;
+            if status != LeaseStatus::Held {
                 return;
             }
+            let answered = tokio::time::Instant::now();
+            next = next_renewal(sent.into_std(), answered.into_std(), renewed, period).into();
         }
     }
 
@@ -386,6 +428,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// For any sequence of answer times, renewals timed by
+        /// [`next_renewal`] lapse at none of the renewals where the old
+        /// timing (a whole period after each answer) did not: the gap
+        /// between two sends is never longer, and a lapse is a gap plus
+        /// an answer time reaching the lease minus the margin.
+        #[test]
+        fn renewals_timed_from_their_send_lapse_no_more_than_from_their_answer(
+            answers in proptest::collection::vec((0..4_000u64, proptest::bool::weighted(0.8)), 1..40)
+        ) {
+            const PERIOD_MS: u64 = 333;
+            let base = Instant::now();
+            let at = |ms: u64| base + Duration::from_millis(ms);
+            let period = Duration::from_millis(PERIOD_MS);
+            // (next send, deadline) under each timing; both start alike.
+            let mut new = (PERIOD_MS, LEASE_MS - MARGIN_MS);
+            let mut old = new;
+            for (index, &(answer_ms, renewed)) in answers.iter().enumerate() {
+                let mut lapses = [false; 2];
+                for (which, (send, deadline)) in [&mut new, &mut old].into_iter().enumerate() {
+                    let answered = *send + answer_ms;
+                    lapses[which] = renewed && answered >= *deadline;
+                    if renewed {
+                        *deadline = *send + LEASE_MS - MARGIN_MS;
+                    }
+                    *send = if which == 0 {
+                        let next = next_renewal(at(*send), at(answered), renewed, period);
+                        // A send time already past is sent at once.
+                        (next.duration_since(base).as_millis() as u64).max(answered)
+                    } else {
+                        answered + PERIOD_MS
+                    };
+                }
+                prop_assert!(
+                    !lapses[0] || lapses[1],
+                    "renewal {index} lapsed timed from its send but not from its answer"
+                );
+                prop_assert!(new.0 <= old.0, "renewal {index}: the next send is later");
+            }
+        }
+    }
+
+    #[test]
+    fn the_next_renewal_follows_the_send_when_renewed_and_the_answer_soon_when_not() {
+        let sent = Instant::now();
+        let period = Duration::from_millis(3_000);
+        let slow = sent + Duration::from_millis(2_000);
+        assert_eq!(
+            next_renewal(sent, slow, true, period),
+            sent + Duration::from_millis(3_000)
+        );
+        assert_eq!(
+            next_renewal(sent, slow, false, period),
+            slow + Duration::from_millis(750)
+        );
     }
 
     #[test]

@@ -8,6 +8,9 @@ use std::time::Duration;
 const SECONDS_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
 ];
+/// Upper bounds of the lease-renewal histogram, in seconds (a renewal
+/// matters against a lease of seconds).
+const LEASE_SECONDS_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0];
 /// Upper bounds of the group-size histogram, in commands.
 const COMMANDS_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
@@ -183,6 +186,9 @@ pub struct Metrics {
     pub lease_renewals_total: AtomicU64,
     /// Renewals answered after the deadline they replaced (a new term).
     pub lease_lapses_total: AtomicU64,
+    /// A renewal's time from send to answer, whatever the answer (a slow
+    /// store or a starved process shows here before a lapse does).
+    pub lease_renewal_seconds: Histogram,
     /// Node-log segments written (log mode).
     pub log_segments_total: AtomicU64,
     /// Cell groups per segment.
@@ -254,6 +260,7 @@ impl Default for Metrics {
             authority_reads_total: AtomicU64::new(0),
             lease_renewals_total: AtomicU64::new(0),
             lease_lapses_total: AtomicU64::new(0),
+            lease_renewal_seconds: Histogram::new(&LEASE_SECONDS_BUCKETS),
             log_segments_total: AtomicU64::new(0),
             log_segment_records: Histogram::new(&COMMANDS_BUCKETS),
             log_segment_bytes: Histogram::new(&BYTES_BUCKETS),
@@ -550,6 +557,12 @@ impl Metrics {
             "Lease renewals answered after the deadline lapsed (owned cells re-prove ownership).",
             &braces,
             load(&self.lease_lapses_total),
+        );
+        let _ = writeln!(out, "# HELP cellfleet_runtime_lease_renewal_seconds Lease renewal time from send to answer.\n# TYPE cellfleet_runtime_lease_renewal_seconds histogram");
+        self.lease_renewal_seconds.render(
+            &mut out,
+            "cellfleet_runtime_lease_renewal_seconds",
+            &node_label,
         );
         out
     }

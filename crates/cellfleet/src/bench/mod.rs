@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// Keep the run's objects in the bucket (default: deleted at the end).
     #[arg(long)]
     keep_objects: bool,
+    /// Keep the nodes' logs (copied out of the cluster directory, which
+    /// is deleted) even when the run passes; a failed run always keeps them.
+    #[arg(long)]
+    keep_logs: bool,
     /// How the nodes make groups durable: `log` (the node log, the
     /// default) or `cell` (one root CAS per Cell group, the reference).
     #[arg(long, value_enum, default_value_t = Publication::Log)]
@@ -300,17 +304,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let Some(failed) = failed else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    eprintln!("bench: {failed}");
+    if let Some(failed) = failed {
+        eprintln!("bench: {failed}");
+    }
     // The cluster directory goes with the run; its nodes' logs are what
     // explains a failure.
-    match cluster.keep_logs() {
-        Ok(kept) => eprintln!("bench: the nodes' logs are kept in {}", kept.display()),
-        Err(error) => eprintln!("bench: could not keep the nodes' logs: {error:#}"),
+    if failed.is_some() || args.keep_logs {
+        match cluster.keep_logs() {
+            Ok(kept) => eprintln!("bench: the nodes' logs are kept in {}", kept.display()),
+            Err(error) => eprintln!("bench: could not keep the nodes' logs: {error:#}"),
+        }
     }
-    Ok(ExitCode::from(1))
+    Ok(if failed.is_some() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// The machine the run measured: CPU model and count, memory, kernel.

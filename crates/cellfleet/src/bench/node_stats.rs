@@ -140,6 +140,11 @@ pub struct Phases {
     pub publication_ms: f64,
     pub activations: f64,
     pub passivations: f64,
+    /// Lease renewals in the window, those that took over a second from
+    /// send to answer, and those answered after the deadline (lapses).
+    pub lease_renewals: f64,
+    pub lease_renewals_over_1s: f64,
+    pub lease_lapses: f64,
     /// Store requests in the window by operation (every node's), in
     /// `cellfleet_store::Op` order; zero-count operations left out.
     pub store_requests: Vec<(String, f64)>,
@@ -207,6 +212,11 @@ impl Phases {
             publication_ms: mean_ms("total"),
             activations,
             passivations: delta("cellfleet_runtime_passivations_total"),
+            lease_renewals: delta("cellfleet_runtime_lease_renewal_seconds_count"),
+            lease_renewals_over_1s: (delta("cellfleet_runtime_lease_renewal_seconds_count")
+                - delta("cellfleet_runtime_lease_renewal_seconds_bucket{le=\"1\"}"))
+            .max(0.0),
+            lease_lapses: delta("cellfleet_runtime_lease_lapses_total"),
             store_requests: cellfleet_store::Op::ALL
                 .iter()
                 .map(|op| {
@@ -294,6 +304,12 @@ impl Phases {
                 .collect();
             line += &format!("; store requests: {}", ops.join(", "));
         }
+        if self.lease_renewals > 0.0 {
+            line += &format!(
+                "; lease renewals {:.0} ({:.0} took over 1 s, {:.0} lapsed)",
+                self.lease_renewals, self.lease_renewals_over_1s, self.lease_lapses
+            );
+        }
         line
     }
 }
@@ -378,6 +394,35 @@ mod tests {
         assert!((phases.cas_ms - 5.0).abs() < 1e-9, "{phases:?}");
         assert_eq!(phases.upload_ms, 0.0);
         assert_eq!(after.node(0, "cellfleet_runtime_publications_total"), 20.0);
+    }
+
+    #[test]
+    fn slow_renewals_and_lapses_are_read_from_a_nodes_own_exposition() {
+        use std::sync::atomic::Ordering;
+        let metrics = cellfleet_runtime::Metrics::default();
+        let before = Snapshot {
+            nodes: vec![parse(&metrics.render("n1"))],
+        };
+        for ms in [40, 900, 1_500, 4_000] {
+            metrics
+                .lease_renewal_seconds
+                .observe_duration(std::time::Duration::from_millis(ms));
+        }
+        metrics.lease_lapses_total.fetch_add(1, Ordering::Relaxed);
+        let after = Snapshot {
+            nodes: vec![parse(&metrics.render("n1"))],
+        };
+        let phases = Phases::between(&before, &after);
+        assert_eq!(phases.lease_renewals, 4.0);
+        assert_eq!(phases.lease_renewals_over_1s, 2.0);
+        assert_eq!(phases.lease_lapses, 1.0);
+        assert!(
+            phases
+                .measured_line()
+                .contains("lease renewals 4 (2 took over 1 s, 1 lapsed)"),
+            "{}",
+            phases.measured_line()
+        );
     }
 
     #[test]

@@ -57,6 +57,7 @@
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
 //! parked_bytes_max = 67108864  # passivated Cells' records kept in memory (parked) at most, in bytes
+//! checkpoints_inflight_max = 16  # checkpoints in flight at once on this node (background work; bounded so they never crowd out lease renewals)
 //!
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 4096      # SQLite files open at once (idle ones are passivated, LRU)
@@ -339,6 +340,8 @@ pub struct PublicationFile {
     pub linger_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked_bytes_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints_inflight_max: Option<usize>,
 }
 
 impl PublicationFile {
@@ -374,6 +377,9 @@ impl PublicationFile {
         }
         if let Some(bytes) = self.parked_bytes_max {
             log.parked_bytes_max = bytes;
+        }
+        if let Some(checkpoints) = self.checkpoints_inflight_max {
+            log.checkpoints_inflight_max = checkpoints;
         }
         log
     }
@@ -758,6 +764,9 @@ impl NodeFile {
         if self.publication.segments_inflight_max == Some(0) {
             bail!("publication.segments_inflight_max must be at least 1");
         }
+        if self.publication.checkpoints_inflight_max == Some(0) {
+            bail!("publication.checkpoints_inflight_max must be at least 1");
+        }
         for (name, path) in [
             ("tls.ca", &self.tls.ca),
             ("tls.cert", &self.tls.cert),
@@ -1073,8 +1082,8 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
         PublicationMode::Log => {
             let log = file.publication.log_settings();
             format!(
-                "publication mode log: {} lane(s); a Cell checkpoints after {} records, {} ms without one, or {} segments of its lane past its root",
-                log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max
+                "publication mode log: {} lane(s); a Cell checkpoints after {} records, {} ms without one, or {} segments of its lane past its root; at most {} checkpoints in flight",
+                log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max, log.checkpoints_inflight_max
             )
         }
         PublicationMode::Cell => "publication mode cell: one root CAS per group".to_owned(),

@@ -311,7 +311,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         &budgeted,
         base.replacen(
             "[publication]\n",
-            "[publication]\nreplay_segments_max = 512\n",
+            "[publication]\nreplay_segments_max = 512\ncheckpoints_inflight_max = 3\n",
             1,
         ),
     )
@@ -337,7 +337,32 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
             "{stdout}"
         );
         assert!(stdout.contains(shown), "{stdout}");
+        assert!(
+            stdout.contains("past its root; at most 3 checkpoints in flight"),
+            "{stdout}"
+        );
     }
+    // ... and a bound of no checkpoint at all is refused.
+    let unbounded = cluster.path("n3-no-checkpoints.toml");
+    std::fs::write(
+        &unbounded,
+        base.replacen(
+            "[publication]\n",
+            "[publication]\ncheckpoints_inflight_max = 0\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let output = cluster
+        .node_command(&unbounded, &["--check-config"])
+        .output()
+        .expect("check config");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("publication.checkpoints_inflight_max must be at least 1"),
+        "{stderr}"
+    );
     let limited = cluster.path("n3-limited.toml");
     // (It also carries `[publication] parked_bytes_max`, which a node
     // would refuse as an unknown field if the key were not read.)

@@ -248,6 +248,10 @@ pub(crate) struct OpenCharge {
 pub(crate) struct ActorContext {
     /// The node's descriptor budget for open Cells (`fds_max`).
     pub fd_permits: Arc<tokio::sync::Semaphore>,
+    /// Checkpoints in flight on the node
+    /// (`LogSettings::checkpoints_inflight_max`), shared with the parked
+    /// Cells' sweep.
+    pub checkpoint_permits: Arc<tokio::sync::Semaphore>,
     pub fds_per_reader: usize,
     /// Asks the node to passivate an idle Cell (not this one) when a
     /// reader finds `fds_max` spent.

@@ -156,6 +156,11 @@ pub struct LogSettings {
     /// past their roots (parked tails); past it the node checkpoints the
     /// oldest ones.
     pub parked_bytes_max: u64,
+    /// Checkpoints (open and parked Cells', pointer moves included) in
+    /// flight at once on this node. Checkpoints are background work: Cells
+    /// written together fall idle together, and unbounded they would queue
+    /// the store's every request (lease renewals too) behind theirs.
+    pub checkpoints_inflight_max: usize,
 }
 
 impl LogSettings {
@@ -191,6 +196,7 @@ impl Default for LogSettings {
             replay_segments_max: 4_096,
             reply_wait_ms: 10_000,
             parked_bytes_max: 64 << 20,
+            checkpoints_inflight_max: 16,
         }
     }
 }

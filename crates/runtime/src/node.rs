@@ -217,6 +217,12 @@ impl Node {
         let (room_tx, room_rx) = mpsc::channel(ROOM_REQUESTS_MAX);
         let actor_context = Arc::new(ActorContext {
             fd_permits: fd_permits.clone(),
+            checkpoint_permits: Arc::new(Semaphore::new(
+                config
+                    .log
+                    .checkpoints_inflight_max
+                    .clamp(1, Semaphore::MAX_PERMITS),
+            )),
             room: room_tx,
             retry_after_ms: limits.retry_after_ms,
             activation_wait_ms_max: limits.activation_wait_ms_max,

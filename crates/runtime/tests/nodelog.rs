@@ -1251,3 +1251,139 @@ async fn a_query_on_a_cell_never_read_waits_for_its_publishing_group() {
         );
     }
 }
+
+/// A store that holds every root CAS (a checkpoint's last write) for a
+/// while and records how many were in flight at once.
+#[derive(Debug)]
+struct RootCasGauge {
+    inner: Arc<dyn ObjectStore>,
+    layout: Layout,
+    hold: Duration,
+    in_flight: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for RootCasGauge {
+    async fn get(&self, key: &str) -> cellfleet_store::Result<cellfleet_store::Object> {
+        self.inner.get(key).await
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> cellfleet_store::Result<cellfleet_store::Object> {
+        self.inner.get_range(key, range).await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        body: bytes::Bytes,
+        condition: cellfleet_store::PutCondition,
+    ) -> cellfleet_store::Result<cellfleet_store::ETag> {
+        let cas = matches!(condition, cellfleet_store::PutCondition::IfMatch(_))
+            && self.layout.parse_root_key(key).is_some();
+        if !cas {
+            return self.inner.put(key, body, condition).await;
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.hold).await;
+        let result = self.inner.put(key, body, condition).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn delete(&self, key: &str) -> cellfleet_store::Result<()> {
+        self.inner.delete(key).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> cellfleet_store::Result<cellfleet_store::ListPage> {
+        self.inner.list(prefix, start_after, max_keys).await
+    }
+
+    fn describe(&self) -> String {
+        format!("root-CAS gauge over {}", self.inner.describe())
+    }
+}
+
+/// Cells written together fall due for their checkpoints together; the
+/// node keeps at most `checkpoints_inflight_max` in flight, so a burst of
+/// them never queues the store's other requests (lease renewals) behind
+/// it. With a large bound the same burst does overlap (the check can fail),
+/// and every acknowledged command is in its root either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_in_flight_stay_within_the_node_s_bound() {
+    const CELLS: u64 = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let mut most_seen = Vec::new();
+    for bound in [2usize, 64] {
+        let prefix = format!("ckpt-bound-{bound}");
+        let gauge = Arc::new(RootCasGauge {
+            inner: Arc::new(
+                cellfleet_store::LocalStore::open(dir.path().join(format!("store-{bound}")))
+                    .unwrap(),
+            ),
+            layout: Layout::new(&prefix).unwrap(),
+            hold: Duration::from_millis(40),
+            in_flight: Default::default(),
+            most: Default::default(),
+        });
+        let clock = manual_clock();
+        let mut config = node_config("a", &dir.path().join(format!("node-{bound}")), &prefix);
+        // Every record is a checkpoint's worth.
+        config.log.checkpoint_records = 1;
+        config.log.checkpoints_inflight_max = bound;
+        let a = start(config, gauge.clone(), clock.clone()).await;
+        let tasks: Vec<_> = (0..CELLS)
+            .map(|n| {
+                let (a, clock) = (a.clone(), clock.clone());
+                tokio::spawn(async move {
+                    a.execute(KIND, format!("c{n}").as_bytes(), append(clock.as_ref(), n))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut txids = Vec::new();
+        for task in tasks {
+            txids.push(task.await.unwrap().receipt.txid);
+        }
+        // Every acknowledged record reaches its root by a checkpoint.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for (n, txid) in txids.into_iter().enumerate() {
+            let key = format!("c{n}");
+            loop {
+                let root = root_of(gauge.as_ref(), &prefix, key.as_bytes()).await;
+                if root.txid >= txid {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "bound {bound}: {key}'s root is at TXID {} after 30 s, its command at {txid}",
+                    root.txid
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(journal(&a, key.as_bytes()).await, vec![format!("t{n}")]);
+        }
+        most_seen.push(gauge.most.load(Ordering::SeqCst));
+    }
+    assert!(
+        most_seen[0] <= 2,
+        "{} checkpoints in flight at once with a bound of 2",
+        most_seen[0]
+    );
+    assert!(
+        most_seen[1] > 2,
+        "the unbounded burst overlapped only {} checkpoints (the check could not fail)",
+        most_seen[1]
+    );
+}

@@ -254,7 +254,10 @@ impl Actor {
         let base = self.root.clone();
         let epoch = self.epoch;
         let cell = self.cell_id.clone();
+        let permits = self.ctx.checkpoint_permits.clone();
         self.ckpt = Some(tokio::spawn(async move {
+            // The node's bound on checkpoints in flight; never closed.
+            let _permit = permits.acquire_owned().await;
             let uploaded = async {
                 let merged = merge_files(files).await?;
                 let bytes = merged.bytes.clone();
@@ -330,7 +333,9 @@ impl Actor {
             compaction: None,
             log: Some(lane.pointer_here()),
         };
+        let permits = self.ctx.checkpoint_permits.clone();
         self.ckpt = Some(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
             CkDone {
                 result: publisher.commit(request).await,
                 covered: 0,

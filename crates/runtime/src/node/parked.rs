@@ -353,6 +353,8 @@ impl Shared {
         let log = self.actor_context.log.as_ref().ok_or_else(|| {
             PublishFailure::NotCommitted("a parked tail needs the node log".into())
         })?;
+        // The node's bound on checkpoints in flight (never closed).
+        let _permit = self.actor_context.checkpoint_permits.acquire().await;
         let merged = merge_files(tail.iter().map(|record| record.file.clone()).collect()).await?;
         let pointer = log.lane_of(cell).pointer_here();
         checkpoint_into_root(

@@ -1602,8 +1602,7 @@ impl Actor {
                     .fetch_add(1, Ordering::Relaxed);
                 let tail = std::mem::take(&mut self.unckpt);
                 let due = self.ckpt_due.unwrap_or_else(|| {
-                    tokio::time::Instant::now()
-                        + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms)
+                    tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id)
                 });
                 (
                     Exit::Parked(Box::new(ParkedCell {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use cellfleet_authority::{Endpoints, LeaseConfig, NodeId};
+use cellfleet_authority::{CellId, Endpoints, LeaseConfig, NodeId};
 
 /// Bounds of one node. Every queue, group, wait and retry is bounded by one
 /// of these; over a bound a request is refused at once with
@@ -163,7 +163,40 @@ pub struct LogSettings {
     pub checkpoints_inflight_max: usize,
 }
 
+/// A Cell's own share of a checkpoint trigger (pure): `base` less up to a
+/// quarter of it, fixed by the Cell's id. Cells written together fall idle
+/// together, and Cells whose pointers sit together cross the replay budget
+/// together; staggered, their checkpoints spread over a quarter of the
+/// trigger instead of all falling due at once.
+pub fn staggered(base: u64, cell: &CellId) -> u64 {
+    let spread = base / 4;
+    if spread == 0 {
+        return base;
+    }
+    // FNV-1a over the id (already a digest; this only folds it to a u64).
+    let hash = cell
+        .as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    base - hash % (spread + 1)
+}
+
 impl LogSettings {
+    /// How long `cell` waits without a new record before its checkpoint:
+    /// `checkpoint_idle_ms`, [`staggered`].
+    pub fn idle_of(&self, cell: &CellId) -> std::time::Duration {
+        std::time::Duration::from_millis(staggered(self.checkpoint_idle_ms, cell))
+    }
+
+    /// How far `cell`'s lane may grow past its root's pointer before an
+    /// open Cell checkpoints (or moves its pointer): `replay_segments_max`,
+    /// [`staggered`].
+    pub fn replay_budget_of(&self, cell: &CellId) -> u64 {
+        staggered(self.replay_segments_max, cell)
+    }
+
     /// When a lane's committer writes its next segment.
     pub fn batch_rule(&self) -> cellfleet_nodelog::batch::BatchRule {
         cellfleet_nodelog::batch::BatchRule {
@@ -295,5 +328,43 @@ mod tests {
         assert_eq!(limits.effective_cells_open_max(), 3);
         limits.memory_bytes_max = 0;
         assert_eq!(limits.effective_cells_open_max(), 1);
+    }
+
+    proptest::proptest! {
+        /// A Cell's share of a trigger is the trigger less at most a
+        /// quarter, and always the same for the same Cell.
+        #[test]
+        fn a_staggered_trigger_stays_within_a_quarter_below_the_setting(
+            base in 0u64..10_000_000,
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..32),
+        ) {
+            let cell = CellId::for_kind_key("k", &key);
+            let share = staggered(base, &cell);
+            proptest::prop_assert!(share <= base && share >= base - base / 4, "{share} of {base}");
+            proptest::prop_assert_eq!(share, staggered(base, &cell));
+        }
+    }
+
+    #[test]
+    fn cells_written_together_fall_due_over_a_quarter_of_the_idle_delay() {
+        let settings = LogSettings::default();
+        let shares: Vec<u64> = (0..1_000u32)
+            .map(|n| {
+                settings
+                    .idle_of(&CellId::for_kind_key("acct", &n.to_be_bytes()))
+                    .as_millis() as u64
+            })
+            .collect();
+        let (low, high) = (*shares.iter().min().unwrap(), *shares.iter().max().unwrap());
+        // 30 s less up to 7.5 s: spread over nearly all of it.
+        assert!(low >= 22_500 && high <= 30_000, "{low}..{high}");
+        assert!(high - low > 7_000, "{low}..{high}");
+        let distinct: std::collections::HashSet<_> = shares.iter().collect();
+        assert!(distinct.len() > 900, "{} distinct delays", distinct.len());
+        let budgets: std::collections::HashSet<_> = (0..1_000u32)
+            .map(|n| settings.replay_budget_of(&CellId::for_kind_key("acct", &n.to_be_bytes())))
+            .collect();
+        assert!(budgets.len() > 500, "{} distinct budgets", budgets.len());
+        assert!(budgets.iter().all(|b| (3_072..=4_096).contains(b)));
     }
 }

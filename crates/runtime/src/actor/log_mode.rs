@@ -142,10 +142,8 @@ impl Actor {
         });
         // Idle means no new record for that long: the deadline moves with
         // every record.
-        self.ckpt_due = Some(
-            tokio::time::Instant::now()
-                + std::time::Duration::from_millis(self.ctx.log_settings.checkpoint_idle_ms),
-        );
+        self.ckpt_due =
+            Some(tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id));
         self.release_held(txid);
         if !self.confirmed(confirmed).await {
             return;
@@ -182,7 +180,7 @@ impl Actor {
         if !force
             && self.unckpt.len() < settings.checkpoint_records.max(1)
             && bytes < settings.checkpoint_bytes
-            && behind <= settings.replay_segments_max
+            && behind <= settings.replay_budget_of(&self.cell_id)
         {
             return;
         }
@@ -225,20 +223,14 @@ impl Actor {
                 Some(Ok(snapshot)) => {
                     tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");
                     self.ckpt_due = Some(
-                        tokio::time::Instant::now()
-                            + std::time::Duration::from_millis(
-                                self.ctx.log_settings.checkpoint_idle_ms,
-                            ),
+                        tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id),
                     );
                     return;
                 }
                 Some(Err(error)) => {
                     tracing::warn!(cell = %self.cell_id, %error, "snapshot for a checkpoint failed; postponed");
                     self.ckpt_due = Some(
-                        tokio::time::Instant::now()
-                            + std::time::Duration::from_millis(
-                                self.ctx.log_settings.checkpoint_idle_ms,
-                            ),
+                        tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id),
                     );
                     return;
                 }
@@ -316,12 +308,11 @@ impl Actor {
             .borrow()
             .acked_below
             .saturating_sub(pointer.from_seq);
-        if behind <= settings.replay_segments_max
+        if behind <= settings.replay_budget_of(&self.cell_id)
             || !self.inflight.is_empty()
             || self.stopping.is_some()
         {
-            self.ckpt_due =
-                Some(now + std::time::Duration::from_millis(settings.checkpoint_idle_ms));
+            self.ckpt_due = Some(now + settings.idle_of(&self.cell_id));
             return;
         }
         self.ckpt_due = None;
@@ -379,10 +370,7 @@ impl Actor {
                 self.update_hold();
                 if !self.unckpt.is_empty() {
                     self.ckpt_due = Some(
-                        tokio::time::Instant::now()
-                            + std::time::Duration::from_millis(
-                                self.ctx.log_settings.checkpoint_idle_ms,
-                            ),
+                        tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id),
                     );
                 }
                 self.maybe_prepare_compaction().await;

@@ -306,16 +306,17 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     );
     // The replay budget is read from the file and the environment, and
     // --check-config names the checkpoint triggers in force.
-    let budgeted = cluster.path("n3-budget.toml");
-    std::fs::write(
-        &budgeted,
-        base.replacen(
-            "[publication]\n",
-            "[publication]\nreplay_segments_max = 512\ncheckpoints_inflight_max = 3\n",
-            1,
-        ),
-    )
-    .unwrap();
+    // n3's configuration with `lines` added to its [publication] table.
+    let with_publication = |name: &str, lines: &str| {
+        let path = cluster.path(name);
+        let text = base.replacen("[publication]\n", &format!("[publication]\n{lines}"), 1);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let budgeted = with_publication(
+        "n3-budget.toml",
+        "replay_segments_max = 512\ncheckpoints_inflight_max = 3\n",
+    );
     for (config, env, shown) in [
         (&budgeted, None, "or 512 segments of its lane past its root"),
         (
@@ -343,16 +344,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         );
     }
     // ... and a bound of no checkpoint at all is refused.
-    let unbounded = cluster.path("n3-no-checkpoints.toml");
-    std::fs::write(
-        &unbounded,
-        base.replacen(
-            "[publication]\n",
-            "[publication]\ncheckpoints_inflight_max = 0\n",
-            1,
-        ),
-    )
-    .unwrap();
+    let unbounded = with_publication("n3-no-checkpoints.toml", "checkpoints_inflight_max = 0\n");
     let output = cluster
         .node_command(&unbounded, &["--check-config"])
         .output()

@@ -173,14 +173,17 @@ pub fn staggered(base: u64, cell: &CellId) -> u64 {
     if spread == 0 {
         return base;
     }
-    // FNV-1a over the id (already a digest; this only folds it to a u64).
-    let hash = cell
-        .as_str()
+    base - cell_digest(cell) % (spread + 1)
+}
+
+/// A Cell's id folded to a u64 (FNV-1a; the id is already a digest): what
+/// picks its lane and its share of a staggered trigger.
+pub(crate) fn cell_digest(cell: &CellId) -> u64 {
+    cell.as_str()
         .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
             (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-    base - hash % (spread + 1)
+        })
 }
 
 impl LogSettings {

@@ -272,12 +272,7 @@ impl NodeLog {
 
     /// The lane of `cell` (fixed for this session).
     pub fn lane_of(&self, cell: &CellId) -> &Lane {
-        let digest = cell
-            .as_str()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
+        let digest = crate::config::cell_digest(cell);
         &self.lanes[(digest % self.lanes.len() as u64) as usize]
     }
 

@@ -855,7 +855,10 @@ async fn a_node_with_another_kinds_manifest_refuses_to_start() {
     assert_ne!(replaced, n2, "n2.toml names kinds.toml");
     std::fs::write(&changed_config, replaced).expect("write");
 
-    assert!(cluster.terminate(1), "n2 drains");
+    assert!(
+        cluster.terminate(1),
+        "n2 did not drain to a clean exit (its stderr is above)"
+    );
     let mut refused = cluster
         .node_command(&changed_config, &[])
         .stdout(std::process::Stdio::null())

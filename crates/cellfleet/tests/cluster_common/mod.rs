@@ -211,13 +211,28 @@ impl Cluster {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut streams = None;
         let mut console = None;
+        let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = rx.recv_timeout(left) else {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("node {id} did not become ready");
+            // On failure, say whether it exited (and how) or hung; its
+            // stderr, above in the test's output, says why.
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait();
+                    panic!(
+                        "node {id} exited before its ready line ({status:?}); lines seen: {seen:?}"
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "node {id} did not print its ready line within {READY_TIMEOUT:?}; lines seen: {seen:?}"
+                    );
+                }
             };
+            seen.push(line.clone());
             let field = |name: &str| -> Option<SocketAddr> {
                 line.split(name)
                     .nth(1)?

@@ -203,8 +203,27 @@ impl Layout {
         format!("{}floor", self.lane_prefix(lane))
     }
 
+    /// `{prefix}/logs/{node}/{session}/{lane:04x}/{first:016x}.idx`: the
+    /// index of a lane's chunk of slots starting at `first` (create-only,
+    /// written by the lane's session once every slot of the chunk is
+    /// acknowledged; derived data, never needed for correctness).
+    pub fn chunk_index_key(&self, lane: &LaneId, first: u64) -> String {
+        format!("{}{first:016x}.idx", self.lane_prefix(lane))
+    }
+
     /// Parses a key made by [`Layout::segment_key`].
     pub fn parse_segment_key(&self, key: &str) -> Option<SegmentKey> {
+        self.parse_lane_file(key, ".seg")
+    }
+
+    /// Parses a key made by [`Layout::chunk_index_key`]: the lane and the
+    /// chunk's first slot (in `seq`).
+    pub fn parse_chunk_index_key(&self, key: &str) -> Option<SegmentKey> {
+        self.parse_lane_file(key, ".idx")
+    }
+
+    /// `{prefix}/logs/{node}/{session}/{lane:04x}/{seq:016x}{suffix}`.
+    fn parse_lane_file(&self, key: &str, suffix: &str) -> Option<SegmentKey> {
         let rest = key.strip_prefix(&self.join("logs/"))?;
         let mut parts = rest.split('/');
         let (node, session, lane, file) =
@@ -212,7 +231,7 @@ impl Layout {
         if parts.next().is_some() {
             return None;
         }
-        let seq = file.strip_suffix(".seg")?;
+        let seq = file.strip_suffix(suffix)?;
         let hex = |s: &str, width: usize| {
             (s.len() == width && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
                 .then(|| u64::from_str_radix(s, 16).ok())
@@ -328,6 +347,22 @@ mod tests {
         assert!(layout
             .parse_lane_of_key("prod/eu/logs/n1/00000000000000000000000000000abc/0003/")
             .is_none());
+        let chunk = layout.chunk_index_key(&lane, 0x100);
+        assert_eq!(
+            chunk,
+            "prod/eu/logs/n1/00000000000000000000000000000abc/0003/0000000000000100.idx"
+        );
+        assert!(layout.parse_segment_key(&chunk).is_none());
+        assert!(layout.parse_chunk_index_key(&segment).is_none());
+        assert!(layout.parse_chunk_index_key(&floor).is_none());
+        assert_eq!(layout.parse_lane_of_key(&chunk).as_ref(), Some(&lane));
+        assert_eq!(
+            layout.parse_chunk_index_key(&chunk),
+            Some(SegmentKey {
+                lane: lane.clone(),
+                seq: 0x100
+            })
+        );
         assert_eq!(
             layout.parse_segment_key(&segment),
             Some(SegmentKey { lane, seq: 0x2a })

@@ -175,11 +175,11 @@ pub struct Part<'a> {
     pub bytes: &'a [u8],
 }
 
-fn crc(bytes: &[u8]) -> u32 {
+pub(crate) fn crc(bytes: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
 }
 
-fn put_node(out: &mut Vec<u8>, node: &NodeId) {
+pub(crate) fn put_node(out: &mut Vec<u8>, node: &NodeId) {
     let bytes = node.as_str().as_bytes();
     // Node ids are at most 64 bytes (NodeId's own rule).
     out.push(bytes.len() as u8);
@@ -295,13 +295,13 @@ pub fn encode_seal(seal: &Seal) -> Vec<u8> {
 }
 
 /// A bounds-checked reader over untrusted bytes.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .at
             .checked_add(n)
@@ -318,23 +318,23 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.array::<1>()?[0])
     }
 
-    fn u16(&mut self) -> Result<u16> {
+    pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_be_bytes(self.array()?))
     }
 
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_be_bytes(self.array()?))
     }
 
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_be_bytes(self.array()?))
     }
 
-    fn u128(&mut self) -> Result<u128> {
+    pub(crate) fn u128(&mut self) -> Result<u128> {
         Ok(u128::from_be_bytes(self.array()?))
     }
 
@@ -344,7 +344,7 @@ impl<'a> Reader<'a> {
             .map_err(|_| Error::Malformed(format!("the {what} is not UTF-8")))
     }
 
-    fn node(&mut self) -> Result<NodeId> {
+    pub(crate) fn node(&mut self) -> Result<NodeId> {
         let text = self.text("node id")?;
         NodeId::new(text).map_err(|e| Error::Malformed(e.to_string()))
     }
@@ -364,7 +364,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn done(&self) -> Result<()> {
+    pub(crate) fn done(&self) -> Result<()> {
         if self.at == self.bytes.len() {
             Ok(())
         } else {

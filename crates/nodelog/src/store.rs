@@ -17,7 +17,10 @@
 //!   fetches one Cell's records from them with ranged GETs.
 //! * [`collect`] deletes a written prefix of a session's own lane after
 //!   raising the lane's floor marker ([`raise_floor`]); every lister reads
-//!   the marker after its listing ([`crate::seal`] says why).
+//!   the marker after its listing ([`crate::seal`] says why). The chunk
+//!   indexes ([`crate::chunk`]) it passed go with it.
+//! * [`index_slots`] reads a run of slots' indexes from the lane's chunk
+//!   indexes where there are any, and each other slot's own index.
 //!
 //! A listing tells keys, not what they hold: each listed slot's fixed part
 //! (16 bytes, one ranged GET) says whether it is a seal.
@@ -31,6 +34,7 @@ use cellfleet_authority::{CellId, Holder, LaneId, Layout, NodeId};
 use cellfleet_store::{ObjectStore, PutCondition};
 use tokio::sync::watch;
 
+use crate::chunk;
 use crate::lane::{self, GroupFate, SlotState, Verdict};
 use crate::seal::{self, AfterRefused, Listed, Plan};
 use crate::segment::{self, Entry, Index, Seal, SegmentHeader};
@@ -61,6 +65,9 @@ type Result<T> = std::result::Result<T, Error>;
 
 /// Most slots a lane listing may hold (its retained segments and seals).
 pub const LANE_KEYS_MAX: usize = 100_000;
+/// Attempts of one chunk index put (it is only an optimisation: a reader
+/// without it reads the segments' own indexes).
+pub const CHUNK_ATTEMPTS_MAX: u32 = 8;
 /// Most plan rounds of one sealing (each refused create re-plans once).
 pub const SEAL_ROUNDS_MAX: usize = 1_000;
 
@@ -74,6 +81,9 @@ pub struct WriterConfig {
     pub backoff_first: Duration,
     /// The longest wait between two attempts.
     pub backoff_max: Duration,
+    /// Whether the writer puts a chunk index ([`crate::chunk`]) once every
+    /// slot of a chunk is acknowledged.
+    pub chunk_indexes: bool,
 }
 
 impl Default for WriterConfig {
@@ -82,6 +92,7 @@ impl Default for WriterConfig {
             attempts_max: 8,
             backoff_first: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
+            chunk_indexes: true,
         }
     }
 }
@@ -93,6 +104,9 @@ struct WriterState {
     floor: u64,
     /// What is known of the slots from `floor` on.
     slots: BTreeMap<u64, SlotState>,
+    /// The index prefixes of written slots whose chunk index is not put
+    /// yet (with [`WriterConfig::chunk_indexes`]).
+    chunk: BTreeMap<u64, Bytes>,
 }
 
 /// One session's writer of one lane.
@@ -125,6 +139,7 @@ impl LaneWriter {
                 next_seq: first_seq,
                 floor: first_seq,
                 slots: BTreeMap::new(),
+                chunk: BTreeMap::new(),
             }),
             verdict,
         })
@@ -188,8 +203,24 @@ impl LaneWriter {
         self.verdict.subscribe()
     }
 
-    fn set(&self, seq: u64, slot: SlotState) {
-        let verdict = {
+    /// Slot `seq` holds `bytes`, this session's segment.
+    fn written(self: &Arc<Self>, seq: u64, bytes: &Bytes) {
+        if self.config.chunk_indexes {
+            if let Ok(range) = segment::index_range(bytes) {
+                let end = usize::try_from(range.end).unwrap_or(usize::MAX);
+                if let Some(prefix) = bytes.get(..end) {
+                    // A copy: a slice would keep the whole segment alive.
+                    self.state()
+                        .chunk
+                        .insert(seq, Bytes::copy_from_slice(prefix));
+                }
+            }
+        }
+        self.set(seq, SlotState::Written);
+    }
+
+    fn set(self: &Arc<Self>, seq: u64, slot: SlotState) {
+        let (verdict, chunks) = {
             let mut state = self.state();
             state.slots.insert(seq, slot);
             let verdict = lane::verdict(state.floor, &state.slots);
@@ -197,8 +228,15 @@ impl LaneWriter {
             // the rest, from the new floor, is the same.
             state.slots = state.slots.split_off(&verdict.acked_below);
             state.floor = verdict.acked_below;
-            verdict
+            (
+                verdict,
+                complete_chunks(&mut state.chunk, verdict.acked_below),
+            )
         };
+        for (first, prefixes) in chunks {
+            let writer = self.clone();
+            tokio::spawn(async move { writer.write_chunk(first, prefixes).await });
+        }
         // Two answers may publish in either order once the lock is
         // released: only ever move the published verdict forward, or a
         // later, older verdict would hide an acknowledgement until the
@@ -218,7 +256,7 @@ impl LaneWriter {
         tokio::spawn(async move { writer.write_slot(seq, Bytes::from(bytes)).await });
     }
 
-    async fn write_slot(&self, seq: u64, bytes: Bytes) {
+    async fn write_slot(self: &Arc<Self>, seq: u64, bytes: Bytes) {
         let key = self.layout.segment_key(&self.lane, seq);
         let mut backoff = self.config.backoff_first;
         for attempt in 1..=self.config.attempts_max.max(1) {
@@ -227,12 +265,10 @@ impl LaneWriter {
                 .put(&key, bytes.clone(), PutCondition::IfNoneMatch)
                 .await
             {
-                Ok(_) => return self.set(seq, SlotState::Written),
+                Ok(_) => return self.written(seq, &bytes),
                 Err(error) if error.is_precondition_failed() => {
                     match self.store.get(&key).await {
-                        Ok(found) if found.body == bytes => {
-                            return self.set(seq, SlotState::Written)
-                        }
+                        Ok(found) if found.body == bytes => return self.written(seq, &bytes),
                         // A seal, or anything not ours: the lane has ended
                         // for this session at this slot — unless the slot
                         // is below the lane's floor. Only written slots are
@@ -242,9 +278,7 @@ impl LaneWriter {
                         // (found by the model check, tests/model.rs).
                         Ok(_) => {
                             match read_floor(self.store.as_ref(), &self.layout, &self.lane).await {
-                                Ok(floor) if seq < floor => {
-                                    return self.set(seq, SlotState::Written)
-                                }
+                                Ok(floor) if seq < floor => return self.written(seq, &bytes),
                                 Ok(_) => return self.set(seq, SlotState::Sealed),
                                 Err(read) => {
                                     tracing::warn!(%key, error = %read, "reading the lane's floor failed; retrying");
@@ -271,6 +305,49 @@ impl LaneWriter {
         tracing::error!(%key, "segment write still in doubt after every attempt");
     }
 
+    /// Puts the chunk index of the slots from `first` (every one
+    /// acknowledged). Best effort: without it a reader reads each segment's
+    /// own index. A put that lands after collection passed the chunk is
+    /// deleted again (collection raises the floor before it deletes).
+    async fn write_chunk(&self, first: u64, prefixes: Vec<Bytes>) {
+        let refs: Vec<&[u8]> = prefixes.iter().map(Bytes::as_ref).collect();
+        let bytes = match chunk::encode_chunk(&self.lane, first, &refs) {
+            Ok(bytes) => Bytes::from(bytes),
+            Err(error) => {
+                tracing::warn!(lane = ?self.lane, first, %error, "chunk index not encoded; readers use the segments' own indexes");
+                return;
+            }
+        };
+        let key = self.layout.chunk_index_key(&self.lane, first);
+        let attempts = self.config.attempts_max.clamp(1, CHUNK_ATTEMPTS_MAX);
+        let mut backoff = self.config.backoff_first;
+        for attempt in 1..=attempts {
+            match self
+                .store
+                .put(&key, bytes.clone(), PutCondition::IfNoneMatch)
+                .await
+            {
+                // Ours already (an earlier attempt whose answer was lost).
+                Ok(_) => break,
+                Err(error) if error.is_precondition_failed() => break,
+                Err(error) => {
+                    tracing::warn!(%key, attempt, %error, "chunk index write failed; retrying");
+                }
+            }
+            if attempt == attempts {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.config.backoff_max);
+        }
+        match read_floor(self.store.as_ref(), &self.layout, &self.lane).await {
+            Ok(floor) if floor >= first + chunk::CHUNK_SLOTS => {
+                let _ = self.store.delete(&key).await;
+            }
+            _ => {}
+        }
+    }
+
     /// Waits until the group in slot `seq` is acknowledged or provably not
     /// committed; `None` if it is still undecided after `bound`.
     pub async fn fate(&self, seq: u64, bound: Duration) -> Option<GroupFate> {
@@ -289,6 +366,39 @@ impl LaneWriter {
     }
 }
 
+/// Takes from `pending` (written slots' index prefixes) every chunk that
+/// lies wholly below `acked_below`: those with all their slots are
+/// returned (first slot, prefixes in order) to be put; partial ones (a
+/// session starting mid-chunk) are dropped.
+fn complete_chunks(pending: &mut BTreeMap<u64, Bytes>, acked_below: u64) -> Vec<(u64, Vec<Bytes>)> {
+    let mut complete = Vec::new();
+    while let Some(&low) = pending.keys().next() {
+        let first = chunk::chunk_of(low);
+        let end = first + chunk::CHUNK_SLOTS;
+        if end > acked_below {
+            break;
+        }
+        let rest = pending.split_off(&end);
+        let taken = std::mem::replace(pending, rest);
+        if taken.len() as u64 == chunk::CHUNK_SLOTS {
+            complete.push((first, taken.into_values().collect()));
+        }
+    }
+    complete
+}
+
+/// The first slots of the chunks whose last slot lies in `from..to`: a
+/// collection of `from..to` (after one of `..from`) leaves nothing of them.
+fn chunks_passed(from: u64, to: u64) -> impl Iterator<Item = u64> {
+    let first = chunk::chunk_of(from);
+    (first..to)
+        .step_by(chunk::CHUNK_SLOTS as usize)
+        .filter(move |first| {
+            let last = first + chunk::CHUNK_SLOTS - 1;
+            last >= from && last < to
+        })
+}
+
 /// What a slot holds, from its fixed part (one 16-byte ranged GET).
 async fn classify(store: &dyn ObjectStore, key: &str) -> Result<Listed> {
     let fixed = store.get_range(key, 0..segment::FIXED_BYTES).await?;
@@ -303,6 +413,8 @@ async fn classify(store: &dyn ObjectStore, key: &str) -> Result<Listed> {
 struct Listing {
     floor: u64,
     slots: BTreeMap<u64, Listed>,
+    /// The first slots of the chunk indexes listed.
+    chunks: std::collections::BTreeSet<u64>,
 }
 
 /// The floor of `lane` as its marker says (0 with no marker yet).
@@ -345,7 +457,11 @@ async fn listing(store: &dyn ObjectStore, layout: &Layout, lane: &LaneId) -> Res
         }
     }
     let floor = read_floor(store, layout, lane).await?;
-    Ok(Listing { floor, slots })
+    Ok(Listing {
+        floor,
+        slots,
+        chunks: Default::default(),
+    })
 }
 
 /// Raises the floor marker of `lane` to at least `to` (never lowers it:
@@ -404,13 +520,32 @@ async fn listing_parallel(
 ) -> Result<Listing> {
     let entries =
         cellfleet_store::list_all(store.as_ref(), &layout.lane_prefix(lane), LANE_KEYS_MAX).await?;
-    let mut keys = entries.into_iter().filter_map(|entry| {
-        layout
-            .parse_segment_key(&entry.key)
-            .filter(|parsed| parsed.lane == *lane)
-            .map(|parsed| (parsed.seq, entry.key))
-    });
+    let chunks: std::collections::BTreeSet<u64> = entries
+        .iter()
+        .filter_map(|entry| layout.parse_chunk_index_key(&entry.key))
+        .filter(|parsed| parsed.lane == *lane && parsed.seq.is_multiple_of(chunk::CHUNK_SLOTS))
+        .map(|parsed| parsed.seq)
+        .collect();
     let mut slots = BTreeMap::new();
+    // A slot a chunk index covers holds this session's segment (the
+    // writer puts one only over its own acknowledged slots): no read.
+    let mut keys = entries
+        .into_iter()
+        .filter_map(|entry| {
+            layout
+                .parse_segment_key(&entry.key)
+                .filter(|parsed| parsed.lane == *lane)
+                .map(|parsed| (parsed.seq, entry.key))
+        })
+        .filter(|(seq, _)| {
+            let covered = chunks.contains(&chunk::chunk_of(*seq));
+            if covered {
+                slots.insert(*seq, Listed::Segment);
+            }
+            !covered
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
     let mut set = tokio::task::JoinSet::new();
     loop {
         while set.len() < INDEX_READS_CONCURRENT {
@@ -433,7 +568,11 @@ async fn listing_parallel(
         }
     }
     let floor = read_floor(store.as_ref(), layout, lane).await?;
-    Ok(Listing { floor, slots })
+    Ok(Listing {
+        floor,
+        slots,
+        chunks,
+    })
 }
 
 /// Collects the slots `from..to` of `lane` — a live session's own written
@@ -456,6 +595,14 @@ pub async fn collect(
     for seq in from..to {
         match store.delete(&layout.segment_key(lane, seq)).await {
             Ok(()) => deleted += 1,
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    // The chunk indexes whose last slot this call collected.
+    for first in chunks_passed(from, to) {
+        match store.delete(&layout.chunk_index_key(lane, first)).await {
+            Ok(()) => {}
             Err(error) if error.is_not_found() => {}
             Err(error) => return Err(error.into()),
         }
@@ -493,12 +640,14 @@ async fn seal_listed(
     let Listing {
         floor,
         slots: mut listed,
+        chunks,
     } = listing;
     let done = |listed: BTreeMap<u64, Listed>, at: u64| {
         Ok((
             Listing {
                 floor,
                 slots: listed,
+                chunks: chunks.clone(),
             },
             at,
         ))
@@ -568,7 +717,7 @@ pub async fn read_lane(
     layout: &Layout,
     lane: &LaneId,
 ) -> Result<SealedLane> {
-    let Listing { floor, slots } = listing(store, layout, lane).await?;
+    let Listing { floor, slots, .. } = listing(store, layout, lane).await?;
     let end = seal::log_end(floor, &slots).ok_or_else(|| Error::NotSealed(lane.clone()))?;
     let counted = slots.range(floor..end).map(|(seq, _)| *seq).collect();
     Ok(SealedLane {
@@ -588,7 +737,7 @@ pub async fn read_written_run(
     layout: &Layout,
     lane: &LaneId,
 ) -> Result<Vec<u64>> {
-    let Listing { floor, slots } = listing(store, layout, lane).await?;
+    let Listing { floor, slots, .. } = listing(store, layout, lane).await?;
     let mut seqs = Vec::new();
     let mut seq = floor;
     while slots.get(&seq) == Some(&Listed::Segment) {
@@ -756,6 +905,11 @@ pub struct SealedIndex {
     pub floor: u64,
     /// The slot of its first seal.
     pub end: u64,
+    /// Chunk indexes read to build it (each stands for
+    /// [`chunk::CHUNK_SLOTS`] slots).
+    pub chunk_indexes_read: u64,
+    /// Slots whose own index was read (those no chunk index covered).
+    pub slot_indexes_read: u64,
     by_cell: std::collections::HashMap<CellId, Vec<Indexed>>,
 }
 
@@ -790,39 +944,19 @@ pub async fn index_sealed_lane(
     // below the seal every slot of the run is a segment already listed.
     let listed = listing_parallel(store, layout, lane).await?;
     let (listed, end) = seal_listed(store.as_ref(), layout, lane, listed, sealer, now_ms).await?;
-    let read = SealedLane {
-        floor: listed.floor,
-        counted: (listed.floor..end).collect(),
-        end,
-    };
+    let floor = listed.floor;
+    let indexed = index_slots(store, layout, lane, floor..end, Some(&listed.chunks)).await?;
     let mut by_cell: std::collections::HashMap<CellId, Vec<Indexed>> =
         std::collections::HashMap::new();
-    let mut pending = read.counted.iter().copied();
-    let mut set = tokio::task::JoinSet::new();
-    loop {
-        while set.len() < INDEX_READS_CONCURRENT {
-            let Some(seq) = pending.next() else { break };
-            let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
-            set.spawn(
-                async move { (seq, read_entries(store.as_ref(), &layout, &lane, seq).await) },
-            );
-        }
-        let Some(joined) = set.join_next().await else {
-            break;
-        };
-        let (seq, read) =
-            joined.map_err(|e| Error::Bound(format!("an index read task failed: {e}")))?;
-        let Some((entries, index_len)) = read? else {
-            continue;
-        };
-        for entry in entries {
+    for slot in indexed.slots {
+        for entry in slot.entries {
             by_cell
                 .entry(entry.cell_id.clone())
                 .or_default()
                 .push(Indexed {
-                    seq,
+                    seq: slot.seq,
                     entry,
-                    index_len,
+                    index_len: slot.index_len,
                 });
         }
     }
@@ -831,10 +965,123 @@ pub async fn index_sealed_lane(
     }
     Ok(SealedIndex {
         lane: lane.clone(),
-        floor: read.floor,
-        end: read.end,
+        floor,
+        end,
+        chunk_indexes_read: indexed.chunk_indexes_read,
+        slot_indexes_read: indexed.slot_indexes_read,
         by_cell,
     })
+}
+
+/// The indexes of a run of slots, and how they were read.
+#[derive(Debug, Default)]
+pub struct IndexedSlots {
+    /// Every slot's entries (slots collected since are missing), in no
+    /// particular order.
+    pub slots: Vec<chunk::ChunkSlot>,
+    /// Chunk indexes read (each stands for [`chunk::CHUNK_SLOTS`] slots).
+    pub chunk_indexes_read: u64,
+    /// Slots whose own index was read.
+    pub slot_indexes_read: u64,
+}
+
+/// The indexes of the slots `seqs` of `lane`, every one a segment of the
+/// run (acknowledged, or below a seal): from the chunk indexes of the
+/// whole chunks inside `seqs` (those in `chunks` when given, as a listing
+/// found them; else every one is tried), and each remaining slot's own
+/// index, [`INDEX_READS_CONCURRENT`] reads at a time. A chunk index
+/// missing or damaged falls back to its slots; a slot collected since
+/// (below the floor now) is skipped.
+pub async fn index_slots(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    lane: &LaneId,
+    seqs: std::ops::Range<u64>,
+    chunks: Option<&std::collections::BTreeSet<u64>>,
+) -> Result<IndexedSlots> {
+    let mut out = IndexedSlots::default();
+    let whole = (chunk::chunk_of(seqs.start)..seqs.end)
+        .step_by(chunk::CHUNK_SLOTS as usize)
+        .filter(|first| {
+            first + chunk::CHUNK_SLOTS > seqs.start
+                && first + chunk::CHUNK_SLOTS <= seqs.end
+                && chunks.is_none_or(|listed| listed.contains(first))
+        });
+    let mut covered = std::collections::BTreeSet::new();
+    let mut pending = whole;
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        while set.len() < INDEX_READS_CONCURRENT {
+            let Some(first) = pending.next() else { break };
+            let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
+            set.spawn(async move {
+                (
+                    first,
+                    read_chunk(store.as_ref(), &layout, &lane, first).await,
+                )
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (first, read) =
+            joined.map_err(|e| Error::Bound(format!("a chunk index read task failed: {e}")))?;
+        match read {
+            Ok(slots) => {
+                out.chunk_indexes_read += 1;
+                for slot in slots.into_iter().filter(|slot| seqs.contains(&slot.seq)) {
+                    covered.insert(slot.seq);
+                    out.slots.push(slot);
+                }
+            }
+            // Not put (yet), collected since, or damaged: each slot's own
+            // index is read instead.
+            Err(Error::Store(error)) if error.is_not_found() => {}
+            Err(error) => {
+                tracing::warn!(?lane, first, %error, "chunk index unreadable; reading its segments' own indexes");
+            }
+        }
+    }
+    let mut pending = seqs.clone().filter(|seq| !covered.contains(seq));
+    loop {
+        while set.len() < INDEX_READS_CONCURRENT {
+            let Some(seq) = pending.next() else { break };
+            let (store, layout, lane) = (store.clone(), layout.clone(), lane.clone());
+            set.spawn(async move {
+                let read = read_entries(store.as_ref(), &layout, &lane, seq).await;
+                let slots = read.map(|read| {
+                    read.map(|(entries, index_len)| chunk::ChunkSlot {
+                        seq,
+                        entries,
+                        index_len,
+                    })
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                });
+                (seq, slots)
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (_, read) =
+            joined.map_err(|e| Error::Bound(format!("an index read task failed: {e}")))?;
+        out.slot_indexes_read += 1;
+        out.slots.extend(read?);
+    }
+    Ok(out)
+}
+
+/// The checked chunk index of `lane` from slot `first`.
+async fn read_chunk(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    lane: &LaneId,
+    first: u64,
+) -> Result<Vec<chunk::ChunkSlot>> {
+    let key = layout.chunk_index_key(lane, first);
+    let object = store.get(&key).await?;
+    chunk::decode_chunk(&object.body, lane, first).map_err(|source| Error::Corrupt { key, source })
 }
 
 /// The bytes of `records` (from [`SealedIndex::records_of`]), checked, in
@@ -883,4 +1130,70 @@ pub async fn read_indexed(
         read[at] = got;
     }
     Ok(read.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Collections in consecutive ranges, however cut, delete every
+        /// chunk index whose last slot they passed exactly once, and none
+        /// whose last slot is still there.
+        #[test]
+        fn collections_pass_each_chunk_once(cuts in proptest::collection::vec(0u64..700, 0..12), end in 0u64..2_000) {
+            let mut cuts: Vec<u64> = cuts.into_iter().filter(|c| *c < end).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut bounds = vec![0];
+            bounds.extend(cuts);
+            bounds.push(end);
+            let mut passed: Vec<u64> = bounds
+                .windows(2)
+                .flat_map(|w| chunks_passed(w[0], w[1]).collect::<Vec<_>>())
+                .collect();
+            let expected: Vec<u64> = (0..end / chunk::CHUNK_SLOTS).map(|k| k * chunk::CHUNK_SLOTS).collect();
+            passed.sort_unstable();
+            prop_assert_eq!(passed, expected);
+        }
+
+        /// Slots written in any order, acknowledged as a rising prefix:
+        /// each whole chunk is handed out once, complete and in order; a
+        /// chunk the session started inside is never handed out.
+        #[test]
+        fn whole_chunks_are_handed_out_once(
+            start in 0u64..600,
+            count in 0u64..900,
+            order in any::<u64>(),
+        ) {
+            let slots: Vec<u64> = (start..start + count).collect();
+            let mut shuffled = slots.clone();
+            // A cheap permutation: rotate by a seed.
+            let by = if slots.is_empty() { 0 } else { (order % slots.len() as u64) as usize };
+            shuffled.rotate_left(by);
+            let mut pending = BTreeMap::new();
+            let mut written = std::collections::BTreeSet::new();
+            let mut handed = Vec::new();
+            for seq in shuffled {
+                pending.insert(seq, Bytes::from(seq.to_be_bytes().to_vec()));
+                written.insert(seq);
+                let acked_below = (start..).find(|s| !written.contains(s)).unwrap();
+                handed.extend(complete_chunks(&mut pending, acked_below));
+            }
+            let first_whole = start.div_ceil(chunk::CHUNK_SLOTS) * chunk::CHUNK_SLOTS;
+            let expected: Vec<u64> = (first_whole..start + count)
+                .step_by(chunk::CHUNK_SLOTS as usize)
+                .filter(|first| first + chunk::CHUNK_SLOTS <= start + count)
+                .collect();
+            prop_assert_eq!(handed.iter().map(|(first, _)| *first).collect::<Vec<_>>(), expected);
+            for (first, prefixes) in &handed {
+                let seqs: Vec<u64> = prefixes
+                    .iter()
+                    .map(|b| u64::from_be_bytes(b.as_ref().try_into().unwrap()))
+                    .collect();
+                prop_assert_eq!(seqs, (*first..first + chunk::CHUNK_SLOTS).collect::<Vec<_>>());
+            }
+        }
+    }
 }

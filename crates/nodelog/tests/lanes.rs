@@ -480,3 +480,172 @@ async fn a_node_s_sessions_and_lanes_are_listed_one_call_each() {
             .all(|l| l.session == sessions[1] && l.node == node));
     }
 }
+
+/// One record as [`index_view`] shows it: slot, TXIDs, where its bytes lie.
+type RecordView = (u64, u64, u64, u64, u64);
+
+/// A sealed lane's index as a comparable list: every Cell's records.
+fn index_view(index: &cellfleet_nodelog::store::SealedIndex) -> Vec<(String, Vec<RecordView>)> {
+    let mut view: Vec<_> = index
+        .cells()
+        .map(|(cell, _)| {
+            let records = index
+                .records_of(cell, 0)
+                .iter()
+                .map(|r| {
+                    let range = r.entry.object_range(r.index_len);
+                    (
+                        r.seq,
+                        r.entry.min_txid,
+                        r.entry.max_txid,
+                        range.start,
+                        range.end,
+                    )
+                })
+                .collect();
+            (cell.to_string(), records)
+        })
+        .collect();
+    view.sort();
+    view
+}
+
+/// Issue 13 (the lane index): a writer puts a chunk index once every slot
+/// of a chunk is acknowledged; a successor's index of the sealed lane reads
+/// those instead of each segment's own index and is the same index; a
+/// damaged or missing chunk index falls back to the segments; collection
+/// deletes a chunk index with the last slot it covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_lane_is_indexed_from_its_chunk_indexes_and_the_same_without_them() {
+    use cellfleet_nodelog::chunk::CHUNK_SLOTS;
+    use cellfleet_nodelog::store::index_sealed_lane;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("lane-chunks", dir.path()).await {
+        let layout = Layout::new(&prefix).unwrap();
+        let lane = lane("n1");
+        let writer = writer(store.clone(), &prefix, &lane);
+        let total = 2 * CHUNK_SLOTS + 10;
+        let mut seqs = Vec::new();
+        for seq in 0..total {
+            assert_eq!(writer.reserve(), Some(seq));
+            let cells: &[&str] = match seq % 3 {
+                0 => &["a", "b"],
+                1 => &["c"],
+                _ => &["a", "c", "d"],
+            };
+            writer.write(seq, segment(&writer, seq, cells));
+            seqs.push(seq);
+            if seqs.len() == 32 {
+                for seq in seqs.drain(..) {
+                    assert_eq!(writer.fate(seq, BOUND).await, Some(GroupFate::Acknowledged));
+                }
+            }
+        }
+        for seq in seqs.drain(..) {
+            assert_eq!(writer.fate(seq, BOUND).await, Some(GroupFate::Acknowledged));
+        }
+        // The two whole chunks' indexes land (put in the background);
+        // the last ten slots' chunk is not complete and has none.
+        let chunk_keys = [
+            layout.chunk_index_key(&lane, 0),
+            layout.chunk_index_key(&lane, CHUNK_SLOTS),
+        ];
+        let deadline = std::time::Instant::now() + BOUND;
+        for key in &chunk_keys {
+            while store.head(key).await.is_err() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{backend}: {key} not put"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        assert!(store
+            .head(&layout.chunk_index_key(&lane, 2 * CHUNK_SLOTS))
+            .await
+            .is_err());
+
+        let with_chunks = index_sealed_lane(&store, &layout, &lane, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            (with_chunks.floor, with_chunks.end),
+            (0, total),
+            "{backend}"
+        );
+        assert_eq!(
+            (
+                with_chunks.chunk_indexes_read,
+                with_chunks.slot_indexes_read
+            ),
+            (2, 10),
+            "{backend}"
+        );
+        let view = index_view(&with_chunks);
+        assert_eq!(view.len(), 4, "{backend}");
+        let a = view
+            .iter()
+            .find(|(c, _)| *c == cell("a").to_string())
+            .unwrap();
+        assert_eq!(
+            a.1.len() as u64,
+            (0..total).filter(|s| s % 3 != 1).count() as u64,
+            "{backend}"
+        );
+        // Records read through the chunk-built index are the segments'.
+        let records = with_chunks.records_of(&cell("d"), CHUNK_SLOTS);
+        let read = cellfleet_nodelog::store::read_indexed(&store, &layout, &lane, records)
+            .await
+            .unwrap();
+        let first_d = (CHUNK_SLOTS..).find(|s| s % 3 == 2).unwrap();
+        assert_eq!(read[0].2.as_ref(), format!("d@{first_d}").as_bytes());
+
+        // One chunk index damaged, the other gone: the same index, from
+        // the segments' own indexes.
+        let body = store.get(&chunk_keys[0]).await.unwrap().body;
+        let mut damaged = body.to_vec();
+        let middle = damaged.len() / 2;
+        damaged[middle] ^= 0x40;
+        store.delete(&chunk_keys[0]).await.unwrap();
+        store
+            .put(
+                &chunk_keys[0],
+                Bytes::from(damaged),
+                PutCondition::IfNoneMatch,
+            )
+            .await
+            .unwrap();
+        store.delete(&chunk_keys[1]).await.unwrap();
+        let without = index_sealed_lane(&store, &layout, &lane, &successor(), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            (without.chunk_indexes_read, without.slot_indexes_read),
+            (0, total),
+            "{backend}"
+        );
+        assert_eq!(index_view(&without), view, "{backend}");
+
+        // Collection of the first chunk's slots takes its index too.
+        collect(store.as_ref(), &layout, &lane, 0, CHUNK_SLOTS - 1)
+            .await
+            .unwrap();
+        assert!(
+            store.head(&chunk_keys[0]).await.is_ok(),
+            "{backend}: a slot of it is left"
+        );
+        collect(
+            store.as_ref(),
+            &layout,
+            &lane,
+            CHUNK_SLOTS - 1,
+            CHUNK_SLOTS + 5,
+        )
+        .await
+        .unwrap();
+        assert!(
+            store.head(&chunk_keys[0]).await.is_err(),
+            "{backend}: collected with its slots"
+        );
+    }
+}

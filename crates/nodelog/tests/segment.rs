@@ -181,3 +181,115 @@ proptest! {
         }
     }
 }
+
+/// `count` segments of lane `lane` from slot `first`, each with the parts
+/// of `specs` (whole objects, as a writer holds them).
+fn chunk_segments(lane: &LaneId, first: u64, specs: &[Vec<PartSpec>]) -> Vec<Vec<u8>> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, specs)| {
+            let mut header = header("node-a", 0, 0, first + i as u64);
+            header.lane = lane.clone();
+            encode_segment(&header, &parts(specs)).unwrap()
+        })
+        .collect()
+}
+
+fn chunk_lane(session: u128, lane: u16) -> LaneId {
+    LaneId {
+        node: NodeId::new("node-a").unwrap(),
+        session: SessionId::from_u128(session),
+        lane,
+    }
+}
+
+proptest! {
+    /// A chunk index holds exactly each segment's own index: decoded, it
+    /// gives every slot's entries and index length as the segment does.
+    #[test]
+    fn chunk_indexes_round_trip_to_each_segment_s_own_index(
+        session in any::<u128>(),
+        lane in any::<u16>(),
+        chunk in 0u64..1_000,
+        specs in proptest::collection::vec(proptest::collection::vec(part_spec(), 0..4), 0..6),
+    ) {
+        use cellfleet_nodelog::chunk::{decode_chunk, encode_chunk, CHUNK_SLOTS};
+        let lane = chunk_lane(session, lane);
+        let first = chunk * CHUNK_SLOTS;
+        let segments = chunk_segments(&lane, first, &specs);
+        let prefixes: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
+        let bytes = encode_chunk(&lane, first, &prefixes).unwrap();
+        let slots = decode_chunk(&bytes, &lane, first).unwrap();
+        prop_assert_eq!(slots.len(), segments.len());
+        for (i, (slot, segment)) in slots.iter().zip(&segments).enumerate() {
+            let Index::Segment { entries, index_len, .. } = decode_index(segment).unwrap() else {
+                panic!("a segment's index");
+            };
+            prop_assert_eq!(slot.seq, first + i as u64);
+            prop_assert_eq!(&slot.entries, &entries);
+            prop_assert_eq!(slot.index_len, index_len);
+        }
+        // Read as another lane's or another chunk's: refused.
+        let other = chunk_lane(session ^ 1, 0);
+        prop_assert!(decode_chunk(&bytes, &other, first).is_err());
+        prop_assert!(decode_chunk(&bytes, &lane, first + CHUNK_SLOTS).is_err());
+    }
+
+    /// Any single changed byte, and any truncation, of a chunk index is
+    /// refused; arbitrary bytes (after its magic too) never panic.
+    #[test]
+    fn damaged_truncated_or_arbitrary_chunk_indexes_are_refused(
+        specs in proptest::collection::vec(proptest::collection::vec(part_spec(), 0..3), 1..4),
+        position in any::<prop::sample::Index>(),
+        flip in 1u8..=255,
+        cut in any::<prop::sample::Index>(),
+        noise in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        use cellfleet_nodelog::chunk::{decode_chunk, encode_chunk};
+        let lane = chunk_lane(9, 1);
+        let segments = chunk_segments(&lane, 0, &specs);
+        let prefixes: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
+        let bytes = encode_chunk(&lane, 0, &prefixes).unwrap();
+        let mut damaged = bytes.clone();
+        let at = position.index(bytes.len());
+        damaged[at] ^= flip;
+        prop_assert!(decode_chunk(&damaged, &lane, 0).is_err(), "byte {} changed and accepted", at);
+        let short = cut.index(bytes.len());
+        prop_assert!(decode_chunk(&bytes[..short], &lane, 0).is_err(), "truncated to {} and accepted", short);
+        let _ = decode_chunk(&noise, &lane, 0);
+        let mut framed = b"CFLOGIX1".to_vec();
+        framed.extend_from_slice(&noise);
+        let _ = decode_chunk(&framed, &lane, 0);
+    }
+}
+
+#[test]
+fn a_chunk_index_refuses_what_a_writer_must_never_put_in_one() {
+    use cellfleet_nodelog::chunk::{decode_chunk, encode_chunk, CHUNK_SLOTS};
+    let lane = chunk_lane(3, 0);
+    let segments = chunk_segments(&lane, 0, &[vec![], vec![]]);
+    // Not aligned, or past a chunk's slots.
+    assert!(encode_chunk(&lane, 1, &[&segments[0]]).is_err());
+    let many: Vec<&[u8]> = (0..=CHUNK_SLOTS).map(|_| segments[0].as_slice()).collect();
+    assert!(encode_chunk(&lane, 0, &many).is_err());
+    // Slots out of order: slot 0 holds slot 1's index.
+    let swapped = encode_chunk(&lane, 0, &[&segments[1], &segments[0]]).unwrap();
+    let error = decode_chunk(&swapped, &lane, 0).unwrap_err().to_string();
+    assert!(error.contains("holds the index of lane"), "{error}");
+    // A seal is never part of a chunk.
+    let seal = encode_seal(&Seal {
+        header: SegmentHeader {
+            lane: lane.clone(),
+            seq: 0,
+            written_ms: 1,
+        },
+        sealed_by: Holder {
+            node: NodeId::new("n2").unwrap(),
+            session: SessionId::from_u128(5),
+        },
+    });
+    let sealed = encode_chunk(&lane, 0, &[&seal]).unwrap();
+    let error = decode_chunk(&sealed, &lane, 0).unwrap_err().to_string();
+    assert!(error.contains("is a seal"), "{error}");
+}

@@ -168,6 +168,7 @@ pub struct NodeLog {
     /// One index per dead lane, built once (single flight) and shared by
     /// every takeover of its Cells and by its flush.
     sealed: Mutex<HashMap<LaneId, SealedSlot>>,
+    metrics: Arc<Metrics>,
 }
 
 impl NodeLog {
@@ -232,6 +233,7 @@ impl NodeLog {
             store,
             layout,
             sealed: Mutex::new(HashMap::new()),
+            metrics,
         })
     }
 
@@ -257,9 +259,15 @@ impl NodeLog {
             sealed.entry(lane.clone()).or_default().clone()
         };
         slot.get_or_try_init(|| async {
-            index_sealed_lane(&self.store, &self.layout, lane, &self.me, now_ms)
-                .await
-                .map(Arc::new)
+            let index =
+                index_sealed_lane(&self.store, &self.layout, lane, &self.me, now_ms).await?;
+            self.metrics
+                .log_chunk_indexes_read_total
+                .fetch_add(index.chunk_indexes_read, Ordering::Relaxed);
+            self.metrics
+                .log_slot_indexes_read_total
+                .fetch_add(index.slot_indexes_read, Ordering::Relaxed);
+            Ok(Arc::new(index))
         })
         .await
         .cloned()

@@ -223,6 +223,12 @@ pub struct Metrics {
     pub log_seals_total: AtomicU64,
     /// Dead sessions whose log this node flushed into their Cells' roots.
     pub log_flushes_total: AtomicU64,
+    /// Chunk indexes read while indexing dead sessions' lanes (each stands
+    /// for 256 segments' own indexes).
+    pub log_chunk_indexes_read_total: AtomicU64,
+    /// Segments whose own index was read while indexing dead sessions'
+    /// lanes (those no chunk index covered).
+    pub log_slot_indexes_read_total: AtomicU64,
     /// Segments deleted by garbage collection (this node's lanes, and
     /// dead sessions' lanes it flushed).
     pub gc_segments_deleted_total: AtomicU64,
@@ -275,6 +281,8 @@ impl Default for Metrics {
             log_replayed_records_total: AtomicU64::new(0),
             log_seals_total: AtomicU64::new(0),
             log_flushes_total: AtomicU64::new(0),
+            log_chunk_indexes_read_total: AtomicU64::new(0),
+            log_slot_indexes_read_total: AtomicU64::new(0),
             gc_segments_deleted_total: AtomicU64::new(0),
             gc_ltx_deleted_total: AtomicU64::new(0),
             gc_failures_total: AtomicU64::new(0),
@@ -501,6 +509,20 @@ impl Metrics {
             "Dead sessions whose log this node flushed into their cells' roots.",
             &braces,
             load(&self.log_flushes_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_log_chunk_indexes_read_total",
+            "Chunk indexes read while indexing dead sessions' lanes (each stands for 256 segments).",
+            &braces,
+            load(&self.log_chunk_indexes_read_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_runtime_log_slot_indexes_read_total",
+            "Segments whose own index was read while indexing dead sessions' lanes.",
+            &braces,
+            load(&self.log_slot_indexes_read_total),
         );
         counter(
             &mut out,

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cellfleet_authority::{Holder, Layout, RootRecord};
-use cellfleet_nodelog::store::{read_indexed, read_lane, read_records, seal_lane};
+use cellfleet_nodelog::store::{
+    index_slots, read_indexed, read_lane, read_records, seal_lane, Indexed,
+};
 use cellfleet_nodelog::Entry;
 use cellfleet_store::ObjectStore;
 
@@ -42,7 +44,7 @@ pub(crate) async fn records_past_chain(
     };
     let lane = &pointer.lane;
     let own = lane.node == me.node && lane.session == me.session;
-    let (seqs, sealed) = if own {
+    if own {
         let writer = log
             .and_then(|log| log.lane(lane))
             .ok_or_else(|| Error::Closed(format!("lane {lane:?} is not one of this session's")))?
@@ -71,8 +73,38 @@ pub(crate) async fn records_past_chain(
             log.and_then(|log| log.lane(lane))
                 .map_or(0, |lane| lane.collected_below()),
         );
-        ((from..verdict.acked_below).collect::<Vec<_>>(), None)
-    } else if let Some(log) = log {
+        // The lane's chunk indexes, then the rest of its slots' own
+        // indexes, in parallel: a replay budget of many segments stays a
+        // few hundred GETs.
+        let indexed = index_slots(store, layout, lane, from..verdict.acked_below, None)
+            .await
+            .map_err(log_error)?;
+        let mut records: Vec<Indexed> = indexed
+            .slots
+            .into_iter()
+            .flat_map(|slot| {
+                let (seq, index_len) = (slot.seq, slot.index_len);
+                slot.entries
+                    .into_iter()
+                    .filter(|entry| entry.cell_id == root.cell_id)
+                    .map(move |entry| Indexed {
+                        seq,
+                        entry,
+                        index_len,
+                    })
+            })
+            .collect();
+        records.sort_by_key(|r| (r.seq, r.entry.min_txid));
+        let records = read_indexed(store, layout, lane, &records)
+            .await
+            .map_err(log_error)?;
+        let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
+        return Ok(Tail {
+            records,
+            sealed: None,
+        });
+    }
+    if let Some(log) = log {
         // One index of the dead lane serves every takeover from it.
         let index = log.sealed_index(lane, now_ms).await.map_err(log_error)?;
         let records = read_indexed(
@@ -88,20 +120,20 @@ pub(crate) async fn records_past_chain(
             records,
             sealed: Some(lane.clone()),
         });
-    } else {
-        seal_lane(store.as_ref(), layout, lane, me, now_ms)
-            .await
-            .map_err(log_error)?;
-        let read = read_lane(store.as_ref(), layout, lane)
-            .await
-            .map_err(log_error)?;
-        let seqs = read
-            .counted
-            .into_iter()
-            .filter(|seq| *seq >= pointer.from_seq)
-            .collect();
-        (seqs, Some(lane.clone()))
-    };
+    }
+    // No log of our own (the cell mode) reading a log-mode root.
+    seal_lane(store.as_ref(), layout, lane, me, now_ms)
+        .await
+        .map_err(log_error)?;
+    let read = read_lane(store.as_ref(), layout, lane)
+        .await
+        .map_err(log_error)?;
+    let seqs: Vec<u64> = read
+        .counted
+        .into_iter()
+        .filter(|seq| *seq >= pointer.from_seq)
+        .collect();
+    let sealed = Some(lane.clone());
     let records = read_records(store.as_ref(), layout, lane, &seqs, &root.cell_id)
         .await
         .map_err(log_error)?;

@@ -328,6 +328,83 @@ async fn a_segment_that_arrives_after_the_seal_is_never_acknowledged() {
     }
 }
 
+/// Issue 13 (the lane index): a dead owner's lane of more than two chunks
+/// of segments is indexed by its successor from the chunk indexes the
+/// owner put (a GET per 256 segments) plus the last, partial chunk's own
+/// indexes, and every acknowledged record of both of its Cells is
+/// replayed: one written at the start of the lane, one all along it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_reads_the_dead_lane_s_chunk_indexes() {
+    const OTHER: &[u8] = b"acct-early";
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, store, prefix) in backends("log-chunks", dir.path()).await {
+        let dir = dir.path().join(backend);
+        let clock_a = manual_clock();
+        let clock_b = manual_clock();
+        let mut config = lazy(node_config("a", &dir, &prefix));
+        config.log.lanes = 1;
+        config.log.replay_segments_max = 1_000_000;
+        let a = start(config, store.clone(), clock_a.clone()).await;
+        let b = start(
+            lazy(node_config("b", &dir, &prefix)),
+            store.clone(),
+            clock_b.clone(),
+        )
+        .await;
+        let (log, early) = (AckLog::default(), AckLog::default());
+        for n in 0..3 {
+            let executed = a
+                .execute(KIND, OTHER, append(clock_a.as_ref(), n))
+                .await
+                .unwrap();
+            early.ack(n, executed.outcome);
+        }
+        // One command at a time: a segment each, 2.2 chunks' worth.
+        let total = 2 * cellfleet_nodelog::chunk::CHUNK_SLOTS + 60;
+        for n in 0..total {
+            let executed = a
+                .execute(KIND, KEY, append(clock_a.as_ref(), n))
+                .await
+                .unwrap();
+            log.ack(n, executed.outcome);
+        }
+        // The chunk indexes are put in the background after their acks.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let listed = cellfleet_store::list_all(store.as_ref(), &logs_prefix(&prefix), 100_000)
+                .await
+                .unwrap();
+            if listed.iter().filter(|e| e.key.ends_with(".idx")).count() >= 2 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend}: chunk indexes not put"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        a.lease().pause_renewals(true);
+        clock_b.advance(lease_expiry());
+        for (key, acks, n) in [(KEY, &log, 10_000), (OTHER, &early, 10_001)] {
+            let executed = b
+                .execute(KIND, key, append(clock_b.as_ref(), n))
+                .await
+                .unwrap();
+            acks.ack(n, executed.outcome);
+        }
+        let metrics = b.metrics();
+        let chunks = metrics.log_chunk_indexes_read_total.load(Ordering::Relaxed);
+        let slots = metrics.log_slot_indexes_read_total.load(Ordering::Relaxed);
+        assert!(chunks >= 2, "{backend}: {chunks} chunk indexes read");
+        assert!(
+            slots < cellfleet_nodelog::chunk::CHUNK_SLOTS,
+            "{backend}: {slots} segments' own indexes read besides {chunks} chunk indexes"
+        );
+        log.verify(&b, KEY).await;
+        early.verify(&b, OTHER).await;
+    }
+}
+
 /// A chain whose files cannot be merged from memory (no chain cache),
 /// checkpointed on every record while more records are acknowledged: the
 /// chain stays bounded and drain completes. (In the bench a hot Cell's

@@ -52,7 +52,7 @@
 //! lanes = 1                  # log lanes per node session (each a committer with its own pipeline)
 //! checkpoint_records = 256   # a Cell's records past its root before a checkpoint
 //! checkpoint_idle_ms = 30000 # ... or this long without a new record (open or passivated)
-//! replay_segments_max = 4096 # ... or once its lane grew this many segments past its root (bounds a takeover's replay)
+//! replay_segments_max = 32768 # ... or once its lane grew this many segments past its root (bounds a takeover's replay; at most 50000)
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
@@ -766,6 +766,21 @@ impl NodeFile {
         }
         if self.publication.checkpoints_inflight_max == Some(0) {
             bail!("publication.checkpoints_inflight_max must be at least 1");
+        }
+        // A successor lists a dead lane whole: the budget, and the
+        // segments collection keeps for its minimum age past it, must fit
+        // one listing.
+        let listing = cellfleet_nodelog::store::LANE_KEYS_MAX as u64;
+        if let Some(segments) = self
+            .publication
+            .replay_segments_max
+            .filter(|s| *s == 0 || *s > listing / 2)
+        {
+            bail!(
+                "publication.replay_segments_max = {segments}: it must be between 1 and {} \
+                 (half of the {listing} keys a successor lists in a dead node's lane)",
+                listing / 2
+            );
         }
         for (name, path) in [
             ("tls.ca", &self.tls.ca),

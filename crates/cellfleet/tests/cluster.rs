@@ -321,8 +321,8 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         (&budgeted, None, "or 512 segments of its lane past its root"),
         (
             &budgeted,
-            Some("70000"),
-            "or 70000 segments of its lane past its root",
+            Some("20000"),
+            "or 20000 segments of its lane past its root",
         ),
     ] {
         let mut command = cluster.node_command(config, &["--check-config"]);
@@ -353,6 +353,18 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("publication.checkpoints_inflight_max must be at least 1"),
+        "{stderr}"
+    );
+    // ... and a replay budget a successor could not list in one go.
+    let unlistable = with_publication("n3-wide-budget.toml", "replay_segments_max = 60000\n");
+    let output = cluster
+        .node_command(&unlistable, &["--check-config"])
+        .output()
+        .expect("check config");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("publication.replay_segments_max = 60000: it must be between 1 and 50000"),
         "{stderr}"
     );
     let limited = cluster.path("n3-limited.toml");

@@ -229,7 +229,10 @@ impl Default for LogSettings {
             // CAS per command, the cell mode's cost); the replay budget
             // and the byte bounds still apply.
             checkpoint_idle_ms: 30_000,
-            replay_segments_max: 4_096,
+            // A successor reads a dead lane's index in a GET per 256
+            // segments (chunk indexes), so the budget can be wide: at 100
+            // segments a second a Cell checkpoints for it every 5 minutes.
+            replay_segments_max: 32_768,
             reply_wait_ms: 10_000,
             parked_bytes_max: 64 << 20,
             checkpoints_inflight_max: 16,
@@ -368,6 +371,6 @@ mod tests {
             .map(|n| settings.replay_budget_of(&CellId::for_kind_key("acct", &n.to_be_bytes())))
             .collect();
         assert!(budgets.len() > 500, "{} distinct budgets", budgets.len());
-        assert!(budgets.iter().all(|b| (3_072..=4_096).contains(b)));
+        assert!(budgets.iter().all(|b| (24_576..=32_768).contains(b)));
     }
 }

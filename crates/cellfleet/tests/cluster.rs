@@ -343,30 +343,29 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
             "{stdout}"
         );
     }
-    // ... and a bound of no checkpoint at all is refused.
-    let unbounded = with_publication("n3-no-checkpoints.toml", "checkpoints_inflight_max = 0\n");
-    let output = cluster
-        .node_command(&unbounded, &["--check-config"])
-        .output()
-        .expect("check config");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("publication.checkpoints_inflight_max must be at least 1"),
-        "{stderr}"
-    );
-    // ... and a replay budget a successor could not list in one go.
-    let unlistable = with_publication("n3-wide-budget.toml", "replay_segments_max = 60000\n");
-    let output = cluster
-        .node_command(&unlistable, &["--check-config"])
-        .output()
-        .expect("check config");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("publication.replay_segments_max = 60000: it must be between 1 and 50000"),
-        "{stderr}"
-    );
+    // Settings --check-config refuses (exit 1), naming what is wrong: no
+    // checkpoint at all in flight, and a replay budget a successor could
+    // not list in one go.
+    for (name, lines, refusal) in [
+        (
+            "n3-no-checkpoints.toml",
+            "checkpoints_inflight_max = 0\n",
+            "publication.checkpoints_inflight_max must be at least 1",
+        ),
+        (
+            "n3-wide-budget.toml",
+            "replay_segments_max = 60000\n",
+            "publication.replay_segments_max = 60000: it must be between 1 and 50000",
+        ),
+    ] {
+        let output = cluster
+            .node_command(&with_publication(name, lines), &["--check-config"])
+            .output()
+            .expect("check config");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(refusal), "{stderr}");
+    }
     let limited = cluster.path("n3-limited.toml");
     // (It also carries `[publication] parked_bytes_max`, which a node
     // would refuse as an unknown field if the key were not read.)

@@ -126,6 +126,20 @@ impl Error {
         matches!(self, Error::OutOfFiles { .. })
     }
 
+    /// Whether the disk holding the Cell's files is full (SQLite's
+    /// `SQLITE_FULL`, or `ENOSPC` from a file the engine writes itself):
+    /// nothing of the call was committed, and it may succeed once space is
+    /// freed.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.code == rusqlite::ErrorCode::DiskFull
+            }
+            Error::Io(e) => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+
     /// Whether the same call may succeed if tried again unchanged.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -142,3 +156,25 @@ impl Error {
 
 /// Result with the Cell [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_full_disk_is_told_apart_from_other_failures() {
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        );
+        assert!(Error::Sqlite(full).is_disk_full());
+        assert!(Error::Io(std::io::ErrorKind::StorageFull.into()).is_disk_full());
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        assert!(!Error::Sqlite(busy).is_disk_full());
+        assert!(!Error::Io(std::io::ErrorKind::NotFound.into()).is_disk_full());
+        assert!(!Error::Poisoned.is_disk_full());
+    }
+}

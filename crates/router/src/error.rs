@@ -74,10 +74,19 @@ pub enum Error {
         what: String,
     },
     /// The validity window has passed.
-    #[error("expired ({0})")]
+    #[error(
+        "expired ({0}; now_ms is this node's clock): sign the command again with a later \
+         expires_at_ms; if it was signed just now, this node's clock or the signer's is off: \
+         keep them synchronized (NTP)"
+    )]
     Expired(Window),
     /// Issued further in the future than the clock-skew bound allows.
-    #[error("future-dated beyond the {skew_ms} ms skew bound ({window})")]
+    #[error(
+        "future-dated beyond the {skew_ms} ms skew bound ({window}; now_ms is this node's clock): \
+         the signer's clock is {} ms ahead of this node's; if the signer's clock is right, this \
+         node's clock is behind: keep nodes' and clients' clocks synchronized (NTP) within the bound",
+        window.issued_at_ms.saturating_sub(window.now_ms)
+    )]
     FutureDated {
         /// The window.
         window: Window,

@@ -1013,9 +1013,25 @@ impl Actor {
                         .cell
                         .as_ref()
                         .is_some_and(|c| !c.can_execute() && c.pending_txid().is_none());
+                let reason = if error.is_disk_full() {
+                    if disk_full_warning_due(self.ctx.clock.now_wall_ms()) {
+                        tracing::warn!(
+                            cell = %self.cell_id,
+                            %error,
+                            "the data directory is full: commands to the Cells here fail \
+                             (not committed) until space is freed (logged at most every 10 s)"
+                        );
+                    }
+                    format!(
+                        "{error}: this node's data directory is out of space; free space \
+                         there (nothing of this group was committed: send the command again)"
+                    )
+                } else {
+                    error.to_string()
+                };
                 for queued in group {
                     queued.reply.send(Err(Error::NotCommitted {
-                        reason: error.to_string(),
+                        reason: reason.clone(),
                     }));
                 }
                 if poisoned {
@@ -1699,6 +1715,20 @@ fn answer_closed(msg: Msg, reason: &str) {
             }
         }
     }
+}
+
+/// When the node last warned that its data directory is full (wall ms).
+static DISK_FULL_WARNED_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether a full-disk warning is due at `now_ms`: at most one every 10 s
+/// for the whole node, since every retried command hits the same full disk.
+fn disk_full_warning_due(now_ms: u64) -> bool {
+    use std::sync::atomic::Ordering;
+    let last = DISK_FULL_WARNED_MS.load(Ordering::Relaxed);
+    now_ms.saturating_sub(last) >= 10_000
+        && DISK_FULL_WARNED_MS
+            .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 #[cfg(test)]

@@ -42,6 +42,19 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<NodeProcess>,
     env: Vec<(String, String)>,
+    setups: HashMap<String, NodeSetup>,
+}
+
+/// How one node's process starts, beyond the cluster's settings (the
+/// fault matrix runs one node in a network namespace, or under a skewed
+/// clock).
+#[derive(Clone, Debug, Default)]
+pub struct NodeSetup {
+    /// More environment for this node only.
+    pub env: Vec<(String, String)>,
+    /// A command the node runs under (`ip netns exec NS`, say); it must
+    /// exec the node, so the child's pid is the node's.
+    pub wrapper: Vec<String>,
 }
 
 fn run_ok(args: &[&str]) {
@@ -68,6 +81,19 @@ impl Cluster {
         store: Store,
         lease_ms: u64,
         extra: &[(&str, &str)],
+    ) -> Cluster {
+        Self::start_with_setup(nodes, store, lease_ms, extra, |_| HashMap::new())
+    }
+
+    /// As [`Cluster::start_with_env`]; `prepare` runs on the cluster's
+    /// directory once its files are written and before any node starts,
+    /// and says how each node id (`n1`...) starts.
+    pub fn start_with_setup(
+        nodes: usize,
+        store: Store,
+        lease_ms: u64,
+        extra: &[(&str, &str)],
+        prepare: impl FnOnce(&Path) -> HashMap<String, NodeSetup>,
     ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().to_str().expect("utf-8 path").to_owned();
@@ -141,10 +167,12 @@ impl Cluster {
             env.push(("CELLFLEET_S3_PATH_STYLE".into(), "true".into()));
         }
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let setups = prepare(dir.path());
         let mut cluster = Cluster {
             dir,
             nodes: Vec::new(),
             env,
+            setups,
         };
         for i in 1..=nodes {
             let node = cluster.spawn(&format!("n{i}"));
@@ -178,8 +206,25 @@ impl Cluster {
     }
 
     fn spawn(&self, id: &str) -> NodeProcess {
-        let child = self
-            .node_command(&self.path(&format!("{id}.toml")), &[])
+        let config = self.path(&format!("{id}.toml"));
+        let mut command = match self.setups.get(id) {
+            Some(setup) if !setup.wrapper.is_empty() => {
+                let mut command = Command::new(&setup.wrapper[0]);
+                command
+                    .args(&setup.wrapper[1..])
+                    .arg(BIN)
+                    .arg("node")
+                    .arg("--config")
+                    .arg(&config)
+                    .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                command
+            }
+            _ => self.node_command(&config, &[]),
+        };
+        if let Some(setup) = self.setups.get(id) {
+            command.envs(setup.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        }
+        let child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -295,6 +340,15 @@ impl Cluster {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// Starts node `index` again (after [`Cluster::terminate`] or
+    /// [`Cluster::kill9`]), with `setup` from now on (the default: as the
+    /// rest of the cluster).
+    pub fn respawn(&mut self, index: usize, setup: NodeSetup) {
+        let id = self.nodes[index].id.clone();
+        self.setups.insert(id.clone(), setup);
+        self.nodes[index] = self.spawn(&id);
     }
 
     pub fn kill9(&mut self, index: usize) {

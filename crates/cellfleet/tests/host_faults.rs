@@ -12,6 +12,7 @@
 
 mod cluster_common;
 mod fault_load;
+mod fault_proxy;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -23,6 +24,10 @@ use fault_load::Load;
 
 /// The nodes' lease (and the drift margin `cellfleet dev` gives it: 500 ms).
 const LEASE_MS: u64 = 5_000;
+/// The scenarios run one at a time: three clusters at once on two cores
+/// would measure each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// How long the workload runs with the fault in place.
 const DURING: Duration = Duration::from_secs(8);
 
@@ -104,6 +109,7 @@ enum Beyond {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_a_skewed_clock_loses_and_doubles_nothing() {
+    let _serial = SERIAL.lock().await;
     let library = match libfaketime() {
         Ok(library) => library,
         Err(why) => {
@@ -215,6 +221,7 @@ impl Drop for Tmpfs {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_data_directory_loses_and_doubles_nothing() {
+    let _serial = SERIAL.lock().await;
     let mounted = std::sync::Mutex::new(None);
     let cluster = Cluster::start_with_setup(
         3,
@@ -258,4 +265,300 @@ async fn a_full_data_directory_loses_and_doubles_nothing() {
     );
     drop(cluster);
     drop(tmpfs);
+}
+
+/// A small network for partition scenarios: a bridge in the test's own
+/// namespace, and one network namespace per node joined to it by a veth
+/// pair. The test (the clients) reaches node `i` (0-based) at
+/// `10.213.0.{i+2}` from `10.213.0.1`; the store (the fault proxy) listens
+/// on `10.213.0.100`, so a node can be cut from the store, its peers or
+/// everything with a route or a link of its own namespace.
+struct Net {
+    tag: String,
+    nodes: usize,
+}
+
+/// The bridge's own address, which the clients' connections come from.
+const NET_GATEWAY: &str = "10.213.0.1";
+/// The store's address on the bridge.
+const NET_STORE: &str = "10.213.0.100";
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let output = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("run ip: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+impl Net {
+    /// Builds the network for `nodes` nodes; why it cannot, otherwise.
+    fn build(nodes: usize) -> Result<Net, String> {
+        let net = Net {
+            tag: format!("cf{}", std::process::id() % 10_000),
+            nodes,
+        };
+        // What a killed earlier run left behind (the same addresses).
+        Net::remove_leftovers();
+        ip(&["link", "add", &net.bridge(), "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{NET_GATEWAY}/24"),
+            "dev",
+            &net.bridge(),
+        ])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{NET_STORE}/24"),
+            "dev",
+            &net.bridge(),
+        ])?;
+        ip(&["link", "set", &net.bridge(), "up"])?;
+        for i in 0..nodes {
+            let (ns, host, inside) = (net.namespace(i), net.host_end(i), net.node_end(i));
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "link", "add", &host, "type", "veth", "peer", "name", &inside,
+            ])?;
+            ip(&["link", "set", &inside, "netns", &ns])?;
+            ip(&["link", "set", &host, "master", &net.bridge(), "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", net.address(i)),
+                "dev",
+                &inside,
+            ])?;
+            ip(&["-n", &ns, "link", "set", &inside, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    fn remove_leftovers() {
+        let listed = std::process::Command::new("ip")
+            .args(["-o", "link", "show", "type", "bridge"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for line in listed.lines() {
+            if let Some(name) = line.split(": ").nth(1) {
+                if name.starts_with("cf") && name.ends_with("br") {
+                    let _ = ip(&["link", "del", name]);
+                }
+            }
+        }
+        let namespaces = std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for line in namespaces.lines() {
+            if let Some(name) = line.split_whitespace().next() {
+                if name.starts_with("cf") && name.contains("-ns") {
+                    let _ = ip(&["netns", "del", name]);
+                }
+            }
+        }
+    }
+
+    fn bridge(&self) -> String {
+        format!("{}br", self.tag)
+    }
+    fn namespace(&self, i: usize) -> String {
+        format!("{}-ns{}", self.tag, i + 1)
+    }
+    fn host_end(&self, i: usize) -> String {
+        format!("{}h{}", self.tag, i + 1)
+    }
+    fn node_end(&self, i: usize) -> String {
+        format!("{}n{}", self.tag, i + 1)
+    }
+    fn address(&self, i: usize) -> String {
+        format!("10.213.0.{}", i + 2)
+    }
+
+    /// How node `i` starts: inside its namespace, listening on its address.
+    fn setup(&self, i: usize) -> NodeSetup {
+        let address = self.address(i);
+        NodeSetup {
+            env: [
+                "CELLFLEET_LISTEN_CLIENT",
+                "CELLFLEET_LISTEN_PEER",
+                "CELLFLEET_LISTEN_HTTP",
+                "CELLFLEET_LISTEN_STREAMS",
+                "CELLFLEET_LISTEN_CONSOLE",
+            ]
+            .iter()
+            .map(|name| (name.to_string(), format!("{address}:0")))
+            .collect(),
+            wrapper: ["ip", "netns", "exec", &self.namespace(i)]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+
+    /// Cuts node `i` off as `cut` says.
+    fn cut(&self, i: usize, cut: Cut) {
+        let ns = self.namespace(i);
+        match cut {
+            Cut::Store => ip(&["-n", &ns, "route", "add", "blackhole", NET_STORE]),
+            Cut::Peers => (0..self.nodes)
+                .filter(|j| *j != i)
+                .try_for_each(|j| ip(&["-n", &ns, "route", "add", "blackhole", &self.address(j)])),
+            Cut::Everything => ip(&["-n", &ns, "link", "set", &self.node_end(i), "down"]),
+            Cut::Throttled => {
+                let dev = self.node_end(i);
+                ip(&[
+                    "netns", "exec", &ns, "tc", "qdisc", "add", "dev", &dev, "root", "tbf",
+                ]
+                .into_iter()
+                .chain(["rate", "256kbit", "burst", "16kbit", "latency", "200ms"])
+                .collect::<Vec<_>>())
+            }
+        }
+        .unwrap_or_else(|e| panic!("cut node {i} ({cut:?}): {e}"));
+    }
+
+    /// Undoes [`Net::cut`].
+    fn heal(&self, i: usize, cut: Cut) {
+        let ns = self.namespace(i);
+        match cut {
+            Cut::Store => ip(&["-n", &ns, "route", "del", "blackhole", NET_STORE]),
+            Cut::Peers => (0..self.nodes)
+                .filter(|j| *j != i)
+                .try_for_each(|j| ip(&["-n", &ns, "route", "del", "blackhole", &self.address(j)])),
+            Cut::Everything => ip(&["-n", &ns, "link", "set", &self.node_end(i), "up"]),
+            Cut::Throttled => {
+                let dev = self.node_end(i);
+                ip(&[
+                    "netns", "exec", &ns, "tc", "qdisc", "del", "dev", &dev, "root",
+                ])
+            }
+        }
+        .unwrap_or_else(|e| panic!("heal node {i} ({cut:?}): {e}"));
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 0..self.nodes {
+            let _ = ip(&["netns", "del", &self.namespace(i)]);
+            let _ = ip(&["link", "del", &self.host_end(i)]);
+        }
+        let _ = ip(&["link", "del", &self.bridge()]);
+    }
+}
+
+/// How a node is cut off.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// From the store only (its peers and clients still reach it).
+    Store,
+    /// From its peers only (the store and clients still reach it).
+    Peers,
+    /// From everything (its link down).
+    Everything,
+    /// Its outgoing traffic throttled to 256 kbit/s, packets queued over
+    /// 200 ms dropped (`tc tbf`; what comes in is untouched: asymmetric).
+    /// This machine's kernel has no `netem` qdisc for random loss and delay.
+    Throttled,
+}
+
+/// The partition scenarios, each `DURING` (past the 5 s lease).
+const CUTS: [(Cut, &str); 4] = [
+    (Cut::Store, "n3 cut from the store only"),
+    (Cut::Peers, "n3 cut from its peers only"),
+    (Cut::Everything, "n3 cut from everything"),
+    (
+        Cut::Throttled,
+        "n3's outgoing traffic throttled to 256 kbit/s",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_loses_and_doubles_nothing() {
+    let _serial = SERIAL.lock().await;
+    let net = match Net::build(3) {
+        Ok(net) => net,
+        Err(why) => {
+            available(
+                "partitions",
+                Some(format!("network namespaces need root here: {why}")),
+            );
+            return;
+        }
+    };
+    // The store, as the nodes see it: the fault proxy on the bridge, in
+    // front of SeaweedFS (it passes everything on here).
+    let upstream = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
+    cellfleet_store::testkit::s3_store().await; // the bucket exists
+    let upstream: std::net::SocketAddr = upstream
+        .endpoint
+        .expect("the test server's endpoint")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test server listens on an IP address");
+    let proxy =
+        fault_proxy::FaultProxy::start_on(format!("{NET_STORE}:0").parse().unwrap(), upstream)
+            .await;
+    let url = proxy.url();
+    let cluster = Cluster::start_with_setup(
+        3,
+        Store::S3 {
+            prefix: cellfleet_store::testkit::unique_prefix("host-faults-partition"),
+        },
+        LEASE_MS,
+        &[("CELLFLEET_S3_ENDPOINT", url.as_str())],
+        |dir| {
+            // Node certificates for the nodes' addresses on the bridge.
+            let certs = dir.join("certs");
+            (0..3)
+                .map(|i| {
+                    let id = format!("n{}", i + 1);
+                    for ext in ["pem", "key"] {
+                        std::fs::remove_file(certs.join(format!("node-{id}.{ext}")))
+                            .expect("remove dev's certificate");
+                    }
+                    let output = std::process::Command::new(cluster_common::BIN)
+                        .args(["certs", "issue", "node", &id, "--dir"])
+                        .arg(&certs)
+                        .args(["--host", &net.address(i)])
+                        .output()
+                        .expect("run cellfleet certs");
+                    assert!(output.status.success(), "{output:?}");
+                    (id, net.setup(i))
+                })
+                .collect()
+        },
+    );
+    let victim = 2;
+    for (cut, name) in CUTS {
+        let scenario = format!("partition-{cut:?}").to_lowercase();
+        let mut load = Load::start(cluster.library_client(), &scenario);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        net.cut(victim, cut);
+        tokio::time::sleep(DURING).await;
+        net.heal(victim, cut);
+        let served_again = load.served_again().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let summary = load.finish(&cluster, served_again).await;
+        println!("{}", summary.line("partition", &format!("{name}, 8 s")));
+    }
+    drop(cluster);
+    drop(net);
 }

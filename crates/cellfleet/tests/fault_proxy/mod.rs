@@ -46,7 +46,12 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listens on a free loopback port and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        Self::start_on("127.0.0.1:0".parse().unwrap(), upstream).await
+    }
+
+    /// Listens on `bind` and forwards to `upstream`.
+    pub async fn start_on(bind: SocketAddr, upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind(bind).await.expect("bind proxy");
         let address = listener.local_addr().unwrap();
         let fault = Arc::new(Mutex::new(Fault::None));
         let switch = fault.clone();

@@ -20,8 +20,8 @@ Python's gRPC does not say whether a failed call was ever sent, so before
 sending on a channel not known to be connected, the client waits (at most
 ``CONNECT_TIMEOUT_S``) for the channel to become ready: a channel that never
 does raises :class:`Unreachable` (never sent, safe to retry), and once every
-configured node in a row was unreachable the call ends instead of spending
-its whole budget, as in the Rust crate. Any other failure without a
+configured node was unreachable since a node last answered, the call ends
+instead of spending its whole budget, as in the Rust crate. Any other failure without a
 Cellfleet error detail counts as "may have been delivered" (a command is
 then settled by resolve, never reported as not applied).
 
@@ -457,10 +457,14 @@ class _Core:
         return _host_port(hint) if hint else None
 
     def step(self, attempt: int, started: float, in_doubt: bool, error: CellfleetError,
-             command: bool, streak: int) -> tuple[str, float]:
-        """The retry rule, plus: once every configured node in a row was
-        unreachable (``streak``), retrying is pointless."""
-        if streak >= len(self.endpoints):
+             command: bool, unreachable: set) -> tuple[str, float]:
+        """The retry rule, plus: once every configured node was unreachable
+        since a node last answered (``unreachable``: the endpoints found so),
+        retrying is pointless. Counting attempts instead would give up while
+        a node still answers: with two of three nodes dead, an owner hint
+        naming a dead node and the round robin land on dead nodes three
+        times in a row while the third is live."""
+        if self.endpoints and all(e in unreachable for e in self.endpoints):
             return (RESOLVE if command and in_doubt else FAIL), 0.0
         return after_failure(self.policy, attempt, time.monotonic() - started,
                              in_doubt, error, command)
@@ -572,7 +576,7 @@ class Client:
               until_ms: Optional[int] = None):
         core = self._core
         started, start, hint, in_doubt, attempt = time.monotonic(), core.start(), None, False, 0
-        streak = 0
+        found_unreachable = set()
         while True:
             attempt += 1
             target = core.target(cell, hint, start, attempt)
@@ -584,13 +588,14 @@ class Client:
                 return response, attempt
             except Unreachable as unreachable:
                 error = unreachable
-                streak += 1
+                found_unreachable.add(target)
             except grpc.RpcError as rpc:
                 error = error_from_rpc(rpc)
                 core.connected.discard(target)
-                streak = 0
+                found_unreachable.clear()
             hint = core.after_failure(cell, target, error)
-            step, pause = core.step(attempt, started, in_doubt, error, command, streak)
+            step, pause = core.step(attempt, started, in_doubt, error, command,
+                                    found_unreachable)
             in_doubt = in_doubt or error.maybe_applied
             if step == RETRY:
                 time.sleep(pause)
@@ -760,7 +765,7 @@ class AsyncClient:
     async def _call(self, cell, command: bool, send, until_ms: Optional[int] = None):
         core = self._core
         started, start, hint, in_doubt, attempt = time.monotonic(), core.start(), None, False, 0
-        streak = 0
+        found_unreachable = set()
         while True:
             attempt += 1
             target = core.target(cell, hint, start, attempt)
@@ -772,13 +777,14 @@ class AsyncClient:
                 return response, attempt
             except Unreachable as unreachable:
                 error = unreachable
-                streak += 1
+                found_unreachable.add(target)
             except grpc.RpcError as rpc:
                 error = error_from_rpc(rpc)
                 core.connected.discard(target)
-                streak = 0
+                found_unreachable.clear()
             hint = core.after_failure(cell, target, error)
-            step, pause = core.step(attempt, started, in_doubt, error, command, streak)
+            step, pause = core.step(attempt, started, in_doubt, error, command,
+                                    found_unreachable)
             in_doubt = in_doubt or error.maybe_applied
             if step == RETRY:
                 await asyncio.sleep(pause)

@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import time
 import unittest
 
 import grpc
@@ -88,6 +89,24 @@ class ClusterTest(unittest.TestCase):
                 await client.execute("kv", "py-6", "put", {"key": "k", "value": 1})
         with self.assertRaises(Unreachable):
             asyncio.run(run())
+
+    def test_two_dead_nodes_of_three_do_not_end_the_retries(self):
+        # The live node hints at a dead one; the round robin then lands on
+        # the other dead one and the first again: retries go on while the
+        # third node still answers, and end once all three were unreachable.
+        three = dataclasses.replace(config(), endpoints=["a:1", "b:1", "c:1"])
+        with Client(three) as client:
+            core = client._core
+            started = time.monotonic()
+            dead = Unreachable("a:1", 0.1)
+            found = set()
+            for target in ["a:1", "b:1", "a:1", "b:1"]:
+                found.add(target)
+                step, _ = core.step(1, started, False, dead, True, found)
+                self.assertEqual(step, RETRY, found)
+            found.add("c:1")
+            self.assertEqual(core.step(1, started, False, dead, True, found)[0], FAIL)
+            self.assertEqual(core.step(1, started, True, dead, True, found)[0], RESOLVE)
 
     def test_an_unreachable_node_is_skipped_for_a_live_one(self):
         # The first endpoint is dead, the rest live: the call is served.

@@ -30,6 +30,6 @@ fn the_python_package_passes_its_tests_against_a_real_cluster() {
     );
     assert!(stdout.contains("stubs are current"), "{stdout}");
     // unittest reports on stderr: every test ran and passed.
-    assert!(stderr.contains("Ran 10 tests"), "{stderr}");
+    assert!(stderr.contains("Ran 11 tests"), "{stderr}");
     assert!(stderr.trim_end().ends_with("OK"), "{stderr}");
 }

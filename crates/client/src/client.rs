@@ -14,7 +14,7 @@ use prost::Message;
 use tonic::transport::Channel;
 
 use crate::config::Config;
-use crate::retry::{self, Failure, RetryPolicy, Step};
+use crate::retry::{self, Failure, RetryPolicy, Step, Unreachable};
 use crate::signing::{seal, Domain};
 use crate::transport::{channel_to, host_port, HostPort};
 use crate::{CommandId, Error, Receipt};
@@ -724,18 +724,13 @@ impl Client {
     }
 
     /// The rule's view of a failure, with one addition: once every
-    /// configured node in a row was unreachable (nothing listens: the
-    /// cluster is down or the config is wrong), retrying is pointless and
-    /// the call ends instead of spending its whole budget.
-    fn failure(&self, error: &Error, unreachable: &mut usize) -> Failure {
+    /// configured node was unreachable since a node last answered (nothing
+    /// listens: the cluster is down or the config is wrong), retrying is
+    /// pointless and the call ends instead of spending its whole budget.
+    fn failure(&self, target: &str, error: &Error, unreachable: &mut Unreachable) -> Failure {
         let mut failure = Failure::of(error);
-        if error.unreachable() {
-            *unreachable += 1;
-            if *unreachable >= self.inner.endpoints.len() {
-                failure.retry_safe = false;
-            }
-        } else {
-            *unreachable = 0;
+        if unreachable.all_after(&self.inner.endpoints, target, error.unreachable()) {
+            failure.retry_safe = false;
         }
         failure
     }
@@ -836,7 +831,7 @@ impl Client {
         let start = self.start();
         let mut hint = None;
         let mut in_doubt = false;
-        let mut unreachable = 0;
+        let mut unreachable = Unreachable::default();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -859,7 +854,7 @@ impl Client {
             };
             hint = self.after_failure(&cell, &target, &error);
             tracing::debug!(%target, attempt, error = %error, "command attempt failed");
-            let failure = self.failure(&error, &mut unreachable);
+            let failure = self.failure(&target, &error, &mut unreachable);
             let step = retry::after_command_failure(
                 &policy,
                 attempt,
@@ -998,7 +993,7 @@ impl Client {
         let started = Instant::now();
         let start = self.start();
         let mut hint = None;
-        let mut unreachable = 0;
+        let mut unreachable = Unreachable::default();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -1013,7 +1008,7 @@ impl Client {
                 &policy,
                 attempt,
                 started.elapsed(),
-                self.failure(&error, &mut unreachable),
+                self.failure(&target, &error, &mut unreachable),
             ) {
                 Step::Retry { after } => tokio::time::sleep(after).await,
                 Step::Fail | Step::Resolve => return Err(error),
@@ -1031,7 +1026,7 @@ impl Client {
         let policy = self.inner.policy;
         let started = Instant::now();
         let start = self.start();
-        let mut unreachable = 0;
+        let mut unreachable = Unreachable::default();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -1048,7 +1043,7 @@ impl Client {
                 &policy,
                 attempt,
                 started.elapsed(),
-                self.failure(&error, &mut unreachable),
+                self.failure(target, &error, &mut unreachable),
             ) {
                 Step::Retry { after } => tokio::time::sleep(after).await,
                 Step::Fail | Step::Resolve => return Err(error),

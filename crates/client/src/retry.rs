@@ -181,10 +181,84 @@ pub fn after_read_failure(
     retry_within(policy, attempt, elapsed, failure).unwrap_or(Step::Fail)
 }
 
+/// The configured endpoints found unreachable (nothing listens) since a
+/// node last answered. Once that is every one of them, the cluster is
+/// down or the config is wrong and a retry is pointless. Counting
+/// attempts instead would give up while a node still answers: with two of
+/// three nodes dead, an owner hint naming a dead node and the round robin
+/// land on dead nodes three times in a row while the third node is live.
+#[derive(Debug, Default)]
+pub(crate) struct Unreachable {
+    seen: Vec<usize>,
+}
+
+impl Unreachable {
+    /// Notes an attempt on `target` and whether it was unreachable; true
+    /// when every one of `endpoints` has been unreachable since the last
+    /// answer. A target outside `endpoints` (an owner hint) counts towards
+    /// nothing.
+    pub(crate) fn all_after(
+        &mut self,
+        endpoints: &[String],
+        target: &str,
+        unreachable: bool,
+    ) -> bool {
+        if !unreachable {
+            self.seen.clear();
+            return false;
+        }
+        if let Some(index) = endpoints.iter().position(|e| e == target) {
+            if !self.seen.contains(&index) {
+                self.seen.push(index);
+            }
+        }
+        !endpoints.is_empty() && self.seen.len() == endpoints.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Giving up on unreachable nodes happens exactly when every
+        /// configured endpoint was unreachable since the last answer.
+        #[test]
+        fn unreachable_ends_retries_only_when_every_endpoint_is(
+            endpoints in 1usize..5,
+            attempts in proptest::collection::vec((0usize..6, any::<bool>()), 1..40),
+        ) {
+            let names: Vec<String> = (0..endpoints).map(|i| format!("n{i}:1")).collect();
+            let mut tracker = Unreachable::default();
+            let mut since_answer = std::collections::BTreeSet::new();
+            for (target, unreachable) in attempts {
+                // Targets past the configured ones stand for owner hints.
+                let name = format!("n{target}:1");
+                let all = tracker.all_after(&names, &name, unreachable);
+                if unreachable {
+                    if target < endpoints {
+                        since_answer.insert(target);
+                    }
+                } else {
+                    since_answer.clear();
+                }
+                prop_assert_eq!(all, since_answer.len() == endpoints);
+            }
+        }
+    }
+
+    #[test]
+    fn two_dead_nodes_of_three_do_not_end_the_retries() {
+        let names: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+        let mut tracker = Unreachable::default();
+        // The live c hints at the dead a; a, then b, then a again by turn.
+        assert!(!tracker.all_after(&names, "c:1", false));
+        for target in ["a:1", "b:1", "a:1", "b:1"] {
+            assert!(!tracker.all_after(&names, target, true));
+        }
+        assert!(tracker.all_after(&names, "c:1", true));
+    }
 
     fn policy() -> impl Strategy<Value = RetryPolicy> {
         (1u32..12, 0u64..60_000, 1u64..200, 1u64..5_000).prop_map(|(attempts, budget, min, max)| {

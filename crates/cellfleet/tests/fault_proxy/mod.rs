@@ -3,12 +3,17 @@
 //! every request: pass it on, delay it, answer 500 or 503 without passing
 //! it on, pass a write on and then drop the connection before the reply
 //! (the write applied, the node never hears), or refuse to answer at all
-//! (the store is down). [`forward`] is also what `log_fence.rs`'s own
-//! holding proxy passes requests on with.
+//! (the store is down). It can also catch one step of a Cell's life by the
+//! root write that makes it (an activation, a checkpoint, a compaction, a
+//! release), hold that write lost or landed while the test kills its
+//! sender, then close the connection unanswered ([`FaultProxy::catch`]).
+//! [`forward`] is also what `log_fence.rs`'s own holding proxy passes
+//! requests on with.
 
 // Each test binary uses part of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,11 +24,13 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
 
 /// What the proxy does to each request from now on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fault {
     /// Pass every request on.
+    #[default]
     None,
     /// Pass every request on after this delay.
     Slow(Duration),
@@ -37,10 +44,97 @@ pub enum Fault {
     Down,
 }
 
+/// A step of a Cell's life, told from the root write that makes it and
+/// the last root of that Cell the proxy passed with success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootStep {
+    /// A new owner session: the root created, adopted or taken over.
+    Activation,
+    /// The same session, the chain longer: records checkpointed.
+    Checkpoint,
+    /// The same session, the chain shorter: the chain compacted.
+    Compaction,
+    /// The root released (a drain, or a Cell passivated for good).
+    Release,
+    /// Anything else (a pointer moved, say).
+    Other,
+}
+
+/// What the proxy does with a caught root write while its sender is
+/// killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Never passed on: the store never sees it.
+    Lost,
+    /// Passed on and applied by the store; its sender never hears so.
+    Landed,
+}
+
+/// A caught root write.
+#[derive(Clone, Debug)]
+pub struct Caught {
+    pub step: RootStep,
+    /// The root's object key (path).
+    pub path: String,
+    /// The owner the write names (none for a release).
+    pub owner: Option<String>,
+    /// The store's status for a landed write.
+    pub status: Option<u16>,
+}
+
+/// What a root write says, as far as [`step`] needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub session: Option<String>,
+    pub owner: Option<String>,
+    pub chain: usize,
+    pub released: bool,
+}
+
+impl Seen {
+    pub fn parse(body: &[u8]) -> Option<Seen> {
+        let root: serde_json::Value = serde_json::from_slice(body).ok()?;
+        Some(Seen {
+            session: root["owner_session"].as_str().map(str::to_owned),
+            owner: root["owner"].as_str().map(str::to_owned),
+            chain: root["chain"].as_array()?.len(),
+            released: root["state"] == "released",
+        })
+    }
+}
+
+/// Which step `next` makes after `previous` (none: the root is new).
+pub fn step(previous: Option<&Seen>, next: &Seen) -> RootStep {
+    match previous {
+        _ if next.released => RootStep::Release,
+        None => RootStep::Activation,
+        Some(previous) if previous.session != next.session => RootStep::Activation,
+        Some(previous) if next.chain < previous.chain => RootStep::Compaction,
+        Some(previous) if next.chain > previous.chain => RootStep::Checkpoint,
+        Some(_) => RootStep::Other,
+    }
+}
+
+/// A catch armed by [`FaultProxy::catch`].
+struct Trap {
+    step: RootStep,
+    fate: Fate,
+    caught: oneshot::Sender<Caught>,
+}
+
+#[derive(Default)]
+struct Shared {
+    fault: Mutex<Fault>,
+    /// The last root each key was written with, by a write the store took.
+    roots: Mutex<HashMap<String, Seen>>,
+    trap: Mutex<Option<Trap>>,
+    let_go: Notify,
+}
+
 /// The proxy: its address and the switch.
 pub struct FaultProxy {
     pub address: SocketAddr,
-    fault: Arc<Mutex<Fault>>,
+    shared: Arc<Shared>,
 }
 
 impl FaultProxy {
@@ -53,21 +147,18 @@ impl FaultProxy {
     pub async fn start_on(bind: SocketAddr, upstream: SocketAddr) -> FaultProxy {
         let listener = TcpListener::bind(bind).await.expect("bind proxy");
         let address = listener.local_addr().unwrap();
-        let fault = Arc::new(Mutex::new(Fault::None));
-        let switch = fault.clone();
+        let shared = Arc::new(Shared::default());
+        let switch = shared.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let fault = switch.clone();
+                let shared = switch.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request| {
-                        let fault = fault.clone();
-                        async move {
-                            let now = *fault.lock().unwrap();
-                            handle(now, upstream, request).await
-                        }
+                        let shared = shared.clone();
+                        async move { handle(&shared, upstream, request).await }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -75,7 +166,7 @@ impl FaultProxy {
                 });
             }
         });
-        FaultProxy { address, fault }
+        FaultProxy { address, shared }
     }
 
     /// The endpoint URL nodes use.
@@ -84,20 +175,95 @@ impl FaultProxy {
     }
 
     pub fn set(&self, fault: Fault) {
-        *self.fault.lock().unwrap() = fault;
+        *self.shared.fault.lock().unwrap() = fault;
+    }
+
+    /// Arms a catch of the next root write that makes `step`: it is held
+    /// with `fate` (the receiver hears of it) until [`FaultProxy::let_go`].
+    pub fn catch(&self, step: RootStep, fate: Fate) -> oneshot::Receiver<Caught> {
+        let (caught, receiver) = oneshot::channel();
+        *self.shared.trap.lock().unwrap() = Some(Trap { step, fate, caught });
+        receiver
+    }
+
+    /// Ends the caught write's request without an answer (the connection
+    /// closes).
+    pub fn let_go(&self) {
+        self.shared.let_go.notify_one();
     }
 }
 
 type Reply = Result<Response<Full<Bytes>>, std::io::Error>;
 
 /// [`forward`], a failure to reach the server closing the connection.
-async fn passed(upstream: SocketAddr, request: Request<Incoming>) -> Reply {
+async fn passed<B>(upstream: SocketAddr, request: Request<B>) -> Reply
+where
+    B: hyper::body::Body,
+    B::Error: std::fmt::Display,
+{
     forward(upstream, request)
         .await
         .map_err(std::io::Error::other)
 }
 
-async fn handle(fault: Fault, upstream: SocketAddr, request: Request<Incoming>) -> Reply {
+async fn handle(shared: &Shared, upstream: SocketAddr, request: Request<Incoming>) -> Reply {
+    let fault = *shared.fault.lock().unwrap();
+    let path = request.uri().path().to_owned();
+    if request.method() != hyper::Method::PUT || !path.ends_with("/root.json") {
+        return by_fault(fault, upstream, request).await;
+    }
+    // A root write: told apart, maybe caught, remembered once taken.
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    let request = Request::from_parts(parts, Full::new(body.clone()));
+    let Some(next) = Seen::parse(&body) else {
+        return by_fault(fault, upstream, request).await;
+    };
+    let made = step(shared.roots.lock().unwrap().get(&path), &next);
+    let trap = {
+        let mut trap = shared.trap.lock().unwrap();
+        match trap.take() {
+            Some(armed) if armed.step == made => Some(armed),
+            other => {
+                *trap = other;
+                None
+            }
+        }
+    };
+    if let Some(trap) = trap {
+        let status = match trap.fate {
+            Fate::Lost => None,
+            Fate::Landed => Some(
+                forward(upstream, request)
+                    .await
+                    .map_or(0, |reply| reply.status().as_u16()),
+            ),
+        };
+        let _ = trap.caught.send(Caught {
+            step: made,
+            path,
+            owner: next.owner.clone(),
+            status,
+        });
+        shared.let_go.notified().await;
+        return Err(std::io::Error::other("caught by the fault proxy"));
+    }
+    let reply = by_fault(fault, upstream, request).await;
+    if reply.as_ref().is_ok_and(|r| r.status().is_success()) {
+        shared.roots.lock().unwrap().insert(path, next);
+    }
+    reply
+}
+
+async fn by_fault<B>(fault: Fault, upstream: SocketAddr, request: Request<B>) -> Reply
+where
+    B: hyper::body::Body,
+    B::Error: std::fmt::Display,
+{
     let write = !matches!(*request.method(), hyper::Method::GET | hyper::Method::HEAD);
     match fault {
         Fault::None => passed(upstream, request).await,
@@ -134,10 +300,14 @@ async fn handle(fault: Fault, upstream: SocketAddr, request: Request<Incoming>) 
 /// One request to `upstream` on a connection of its own, its body whole
 /// (so no transfer coding and no 100-continue are passed on); the reply
 /// whole. The Host header is kept, so S3 signatures still verify.
-pub async fn forward(
+pub async fn forward<B>(
     upstream: SocketAddr,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, String> {
+    request: Request<B>,
+) -> Result<Response<Full<Bytes>>, String>
+where
+    B: hyper::body::Body,
+    B::Error: std::fmt::Display,
+{
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
     let mut out = Request::builder()

@@ -1,0 +1,292 @@
+//! kill -9 at the moments a Cell's durable state changes hands, with real
+//! node processes on SeaweedFS and the fault matrix's workload
+//! (`fault_load`): the fault proxy (`fault_proxy`) catches the root write
+//! that makes one step of a Cell's life — an activation (a new Cell's
+//! first root, or a takeover), a checkpoint, a compaction, a drain's
+//! release — and holds it, either never passed on (lost) or applied by the
+//! store with its reply held back (landed), while the test kills the node
+//! that wrote it. Then the survivors must take its Cells over: every Cell
+//! serves a fresh command, every acknowledged command is present exactly
+//! once through every node (the killed ones started again), and no command
+//! fails: the client library rides out each takeover. RELIABILITY.md keeps the
+//! figures; timings are never asserted.
+
+mod cluster_common;
+mod fault_load;
+mod fault_proxy;
+
+use std::time::Duration;
+
+use cluster_common::{Cluster, NodeSetup, Store};
+use fault_load::Load;
+use fault_proxy::{step, Caught, Fate, FaultProxy, RootStep, Seen};
+
+const LEASE_MS: u64 = 5_000;
+/// Records past the root that make an open Cell checkpoint: low, so that
+/// the workload's Cells checkpoint several times a second and reach a
+/// compaction (a chain of 32 files) within seconds.
+const CHECKPOINT_RECORDS: &str = "8";
+/// The workload before the catch is armed.
+const BEFORE: Duration = Duration::from_millis(1_500);
+/// Longest the workload may take to make the caught step.
+const CATCH_BOUND: Duration = Duration::from_secs(90);
+/// The workload after the Cells served again, before the check.
+const AFTER: Duration = Duration::from_secs(1);
+
+/// How a scenario reaches its crash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Armed while the workload runs: the next such root write, from
+    /// whichever node makes it, whose node is killed.
+    Running,
+    /// Armed before the workload starts: the first root of one of its new
+    /// Cells.
+    NewCells,
+    /// A checkpoint's writer killed first (its write lost); then a
+    /// survivor's takeover of one of its Cells is caught and that survivor
+    /// killed too: one node is left to take both over.
+    Takeover,
+    /// n3 drains (SIGTERM) and is killed at its first release.
+    Drain,
+}
+
+const SCENARIOS: [(&str, RootStep, Fate, Reach); 9] = [
+    (
+        "checkpoint-lost",
+        RootStep::Checkpoint,
+        Fate::Lost,
+        Reach::Running,
+    ),
+    (
+        "checkpoint-landed",
+        RootStep::Checkpoint,
+        Fate::Landed,
+        Reach::Running,
+    ),
+    (
+        "compaction-lost",
+        RootStep::Compaction,
+        Fate::Lost,
+        Reach::Running,
+    ),
+    (
+        "compaction-landed",
+        RootStep::Compaction,
+        Fate::Landed,
+        Reach::Running,
+    ),
+    (
+        "activation-new-lost",
+        RootStep::Activation,
+        Fate::Lost,
+        Reach::NewCells,
+    ),
+    (
+        "activation-new-landed",
+        RootStep::Activation,
+        Fate::Landed,
+        Reach::NewCells,
+    ),
+    (
+        "activation-takeover-landed",
+        RootStep::Activation,
+        Fate::Landed,
+        Reach::Takeover,
+    ),
+    (
+        "drain-release-lost",
+        RootStep::Release,
+        Fate::Lost,
+        Reach::Drain,
+    ),
+    (
+        "drain-release-landed",
+        RootStep::Release,
+        Fate::Landed,
+        Reach::Drain,
+    ),
+];
+
+/// Waits for the armed catch; panics naming the scenario when the
+/// workload never made the step.
+async fn caught(
+    name: &str,
+    step: RootStep,
+    receiver: tokio::sync::oneshot::Receiver<Caught>,
+) -> Caught {
+    let caught = tokio::time::timeout(CATCH_BOUND, receiver)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no {step:?} root write within {CATCH_BOUND:?}"))
+        .expect("the proxy keeps the catch");
+    assert_eq!(caught.step, step, "{name}");
+    caught
+}
+
+/// Kills the node that made `caught` (or `fallback`, for a release, which
+/// names no owner), then lets the held write's request end unanswered.
+/// Returns the killed node's index.
+fn kill_writer(
+    cluster: &mut Cluster,
+    proxy: &FaultProxy,
+    name: &str,
+    fate: Fate,
+    caught: &Caught,
+    fallback: Option<usize>,
+) -> usize {
+    let index = match &caught.owner {
+        Some(owner) => cluster
+            .nodes
+            .iter()
+            .position(|node| &node.id == owner)
+            .unwrap_or_else(|| panic!("{name}: the root names {owner}, no node of the cluster")),
+        None => fallback.unwrap_or_else(|| panic!("{name}: a root write without an owner")),
+    };
+    match fate {
+        Fate::Lost => assert_eq!(caught.status, None, "{name}: a lost write never left"),
+        Fate::Landed => assert_eq!(
+            caught.status,
+            Some(200),
+            "{name}: the store applied the landed write"
+        ),
+    }
+    cluster.kill9(index);
+    proxy.let_go();
+    println!(
+        "{name}: {:?} of {} caught ({fate:?}); {} killed",
+        caught.step, caught.path, cluster.nodes[index].id
+    );
+    index
+}
+
+async fn scenario(
+    cluster: &mut Cluster,
+    proxy: &FaultProxy,
+    (name, step, fate, reach): (&str, RootStep, Fate, Reach),
+) -> String {
+    let armed = (reach == Reach::NewCells).then(|| proxy.catch(step, fate));
+    let mut load = Load::start(cluster.library_client(), name);
+    let mut killed = Vec::new();
+    match reach {
+        Reach::NewCells => {
+            let caught = caught(name, step, armed.expect("armed")).await;
+            killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
+        }
+        Reach::Running => {
+            tokio::time::sleep(BEFORE).await;
+            let receiver = proxy.catch(step, fate);
+            let caught = caught(name, step, receiver).await;
+            killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
+        }
+        Reach::Takeover => {
+            tokio::time::sleep(BEFORE).await;
+            let receiver = proxy.catch(RootStep::Checkpoint, Fate::Lost);
+            let first = caught(name, RootStep::Checkpoint, receiver).await;
+            // Armed before the first kill: the next activation is a
+            // survivor taking one of the dead node's Cells over.
+            let receiver = proxy.catch(step, fate);
+            killed.push(kill_writer(cluster, proxy, name, Fate::Lost, &first, None));
+            let caught = caught(name, step, receiver).await;
+            killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
+        }
+        Reach::Drain => {
+            tokio::time::sleep(BEFORE).await;
+            let receiver = proxy.catch(step, fate);
+            cluster.signal(2, "TERM");
+            let caught = caught(name, step, receiver).await;
+            killed.push(kill_writer(cluster, proxy, name, fate, &caught, Some(2)));
+        }
+    }
+    let served_again = load.served_again().await;
+    for index in killed {
+        cluster.respawn(index, NodeSetup::default());
+    }
+    tokio::time::sleep(AFTER).await;
+    let summary = load.finish(cluster, served_again).await;
+    // A survivor took every Cell over within the client's retry budget:
+    // nothing was refused (two nodes of three dead once made the library
+    // give up while the third still answered).
+    assert_eq!(
+        summary.refused, 0,
+        "{name}: failures seen: {:?}",
+        summary.refusals_seen
+    );
+    summary.line("kill -9 at", name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_step_loses_and_doubles_nothing() {
+    let upstream = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
+    cellfleet_store::testkit::s3_store().await; // the bucket exists
+    let endpoint = upstream
+        .endpoint
+        .clone()
+        .expect("the test server's endpoint");
+    let upstream_address: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test server listens on an IP address");
+    let proxy = FaultProxy::start(upstream_address).await;
+    let url = proxy.url();
+    let mut cluster = Cluster::start_with_env(
+        3,
+        Store::S3 {
+            prefix: cellfleet_store::testkit::unique_prefix("crash-points"),
+        },
+        LEASE_MS,
+        &[
+            ("CELLFLEET_S3_ENDPOINT", url.as_str()),
+            ("CELLFLEET_LOG_CHECKPOINT_RECORDS", CHECKPOINT_RECORDS),
+        ],
+    );
+    let only = std::env::var("CELLFLEET_CRASH_POINTS").ok();
+    for crash in SCENARIOS {
+        if only.as_deref().is_some_and(|only| !crash.0.contains(only)) {
+            continue;
+        }
+        let line = scenario(&mut cluster, &proxy, crash).await;
+        println!("{line}");
+    }
+}
+
+/// The proxy's reading of root writes, on which every catch rests.
+#[test]
+fn root_writes_are_told_apart_by_session_chain_and_state() {
+    let seen = |session: Option<&str>, chain: usize, released: bool| Seen {
+        session: session.map(str::to_owned),
+        owner: session.map(|_| "n1".to_owned()),
+        chain,
+        released,
+    };
+    let live = seen(Some("s1"), 3, false);
+    assert_eq!(step(None, &live), RootStep::Activation);
+    assert_eq!(
+        step(Some(&live), &seen(Some("s2"), 3, false)),
+        RootStep::Activation
+    );
+    assert_eq!(
+        step(Some(&seen(None, 3, true)), &live),
+        RootStep::Activation
+    );
+    assert_eq!(
+        step(Some(&live), &seen(Some("s1"), 4, false)),
+        RootStep::Checkpoint
+    );
+    assert_eq!(
+        step(Some(&live), &seen(Some("s1"), 1, false)),
+        RootStep::Compaction
+    );
+    assert_eq!(step(Some(&live), &live), RootStep::Other);
+    assert_eq!(step(Some(&live), &seen(None, 3, true)), RootStep::Release);
+    let root = br#"{"owner":"n2","owner_session":"abc","state":"active","chain":[{},{}]}"#;
+    assert_eq!(
+        Seen::parse(root),
+        Some(Seen {
+            session: Some("abc".into()),
+            owner: Some("n2".into()),
+            chain: 2,
+            released: false
+        })
+    );
+    assert_eq!(Seen::parse(b"not json"), None);
+}

@@ -119,7 +119,7 @@ async fn a_node_with_a_skewed_clock_loses_and_doubles_nothing() {
     };
     for (offset, name, beyond) in SKEWS {
         let mut cluster = skewed_cluster(&library, offset);
-        let mut load = Load::start(cluster.library_client(), name);
+        let mut load = Load::start(&cluster, name);
         tokio::time::sleep(DURING).await;
         // Healing: n3 drained and started again with the true clock.
         assert!(
@@ -243,7 +243,7 @@ async fn a_full_data_directory_loses_and_doubles_nothing() {
         }
     };
     let name = "disk-full";
-    let mut load = Load::start(cluster.library_client(), name);
+    let mut load = Load::start(&cluster, name);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let commands =
         |cluster: &Cluster| metric(&cluster.nodes[2], "cellfleet_runtime_commands_total");
@@ -549,7 +549,7 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
     let victim = 2;
     for (cut, name) in CUTS {
         let scenario = format!("partition-{cut:?}").to_lowercase();
-        let mut load = Load::start(cluster.library_client(), &scenario);
+        let mut load = Load::start(&cluster, &scenario);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         net.cut(victim, cut);
         tokio::time::sleep(DURING).await;

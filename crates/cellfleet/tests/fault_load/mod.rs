@@ -1,12 +1,18 @@
-//! The fault matrix's workload and its check, shared by `store_faults.rs`
-//! and `host_faults.rs`: clients of the Rust client library send new
-//! exactly-once commands (a unique tag appended to one of a few `log`
-//! Cells) back to back, each retried by the library with the same command
-//! id; after the fault heals, every Cell of the scenario must serve a fresh
-//! command again, and then every acknowledged command must be present
-//! exactly once, read through every node, nothing the client was told
-//! failed may be present, an unknown outcome at most once, and no Cell may
-//! hold anything never sent.
+//! The fault matrix's workload and its check, shared by `store_faults.rs`,
+//! `host_faults.rs` and `crash_points.rs`: clients of the Rust client
+//! library send new exactly-once commands (a unique tag appended to one of
+//! a few `log` Cells) back to back, each retried by the library with the
+//! same command id; beside them, idempotent Durable Streams producers
+//! (`Producer-Id`, `-Epoch`, `-Seq`) append numbered messages to streams
+//! over HTTP through any node, each append re-sent with the same sequence
+//! number until a node acknowledges it. After the fault heals, every Cell
+//! and every stream of the scenario must take a fresh write again; then
+//! every acknowledged command must be present exactly once, read through
+//! every node, nothing the client was told failed may be present, an
+//! unknown outcome at most once, and no Cell may hold anything never sent;
+//! and each stream, read whole through every node, must be exactly its
+//! producer's acknowledged messages in order (plus, at most once, the one
+//! still unanswered when the workload stopped).
 
 // Each test binary uses part of it.
 #![allow(dead_code)]
@@ -16,12 +22,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
+use bytes::Bytes;
 use cellfleet_client::{v1, Client, Command, Error, Executed, Outcome};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
 
 use crate::cluster_common::Cluster;
 
 pub const WORKERS: usize = 4;
 pub const CELLS: usize = 6;
+/// Durable Streams producers, one stream each.
+pub const STREAMS: usize = 2;
+/// Longest one HTTP exchange with a node may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the Cells have to serve a fresh command after healing.
 const SERVE_AGAIN_BOUND: Duration = Duration::from_secs(90);
 
@@ -83,6 +98,7 @@ pub struct Load {
     told: Arc<Mutex<Told>>,
     sent: Arc<AtomicU64>,
     probes: u64,
+    producers: Vec<Arc<Producer>>,
     running: tokio::task::JoinHandle<()>,
 }
 
@@ -98,6 +114,8 @@ pub struct Summary {
     /// The Cellfleet error codes of the failures (empty when every failure
     /// was a transport error, or none failed).
     pub refused_codes: BTreeSet<v1::ErrorCode>,
+    /// Stream appends acknowledged, over every producer.
+    pub appends: u64,
 }
 
 impl Summary {
@@ -105,12 +123,13 @@ impl Summary {
     pub fn line(&self, class: &str, name: &str) -> String {
         format!(
             "{class} {name}: {} commands, {} acknowledged, {} failed, {} unknown ({} of them applied), \
-             0 lost, 0 duplicated; served again {} ms after healing{}",
+             {} stream appends acknowledged, 0 lost, 0 duplicated; served again {} ms after healing{}",
             self.sent,
             self.acked,
             self.refused,
             self.unknown,
             self.unknown_applied,
+            self.appends,
             self.served_again.as_millis(),
             if self.refusals_seen.is_empty() {
                 String::new()
@@ -122,8 +141,16 @@ impl Summary {
 }
 
 impl Load {
-    /// Starts `WORKERS` clients of `client` on the scenario's Cells.
-    pub fn start(client: Client, name: &str) -> Load {
+    /// Starts `WORKERS` clients of the library on the scenario's Cells
+    /// and `STREAMS` producers, each on a stream of its own, through every
+    /// node of `cluster`.
+    pub fn start(cluster: &Cluster, name: &str) -> Load {
+        let client = cluster.library_client();
+        let streams: Vec<SocketAddr> = cluster
+            .nodes
+            .iter()
+            .map(|node| node.streams.expect("the nodes serve Durable Streams"))
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let told = Arc::new(Mutex::new(Told::default()));
         let sent = Arc::new(AtomicU64::new(0));
@@ -144,6 +171,22 @@ impl Load {
                 }
             }));
         }
+        let producers: Vec<Arc<Producer>> = (0..STREAMS)
+            .map(|k| {
+                Arc::new(Producer {
+                    path: format!("/{name}-s{k}"),
+                    id: format!("{name}-p{k}"),
+                    k,
+                    nodes: streams.clone(),
+                    acked: AtomicU64::new(0),
+                    pending: AtomicBool::new(false),
+                })
+            })
+            .collect();
+        for producer in &producers {
+            let (producer, stop) = (producer.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move { producer.run(&stop).await }));
+        }
         let running = tokio::spawn(async move {
             for task in tasks {
                 task.await.unwrap();
@@ -156,6 +199,7 @@ impl Load {
             told,
             sent,
             probes: 0,
+            producers,
             running,
         }
     }
@@ -179,6 +223,20 @@ impl Load {
                     self.name,
                     self.told.lock().unwrap().last_error
                 );
+            }
+        }
+        // Every stream acknowledges an append sent after healing (one
+        // past the one that may have been in flight then).
+        for producer in &self.producers {
+            let fresh = producer.acked.load(Ordering::SeqCst) + 2;
+            while producer.acked.load(Ordering::SeqCst) < fresh {
+                assert!(
+                    healed.elapsed() < SERVE_AGAIN_BOUND,
+                    "{}: stream {} took no append {SERVE_AGAIN_BOUND:?} after healing",
+                    self.name,
+                    producer.path
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
         healed.elapsed()
@@ -240,6 +298,10 @@ impl Load {
             }
         }
         assert!(!told.acked.is_empty(), "{name}: the workload ran");
+        let mut appends = 0;
+        for producer in &self.producers {
+            appends += producer.check(cluster, &name).await;
+        }
         Summary {
             sent: self.sent.load(Ordering::Relaxed) + self.probes,
             acked: told.acked.len(),
@@ -249,6 +311,202 @@ impl Load {
             served_again,
             refusals_seen: told.refusals_seen,
             refused_codes: told.refused_codes,
+            appends,
+        }
+    }
+}
+
+/// One idempotent producer of the Durable Streams protocol on a stream of
+/// its own: message `seq` is `p{k}-{seq:06};`, sent with `Producer-Seq:
+/// seq` and re-sent (to the next node on a failure) until a node
+/// acknowledges it, so the stream must hold messages 0..acked in order.
+pub struct Producer {
+    path: String,
+    id: String,
+    k: usize,
+    nodes: Vec<SocketAddr>,
+    /// Messages acknowledged: 0..acked.
+    acked: AtomicU64,
+    /// Message `acked` was sent and is unanswered (the workload stopped).
+    pending: AtomicBool,
+}
+
+/// Why an exchange has no answer.
+#[derive(Debug)]
+enum Unanswered {
+    /// No connection: the request never left.
+    NotSent(String),
+    /// The request may have been delivered.
+    Lost(String),
+}
+
+/// One HTTP/1.1 exchange with a node's Durable Streams listener.
+async fn http(
+    node: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
+) -> Result<(u16, hyper::HeaderMap, Bytes), Unanswered> {
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(node)
+            .await
+            .map_err(|e| Unanswered::NotSent(e.to_string()))?;
+        let lost = |e: hyper::Error| Unanswered::Lost(e.to_string());
+        let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(lost)?;
+        tokio::spawn(connection);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", node.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let request = request.body(Full::new(body)).expect("a valid request");
+        let reply = send.send_request(request).await.map_err(lost)?;
+        let (parts, body) = reply.into_parts();
+        let body = body.collect().await.map_err(lost)?.to_bytes();
+        Ok((parts.status.as_u16(), parts.headers, body))
+    };
+    tokio::time::timeout(HTTP_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| Err(Unanswered::Lost("no answer within 10 s".into())))
+}
+
+impl Producer {
+    fn message(&self, seq: u64) -> String {
+        format!("p{}-{seq:06};", self.k)
+    }
+
+    /// Creates the stream, then appends until `stop`.
+    async fn run(&self, stop: &AtomicBool) {
+        let text = [("content-type", "text/plain".to_owned())];
+        let mut attempt = 0;
+        loop {
+            let node = self.nodes[(self.k + attempt) % self.nodes.len()];
+            attempt += 1;
+            match http(node, "PUT", &self.path, &text, Bytes::new()).await {
+                Ok((201 | 200, _, _)) => break,
+                Ok((status, _, body)) if status < 500 => {
+                    panic!("creating {}: {status} {body:?}", self.path)
+                }
+                _ if stop.load(Ordering::Relaxed) => return,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let mut seq = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let headers = [
+                ("content-type", "text/plain".to_owned()),
+                ("producer-id", self.id.clone()),
+                ("producer-epoch", "0".to_owned()),
+                ("producer-seq", seq.to_string()),
+            ];
+            let body = Bytes::from(self.message(seq));
+            self.pending.store(true, Ordering::SeqCst);
+            loop {
+                let node = self.nodes[(self.k + attempt) % self.nodes.len()];
+                match http(node, "POST", &self.path, &headers, body.clone()).await {
+                    // Appended, or a duplicate of an earlier attempt that applied.
+                    Ok((200 | 204, _, _)) => break,
+                    // A gap or a refusal: an acknowledged append is
+                    // missing, or the protocol was broken.
+                    Ok((status, headers, body)) if status < 500 => panic!(
+                        "{}: append {seq} refused {status} {headers:?} {body:?}",
+                        self.path
+                    ),
+                    // Unavailable, or unanswered: the same bytes again,
+                    // through the next node.
+                    _ => {
+                        attempt += 1;
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+            self.pending.store(false, Ordering::SeqCst);
+            seq += 1;
+            self.acked.store(seq, Ordering::SeqCst);
+        }
+    }
+
+    /// Reads the stream whole through every node and checks it is exactly
+    /// the acknowledged messages in order, plus at most the pending one;
+    /// returns how many were acknowledged.
+    async fn check(&self, cluster: &Cluster, scenario: &str) -> u64 {
+        let acked = self.acked.load(Ordering::SeqCst);
+        let mut expected: String = (0..acked).map(|seq| self.message(seq)).collect();
+        let with_pending = format!("{expected}{}", self.message(acked));
+        for node in &cluster.nodes {
+            let node_address = node.streams.expect("the nodes serve Durable Streams");
+            let data = read_stream(node_address, &self.path).await;
+            let data = String::from_utf8(data).expect("utf-8 messages");
+            let pending = self.pending.load(Ordering::SeqCst);
+            if data != expected && !(pending && data == with_pending) {
+                let torn = data.len() % 10;
+                panic!(
+                    "{scenario}: stream {} via {} holds {} messages (torn: {torn} bytes), \
+                     {acked} acknowledged{}; the first difference at byte {}",
+                    self.path,
+                    node.id,
+                    data.len() / 10,
+                    if pending { " and one pending" } else { "" },
+                    data.bytes()
+                        .zip(expected.bytes())
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(data.len().min(expected.len()))
+                );
+            }
+            if data == with_pending {
+                expected = with_pending.clone();
+            }
+        }
+        acked
+    }
+}
+
+/// Reads the stream at `path` whole through `node` (catch-up pages),
+/// retrying failed answers for a bounded time.
+async fn read_stream(node: SocketAddr, path: &str) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut data = Vec::new();
+    let mut offset = "-1".to_owned();
+    loop {
+        match http(
+            node,
+            "GET",
+            &format!("{path}?offset={offset}"),
+            &[],
+            Bytes::new(),
+        )
+        .await
+        {
+            Ok((200, headers, body)) => {
+                data.extend_from_slice(&body);
+                let next = headers
+                    .get("stream-next-offset")
+                    .and_then(|v| v.to_str().ok())
+                    .expect("Stream-Next-Offset")
+                    .to_owned();
+                if headers
+                    .get("stream-up-to-date")
+                    .is_some_and(|v| v == "true")
+                {
+                    return data;
+                }
+                offset = next;
+            }
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "reading {path} via {node}: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
 }

@@ -164,7 +164,7 @@ async fn scenario(
     (name, step, fate, reach): (&str, RootStep, Fate, Reach),
 ) -> String {
     let armed = (reach == Reach::NewCells).then(|| proxy.catch(step, fate));
-    let mut load = Load::start(&cluster, name);
+    let mut load = Load::start(cluster, name);
     let mut killed = Vec::new();
     match reach {
         Reach::NewCells => {

@@ -36,7 +36,7 @@ async fn scenario(
     fault: Fault,
     during: Duration,
 ) -> String {
-    let mut load = Load::start(&cluster, name);
+    let mut load = Load::start(cluster, name);
     tokio::time::sleep(BEFORE).await;
     proxy.set(fault);
     tokio::time::sleep(during).await;

@@ -99,6 +99,33 @@ const SKEWS: [(&str, &str, Beyond); 4] = [
     ("-3", "behind-3s", Beyond::Behind),
 ];
 
+/// `base`, or `base` with a suffix, so that placement (rendezvous over
+/// n1..n3, the same on every node) puts at least one of the load's Cells
+/// on `node`: the skewed node must own some, not only pass commands on.
+fn placed_on(base: &str, node: &str) -> String {
+    let nodes: Vec<cellfleet_authority::NodeId> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| cellfleet_authority::NodeId::new(*id).unwrap())
+        .collect();
+    (0..)
+        .map(|n| {
+            if n == 0 {
+                base.to_owned()
+            } else {
+                format!("{base}-{n}")
+            }
+        })
+        .find(|name| {
+            (0..fault_load::CELLS).any(|i| {
+                let key = format!("{name}-{i}");
+                let cell = cellfleet_authority::CellId::for_kind_key("log", key.as_bytes());
+                cellfleet_router::hints::rendezvous_owner(&cell, &nodes)
+                    .is_some_and(|owner| owner.as_str() == node)
+            })
+        })
+        .expect("some name places a Cell on the node")
+}
+
 /// Whether a skew is beyond the margin, and which way.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Beyond {
@@ -119,8 +146,12 @@ async fn a_node_with_a_skewed_clock_loses_and_doubles_nothing() {
     };
     for (offset, name, beyond) in SKEWS {
         let mut cluster = skewed_cluster(&library, offset);
+        let name = &placed_on(name, "n3");
         let mut load = Load::start(&cluster, name);
         tokio::time::sleep(DURING).await;
+        // What n3 served under its skew (placement, not the test, decides
+        // which of the load's Cells it owns).
+        let n3_served = load.served_by("n3");
         // Healing: n3 drained and started again with the true clock.
         assert!(
             cluster.terminate(2),
@@ -130,7 +161,7 @@ async fn a_node_with_a_skewed_clock_loses_and_doubles_nothing() {
         let served_again = load.served_again().await;
         let summary = load.finish(&cluster, served_again).await;
         println!(
-            "{}",
+            "{} (n3 served {n3_served} of the load's commands under its skew)",
             summary.line(
                 "clock skew",
                 &format!("{name} (n3's wall clock {offset} s)")
@@ -138,12 +169,15 @@ async fn a_node_with_a_skewed_clock_loses_and_doubles_nothing() {
         );
         match beyond {
             // Within the margin the skew changes nothing a client sees.
-            Beyond::No => assert_eq!(
-                (summary.refused, summary.unknown),
-                (0, 0),
-                "{name}: {:?}",
-                summary.refusals_seen
-            ),
+            Beyond::No => {
+                assert_eq!(
+                    (summary.refused, summary.unknown),
+                    (0, 0),
+                    "{name}: {:?}",
+                    summary.refusals_seen
+                );
+                assert!(n3_served > 0, "{name}: n3 served its Cells");
+            }
             // A node behind the envelope's skew bound refuses commands
             // signed by a right clock as future-dated (applying nothing)
             // until its clock is right again.
@@ -429,6 +463,8 @@ impl Net {
                 .chain(["rate", "256kbit", "burst", "16kbit", "latency", "200ms"])
                 .collect::<Vec<_>>())
             }
+            Cut::LossOut => self.drop_randomly(i, &["OUTPUT"]),
+            Cut::Loss => self.drop_randomly(i, &["OUTPUT", "INPUT"]),
         }
         .unwrap_or_else(|e| panic!("cut node {i} ({cut:?}): {e}"));
     }
@@ -448,8 +484,61 @@ impl Net {
                     "netns", "exec", &ns, "tc", "qdisc", "del", "dev", &dev, "root",
                 ])
             }
+            Cut::LossOut | Cut::Loss => ip(&["netns", "exec", &ns, "iptables", "-F"]),
         }
         .unwrap_or_else(|e| panic!("heal node {i} ({cut:?}): {e}"));
+    }
+
+    /// The packets node `i`'s iptables rules dropped so far.
+    fn dropped(&self, i: usize) -> u64 {
+        let output = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.namespace(i),
+                "iptables",
+                "-L",
+                "-v",
+                "-n",
+                "-x",
+            ])
+            .output()
+            .expect("run iptables");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                (fields.get(2) == Some(&"DROP")).then(|| fields[0].parse::<u64>().ok())?
+            })
+            .sum()
+    }
+
+    /// Drops `LOSS` of the packets on node `i`'s link, at random, in the
+    /// given directions (`OUTPUT`, `INPUT`): iptables' `statistic` match,
+    /// since this kernel has no netem.
+    fn drop_randomly(&self, i: usize, chains: &[&str]) -> Result<(), String> {
+        let (ns, dev) = (self.namespace(i), self.node_end(i));
+        chains.iter().try_for_each(|chain| {
+            let side = if *chain == "OUTPUT" { "-o" } else { "-i" };
+            ip(&[
+                "netns",
+                "exec",
+                &ns,
+                "iptables",
+                "-A",
+                chain,
+                side,
+                &dev,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                LOSS,
+                "-j",
+                "DROP",
+            ])
+        })
     }
 }
 
@@ -476,29 +565,51 @@ enum Cut {
     /// 200 ms dropped (`tc tbf`; what comes in is untouched: asymmetric).
     /// This machine's kernel has no `netem` qdisc for random loss and delay.
     Throttled,
+    /// `LOSS` of its outgoing packets dropped at random (asymmetric).
+    LossOut,
+    /// `LOSS` of its packets dropped at random, each way.
+    Loss,
 }
 
+/// The share of packets a lossy link drops.
+const LOSS: &str = "0.2";
+
 /// The partition scenarios, each `DURING` (past the 5 s lease).
-const CUTS: [(Cut, &str); 4] = [
-    (Cut::Store, "n3 cut from the store only"),
-    (Cut::Peers, "n3 cut from its peers only"),
-    (Cut::Everything, "n3 cut from everything"),
+const CUTS: [(Cut, &str); 6] = [
+    (Cut::Store, "an owner cut from the store only"),
+    (Cut::Peers, "an owner cut from its peers only"),
+    (Cut::Everything, "an owner cut from everything"),
     (
         Cut::Throttled,
-        "n3's outgoing traffic throttled to 256 kbit/s",
+        "an owner's outgoing traffic throttled to 256 kbit/s",
+    ),
+    (
+        Cut::LossOut,
+        "20% of an owner's outgoing packets dropped at random",
+    ),
+    (
+        Cut::Loss,
+        "20% of an owner's packets dropped at random, each way",
     ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_node_loses_and_doubles_nothing() {
     let _serial = SERIAL.lock().await;
-    let net = match Net::build(3) {
+    let net = match Net::build(3)
+        .map_err(|why| format!("network namespaces need root here: {why}"))
+        .and_then(|net| {
+            let iptables = std::process::Command::new("iptables")
+                .arg("--version")
+                .output();
+            match iptables {
+                Ok(output) if output.status.success() => Ok(net),
+                _ => Err("iptables is not installed (apt-get install iptables)".to_owned()),
+            }
+        }) {
         Ok(net) => net,
         Err(why) => {
-            available(
-                "partitions",
-                Some(format!("network namespaces need root here: {why}")),
-            );
+            available("partitions", Some(why));
             return;
         }
     };
@@ -546,18 +657,33 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
                 .collect()
         },
     );
-    let victim = 2;
     for (cut, name) in CUTS {
         let scenario = format!("partition-{cut:?}").to_lowercase();
         let mut load = Load::start(&cluster, &scenario);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // The node cut is the owner of one of the load's Cells.
+        let owner = load
+            .owner(0)
+            .unwrap_or_else(|| panic!("{scenario}: the load's first Cell served nothing"));
+        let victim = cluster
+            .nodes
+            .iter()
+            .position(|node| node.id == owner)
+            .expect("the owner is a node");
         net.cut(victim, cut);
         tokio::time::sleep(DURING).await;
+        let dropped = net.dropped(victim);
         net.heal(victim, cut);
+        if matches!(cut, Cut::Loss | Cut::LossOut) {
+            assert!(dropped > 0, "{scenario}: no packet was dropped");
+        }
         let served_again = load.served_again().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let summary = load.finish(&cluster, served_again).await;
-        println!("{}", summary.line("partition", &format!("{name}, 8 s")));
+        println!(
+            "{} (the node cut: {owner}; packets dropped by iptables: {dropped})",
+            summary.line("partition", &format!("{name}, 8 s"))
+        );
     }
     drop(cluster);
     drop(net);

@@ -52,6 +52,10 @@ pub struct Told {
     last_error: Option<String>,
     /// The codes of the refusals (failures with a Cellfleet error code).
     refused_codes: BTreeSet<v1::ErrorCode>,
+    /// The node that last served each Cell.
+    owners: HashMap<String, String>,
+    /// Commands applied, by the node that served them.
+    served: HashMap<String, u64>,
 }
 
 impl Told {
@@ -61,6 +65,8 @@ impl Told {
         match result {
             Ok(executed) => match executed.outcome {
                 Outcome::Applied(_) => {
+                    *self.served.entry(executed.served_by.clone()).or_default() += 1;
+                    self.owners.insert(cell.clone(), executed.served_by);
                     self.acked.push((cell, tag));
                     true
                 }
@@ -202,6 +208,23 @@ impl Load {
             producers,
             running,
         }
+    }
+
+    /// The node that last served Cell `index` of the scenario, once one has.
+    pub fn owner(&self, index: usize) -> Option<String> {
+        let cell = format!("{}-{index}", self.name);
+        self.told.lock().unwrap().owners.get(&cell).cloned()
+    }
+
+    /// How many of the load's commands node `id` has served so far.
+    pub fn served_by(&self, id: &str) -> u64 {
+        self.told
+            .lock()
+            .unwrap()
+            .served
+            .get(id)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// After healing: the time until every Cell of the scenario has applied

@@ -16,6 +16,8 @@ mod fault_proxy;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cellfleet_client::v1;
@@ -310,6 +312,116 @@ async fn a_full_data_directory_loses_and_doubles_nothing() {
 struct Net {
     tag: String,
     nodes: usize,
+    /// The link delay in place, if any.
+    delayer: std::sync::Mutex<Option<Delayer>>,
+}
+
+/// Holds every packet a namespace's iptables rules send to NFQUEUE 0 for
+/// `DELAY`, then lets it go, in order: a one-way link delay without netem
+/// (which this kernel lacks). A thread of the test process enters the
+/// namespace (setns applies to the calling thread only) and owns the
+/// queue there.
+struct Delayer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+}
+
+/// The delay a delayed link adds to each packet.
+const DELAY: Duration = Duration::from_millis(200);
+
+impl Delayer {
+    /// Starts holding the packets of namespace `ns`'s queue 0; returns
+    /// once the queue is bound (so no packet meets an unbound queue).
+    fn start(ns: &str) -> Result<Delayer, String> {
+        let path = format!("/var/run/netns/{ns}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (bound, ready) = std::sync::mpsc::channel();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || -> Result<u64, String> {
+            let bind = || -> Result<nfq::Queue, String> {
+                let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+                // Moves this thread only into the namespace.
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| format!("setns {path}: {e}"))?;
+                let mut queue = nfq::Queue::open().map_err(|e| format!("nfqueue: {e}"))?;
+                queue.bind(0).map_err(|e| format!("bind queue 0: {e}"))?;
+                queue
+                    .set_queue_max_len(0, 16_384)
+                    .map_err(|e| format!("queue length: {e}"))?;
+                queue
+                    .set_fail_open(0, true)
+                    .map_err(|e| format!("fail open: {e}"))?;
+                queue.set_nonblocking(true);
+                Ok(queue)
+            };
+            let mut queue = match bind() {
+                Ok(queue) => {
+                    let _ = bound.send(Ok(()));
+                    queue
+                }
+                Err(why) => {
+                    let _ = bound.send(Err(why.clone()));
+                    return Err(why);
+                }
+            };
+            let mut held: std::collections::VecDeque<(std::time::Instant, nfq::Message)> =
+                std::collections::VecDeque::new();
+            let mut delayed = 0;
+            loop {
+                let stopping = stopping.load(Ordering::SeqCst);
+                loop {
+                    match queue.recv() {
+                        Ok(message) => held.push_back((std::time::Instant::now() + DELAY, message)),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(format!("recv: {e}")),
+                    }
+                }
+                while held
+                    .front()
+                    .is_some_and(|(due, _)| stopping || *due <= std::time::Instant::now())
+                {
+                    let (_, mut message) = held.pop_front().expect("a held packet");
+                    message.set_verdict(nfq::Verdict::Accept);
+                    queue
+                        .verdict(message)
+                        .map_err(|e| format!("verdict: {e}"))?;
+                    delayed += 1;
+                }
+                if stopping {
+                    let _ = queue.unbind(0);
+                    return Ok(delayed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        ready
+            .recv()
+            .map_err(|_| "the delay thread ended".to_owned())??;
+        Ok(Delayer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Lets every held packet go; returns how many packets were delayed.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("the delay thread")
+            .unwrap_or_else(|why| panic!("link delay: {why}"))
+    }
+}
+
+impl Drop for Delayer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The bridge's own address, which the clients' connections come from.
@@ -339,6 +451,7 @@ impl Net {
         let net = Net {
             tag: format!("cf{}", std::process::id() % 10_000),
             nodes,
+            delayer: std::sync::Mutex::new(None),
         };
         // What a killed earlier run left behind (the same addresses).
         Net::remove_leftovers();
@@ -465,13 +578,34 @@ impl Net {
             }
             Cut::LossOut => self.drop_randomly(i, &["OUTPUT"]),
             Cut::Loss => self.drop_randomly(i, &["OUTPUT", "INPUT"]),
+            Cut::DelayOut => Delayer::start(&ns).and_then(|delayer| {
+                *self.delayer.lock().unwrap() = Some(delayer);
+                ip(&[
+                    "netns",
+                    "exec",
+                    &ns,
+                    "iptables",
+                    "-A",
+                    "OUTPUT",
+                    "-o",
+                    &self.node_end(i),
+                    "-j",
+                    "NFQUEUE",
+                    "--queue-num",
+                    "0",
+                    "--queue-bypass",
+                ])
+            }),
         }
         .unwrap_or_else(|e| panic!("cut node {i} ({cut:?}): {e}"));
     }
 
     /// Undoes [`Net::cut`].
-    fn heal(&self, i: usize, cut: Cut) {
+    /// Undoes [`Net::cut`]; returns how many packets a lossy link dropped
+    /// or a delayed link held (0 for the other cuts).
+    fn heal(&self, i: usize, cut: Cut) -> u64 {
         let ns = self.namespace(i);
+        let mut touched = 0;
         match cut {
             Cut::Store => ip(&["-n", &ns, "route", "del", "blackhole", NET_STORE]),
             Cut::Peers => (0..self.nodes)
@@ -484,9 +618,17 @@ impl Net {
                     "netns", "exec", &ns, "tc", "qdisc", "del", "dev", &dev, "root",
                 ])
             }
-            Cut::LossOut | Cut::Loss => ip(&["netns", "exec", &ns, "iptables", "-F"]),
+            Cut::LossOut | Cut::Loss => {
+                touched = self.dropped(i);
+                ip(&["netns", "exec", &ns, "iptables", "-F"])
+            }
+            Cut::DelayOut => ip(&["netns", "exec", &ns, "iptables", "-F"]).map(|()| {
+                let delayer = self.delayer.lock().unwrap().take();
+                touched = delayer.expect("a delay in place").stop();
+            }),
         }
         .unwrap_or_else(|e| panic!("heal node {i} ({cut:?}): {e}"));
+        touched
     }
 
     /// The packets node `i`'s iptables rules dropped so far.
@@ -569,13 +711,15 @@ enum Cut {
     LossOut,
     /// `LOSS` of its packets dropped at random, each way.
     Loss,
+    /// Each packet it sends held `DELAY` (asymmetric).
+    DelayOut,
 }
 
 /// The share of packets a lossy link drops.
 const LOSS: &str = "0.2";
 
 /// The partition scenarios, each `DURING` (past the 5 s lease).
-const CUTS: [(Cut, &str); 6] = [
+const CUTS: [(Cut, &str); 7] = [
     (Cut::Store, "an owner cut from the store only"),
     (Cut::Peers, "an owner cut from its peers only"),
     (Cut::Everything, "an owner cut from everything"),
@@ -591,6 +735,7 @@ const CUTS: [(Cut, &str); 6] = [
         Cut::Loss,
         "20% of an owner's packets dropped at random, each way",
     ),
+    (Cut::DelayOut, "every packet an owner sends delayed 200 ms"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -671,17 +816,26 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
             .position(|node| node.id == owner)
             .expect("the owner is a node");
         net.cut(victim, cut);
-        tokio::time::sleep(DURING).await;
-        let dropped = net.dropped(victim);
-        net.heal(victim, cut);
-        if matches!(cut, Cut::Loss | Cut::LossOut) {
-            assert!(dropped > 0, "{scenario}: no packet was dropped");
+        tokio::time::sleep(DURING / 2).await;
+        // What a client sees of the cut node: the time to connect to it
+        // (its SYN-ACK goes out through the fault).
+        let address = cluster.nodes[victim].client;
+        let connect = tokio::task::block_in_place(|| {
+            let started = std::time::Instant::now();
+            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))
+                .map(|_| format!("{} ms", started.elapsed().as_millis()))
+                .unwrap_or_else(|e| format!("failed ({e})"))
+        });
+        tokio::time::sleep(DURING / 2).await;
+        let touched = net.heal(victim, cut);
+        if matches!(cut, Cut::Loss | Cut::LossOut | Cut::DelayOut) {
+            assert!(touched > 0, "{scenario}: no packet was dropped or delayed");
         }
         let served_again = load.served_again().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let summary = load.finish(&cluster, served_again).await;
         println!(
-            "{} (the node cut: {owner}; packets dropped by iptables: {dropped})",
+            "{} (the node cut: {owner}; a connection to it during the cut: {connect}; packets dropped or delayed: {touched})",
             summary.line("partition", &format!("{name}, 8 s"))
         );
     }

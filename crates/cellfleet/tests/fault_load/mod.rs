@@ -92,6 +92,24 @@ impl Told {
     }
 }
 
+/// Whether a row of the fault matrix runs. By default only the fast
+/// subset CI runs (`in_subset`: about one row per class of fault);
+/// `CELLFLEET_FAULT_MATRIX=full` runs every row, and
+/// `CELLFLEET_FAULT_ROWS=text` only the rows whose name contains `text`.
+/// A row left out says so.
+pub fn runs(name: &str, in_subset: bool) -> bool {
+    let run = match std::env::var("CELLFLEET_FAULT_ROWS") {
+        Ok(only) => name.contains(&only),
+        Err(_) => in_subset || std::env::var("CELLFLEET_FAULT_MATRIX").as_deref() == Ok("full"),
+    };
+    if !run {
+        println!(
+            "NOT RUN {name}: outside the fast subset (CELLFLEET_FAULT_MATRIX=full runs every row)"
+        );
+    }
+    run
+}
+
 pub fn append(cell: &str, tag: &str) -> Command {
     Command::new("log", cell, "append").args(serde_json::json!({ "tag": tag }))
 }

@@ -46,7 +46,8 @@ enum Reach {
     /// survivor's takeover of one of its Cells is caught and that survivor
     /// killed too: one node is left to take both over.
     Takeover,
-    /// n3 drains (SIGTERM) and is killed at its first release.
+    /// The owner of the load's first Cell drains (SIGTERM) and is killed at
+    /// its first release of one of the load's Cells.
     Drain,
 }
 
@@ -151,9 +152,13 @@ fn kill_writer(
     }
     cluster.kill9(index);
     proxy.let_go();
+    let cell = fault_load::cells(name)
+        .into_iter()
+        .find(|(_, id)| caught.path.ends_with(&format!("/cells/{id}/root.json")))
+        .map_or_else(|| caught.path.clone(), |(label, _)| label);
     println!(
-        "{name}: {:?} of {} caught ({fate:?}); {} killed",
-        caught.step, caught.path, cluster.nodes[index].id
+        "{name}: {:?} of {cell} caught ({fate:?}); {} killed",
+        caught.step, cluster.nodes[index].id
     );
     index
 }
@@ -163,7 +168,11 @@ async fn scenario(
     proxy: &FaultProxy,
     (name, step, fate, reach): (&str, RootStep, Fate, Reach),
 ) -> String {
-    let armed = (reach == Reach::NewCells).then(|| proxy.catch(step, fate));
+    // Only this load's Cells are caught (an earlier scenario's Cell falling
+    // idle checkpoints too, and this check would not read it).
+    let cells = fault_load::cells(name);
+    let ids: Vec<String> = cells.iter().map(|(_, id)| id.clone()).collect();
+    let armed = (reach == Reach::NewCells).then(|| proxy.catch_in(step, fate, ids.clone()));
     let mut load = Load::start(cluster, name);
     let mut killed = Vec::new();
     match reach {
@@ -173,27 +182,44 @@ async fn scenario(
         }
         Reach::Running => {
             tokio::time::sleep(BEFORE).await;
-            let receiver = proxy.catch(step, fate);
+            let receiver = proxy.catch_in(step, fate, ids.clone());
             let caught = caught(name, step, receiver).await;
             killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
         }
         Reach::Takeover => {
             tokio::time::sleep(BEFORE).await;
-            let receiver = proxy.catch(RootStep::Checkpoint, Fate::Lost);
+            let receiver = proxy.catch_in(RootStep::Checkpoint, Fate::Lost, ids.clone());
             let first = caught(name, RootStep::Checkpoint, receiver).await;
             // Armed before the first kill: the next activation is a
             // survivor taking one of the dead node's Cells over.
-            let receiver = proxy.catch(step, fate);
+            let receiver = proxy.catch_in(step, fate, ids.clone());
             killed.push(kill_writer(cluster, proxy, name, Fate::Lost, &first, None));
             let caught = caught(name, step, receiver).await;
             killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
         }
         Reach::Drain => {
             tokio::time::sleep(BEFORE).await;
-            let receiver = proxy.catch(step, fate);
-            cluster.signal(2, "TERM");
+            // The node drained owns the load's first Cell, so its drain
+            // releases one of the load's Cells.
+            let owner = load
+                .owner(0)
+                .unwrap_or_else(|| panic!("{name}: the load's first Cell served nothing"));
+            let index = cluster
+                .nodes
+                .iter()
+                .position(|node| node.id == owner)
+                .expect("the owner is a node");
+            let receiver = proxy.catch_in(step, fate, ids.clone());
+            cluster.signal(index, "TERM");
             let caught = caught(name, step, receiver).await;
-            killed.push(kill_writer(cluster, proxy, name, fate, &caught, Some(2)));
+            killed.push(kill_writer(
+                cluster,
+                proxy,
+                name,
+                fate,
+                &caught,
+                Some(index),
+            ));
         }
     }
     let served_again = load.served_again().await;

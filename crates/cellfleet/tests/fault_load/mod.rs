@@ -110,6 +110,25 @@ pub fn runs(name: &str, in_subset: bool) -> bool {
     run
 }
 
+/// The Cells of the load named `name`, as (what the test calls it, its Cell
+/// id): the `log` Cells and the streams (kind `stream`, keyed by path; both
+/// spellings of the path, with and without its slash, are listed).
+pub fn cells(name: &str) -> Vec<(String, String)> {
+    let id = |kind: &str, key: &str| {
+        cellfleet_authority::CellId::for_kind_key(kind, key.as_bytes()).to_string()
+    };
+    let mut cells: Vec<(String, String)> = (0..CELLS)
+        .map(|i| format!("{name}-{i}"))
+        .map(|key| (format!("log {key}"), id("log", &key)))
+        .collect();
+    for k in 0..STREAMS {
+        let path = format!("/{name}-s{k}");
+        cells.push((format!("stream {path}"), id("stream", &path)));
+        cells.push((format!("stream {path}"), id("stream", &path[1..])));
+    }
+    cells
+}
+
 pub fn append(cell: &str, tag: &str) -> Command {
     Command::new("log", cell, "append").args(serde_json::json!({ "tag": tag }))
 }

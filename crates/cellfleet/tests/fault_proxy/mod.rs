@@ -119,6 +119,8 @@ pub fn step(previous: Option<&Seen>, next: &Seen) -> RootStep {
 struct Trap {
     step: RootStep,
     fate: Fate,
+    /// Only the roots of these Cells (ids), when given.
+    cells: Option<Vec<String>>,
     caught: oneshot::Sender<Caught>,
 }
 
@@ -181,8 +183,32 @@ impl FaultProxy {
     /// Arms a catch of the next root write that makes `step`: it is held
     /// with `fate` (the receiver hears of it) until [`FaultProxy::let_go`].
     pub fn catch(&self, step: RootStep, fate: Fate) -> oneshot::Receiver<Caught> {
+        self.arm(step, fate, None)
+    }
+
+    /// As [`FaultProxy::catch`], for the roots of `cells` (Cell ids) only.
+    pub fn catch_in(
+        &self,
+        step: RootStep,
+        fate: Fate,
+        cells: Vec<String>,
+    ) -> oneshot::Receiver<Caught> {
+        self.arm(step, fate, Some(cells))
+    }
+
+    fn arm(
+        &self,
+        step: RootStep,
+        fate: Fate,
+        cells: Option<Vec<String>>,
+    ) -> oneshot::Receiver<Caught> {
         let (caught, receiver) = oneshot::channel();
-        *self.shared.trap.lock().unwrap() = Some(Trap { step, fate, caught });
+        *self.shared.trap.lock().unwrap() = Some(Trap {
+            step,
+            fate,
+            cells,
+            caught,
+        });
         receiver
     }
 
@@ -227,7 +253,16 @@ async fn handle(shared: &Shared, upstream: SocketAddr, request: Request<Incoming
     let trap = {
         let mut trap = shared.trap.lock().unwrap();
         match trap.take() {
-            Some(armed) if armed.step == made => Some(armed),
+            Some(armed)
+                if armed.step == made
+                    && armed.cells.as_ref().is_none_or(|cells| {
+                        cells
+                            .iter()
+                            .any(|cell| path.ends_with(&format!("/cells/{cell}/root.json")))
+                    }) =>
+            {
+                Some(armed)
+            }
             other => {
                 *trap = other;
                 None

@@ -583,21 +583,20 @@ impl Net {
             Cut::Loss => self.drop_randomly(i, &["OUTPUT", "INPUT"]),
             Cut::DelayOut => Delayer::start(&ns).and_then(|delayer| {
                 *self.delayer.lock().unwrap() = Some(delayer);
-                ip(&[
-                    "netns",
-                    "exec",
-                    &ns,
-                    "iptables",
-                    "-A",
-                    "OUTPUT",
-                    "-o",
-                    &self.node_end(i),
-                    "-j",
-                    "NFQUEUE",
-                    "--queue-num",
-                    "0",
-                    "--queue-bypass",
-                ])
+                self.iptables(
+                    i,
+                    &[
+                        "-A",
+                        "OUTPUT",
+                        "-o",
+                        &self.node_end(i),
+                        "-j",
+                        "NFQUEUE",
+                        "--queue-num",
+                        "0",
+                        "--queue-bypass",
+                    ],
+                )
             }),
         }
         .unwrap_or_else(|e| panic!("cut node {i} ({cut:?}): {e}"));
@@ -623,9 +622,9 @@ impl Net {
             }
             Cut::LossOut | Cut::Loss => {
                 touched = self.dropped(i);
-                ip(&["netns", "exec", &ns, "iptables", "-F"])
+                self.iptables(i, &["-F"])
             }
-            Cut::DelayOut => ip(&["netns", "exec", &ns, "iptables", "-F"]).map(|()| {
+            Cut::DelayOut => self.iptables(i, &["-F"]).map(|()| {
                 let delayer = self.delayer.lock().unwrap().take();
                 touched = delayer.expect("a delay in place").stop();
             }),
@@ -662,28 +661,35 @@ impl Net {
     /// given directions (`OUTPUT`, `INPUT`): iptables' `statistic` match,
     /// since this kernel has no netem.
     fn drop_randomly(&self, i: usize, chains: &[&str]) -> Result<(), String> {
-        let (ns, dev) = (self.namespace(i), self.node_end(i));
+        let dev = self.node_end(i);
         chains.iter().try_for_each(|chain| {
             let side = if *chain == "OUTPUT" { "-o" } else { "-i" };
-            ip(&[
-                "netns",
-                "exec",
-                &ns,
-                "iptables",
-                "-A",
-                chain,
-                side,
-                &dev,
-                "-m",
-                "statistic",
-                "--mode",
-                "random",
-                "--probability",
-                LOSS,
-                "-j",
-                "DROP",
-            ])
+            self.iptables(
+                i,
+                &[
+                    "-A",
+                    chain,
+                    side,
+                    &dev,
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    LOSS,
+                    "-j",
+                    "DROP",
+                ],
+            )
         })
+    }
+
+    /// Runs iptables with `args` in node `i`'s namespace.
+    fn iptables(&self, i: usize, args: &[&str]) -> Result<(), String> {
+        let ns = self.namespace(i);
+        let mut command = vec!["netns", "exec", &ns, "iptables"];
+        command.extend_from_slice(args);
+        ip(&command)
     }
 }
 
@@ -763,18 +769,11 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
     };
     // The store, as the nodes see it: the fault proxy on the bridge, in
     // front of SeaweedFS (it passes everything on here).
-    let upstream = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
-    cellfleet_store::testkit::s3_store().await; // the bucket exists
-    let upstream: std::net::SocketAddr = upstream
-        .endpoint
-        .expect("the test server's endpoint")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .expect("the test server listens on an IP address");
-    let proxy =
-        fault_proxy::FaultProxy::start_on(format!("{NET_STORE}:0").parse().unwrap(), upstream)
-            .await;
+    let proxy = fault_proxy::FaultProxy::start_on(
+        format!("{NET_STORE}:0").parse().unwrap(),
+        fault_proxy::s3_upstream().await,
+    )
+    .await;
     let url = proxy.url();
     let cluster = Cluster::start_with_setup(
         3,

@@ -50,18 +50,7 @@ async fn scenario(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_acknowledged_is_lost_or_doubled_when_the_store_misbehaves() {
-    let upstream = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
-    cellfleet_store::testkit::s3_store().await; // the bucket exists
-    let endpoint = upstream
-        .endpoint
-        .clone()
-        .expect("the test server's endpoint");
-    let upstream_address: std::net::SocketAddr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .expect("the test server listens on an IP address");
-    let proxy = FaultProxy::start(upstream_address).await;
+    let proxy = FaultProxy::start(fault_proxy::s3_upstream().await).await;
     let url = proxy.url();
     let cluster = Cluster::start_with_env(
         3,

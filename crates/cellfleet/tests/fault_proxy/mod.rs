@@ -133,6 +133,20 @@ struct Shared {
     let_go: Notify,
 }
 
+/// The test S3 server's address (its bucket created): what a proxy
+/// forwards to.
+pub async fn s3_upstream() -> SocketAddr {
+    let config = cellfleet_store::testkit::s3_config(cellfleet_store::testkit::TEST_BUCKET);
+    cellfleet_store::testkit::s3_store().await; // the bucket exists
+    config
+        .endpoint
+        .expect("the test server's endpoint")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test server listens on an IP address")
+}
+
 /// The proxy: its address and the switch.
 pub struct FaultProxy {
     pub address: SocketAddr,

@@ -268,6 +268,50 @@ async fn a_node_killed_mid_step_loses_and_doubles_nothing() {
         let line = scenario(&mut cluster, &proxy, crash).await;
         println!("{line}");
     }
+    if fault_load::runs("sigstop-past-the-lease", true) {
+        let line = paused(&mut cluster).await;
+        println!("{line}");
+    }
+}
+
+/// The owner of the load's first Cell stopped (SIGSTOP) for longer than
+/// its lease, then woken (SIGCONT): its Cells are taken over while it
+/// sleeps; once woken it must not serve what it held (the check reads
+/// every acknowledged command through every node, the woken one too).
+async fn paused(cluster: &mut Cluster) -> String {
+    let name = "sigstop-past-the-lease";
+    let mut load = Load::start(cluster, name);
+    tokio::time::sleep(BEFORE).await;
+    let owner = load
+        .owner(0)
+        .unwrap_or_else(|| panic!("{name}: the load's first Cell served nothing"));
+    let index = cluster
+        .nodes
+        .iter()
+        .position(|node| node.id == owner)
+        .expect("the owner is a node");
+    cluster.signal(index, "STOP");
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS)).await;
+    cluster.signal(index, "CONT");
+    println!(
+        "{name}: {owner} stopped for {} ms, then woken",
+        2 * LEASE_MS
+    );
+    let served_again = load.served_again().await;
+    tokio::time::sleep(AFTER).await;
+    let summary = load.finish(cluster, served_again).await;
+    assert_eq!(
+        summary.refused, 0,
+        "{name}: failures seen: {:?}",
+        summary.refusals_seen
+    );
+    let http = cluster.nodes[index].http;
+    let (health, body) = tokio::task::block_in_place(|| cluster_common::http_get(http, "/healthz"));
+    format!(
+        "{} (the woken {owner}'s /healthz: {health} {})",
+        summary.line("paused owner", name),
+        body.trim()
+    )
 }
 
 /// The proxy's reading of root writes, on which every catch rests.

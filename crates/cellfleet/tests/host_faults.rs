@@ -775,7 +775,7 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
     )
     .await;
     let url = proxy.url();
-    let cluster = Cluster::start_with_setup(
+    let mut cluster = Cluster::start_with_setup(
         3,
         Store::S3 {
             prefix: cellfleet_store::testkit::unique_prefix("host-faults-partition"),
@@ -840,8 +840,23 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
         let served_again = load.served_again().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let summary = load.finish(&cluster, served_again).await;
+        // A node cut off past its lease whose lanes were sealed meanwhile
+        // ends its session and says so on /healthz; as an operator would,
+        // the test restarts it so that the next row has three nodes.
+        let http = cluster.nodes[victim].http;
+        let (health, _) =
+            tokio::task::block_in_place(|| cluster_common::http_get(http, "/healthz"));
+        let after = if health == 200 {
+            "it stayed healthy".to_owned()
+        } else {
+            let clean = tokio::task::block_in_place(|| cluster.terminate(victim));
+            cluster.respawn(victim, net.setup(victim));
+            format!(
+                "its session had ended (/healthz {health}); restarted, drained cleanly: {clean}"
+            )
+        };
         println!(
-            "{} (the node cut: {owner}; a connection to it during the cut: {connect}; packets dropped or delayed: {touched})",
+            "{} (the node cut: {owner}; a connection to it during the cut: {connect}; packets dropped or delayed: {touched}; after: {after})",
             summary.line("partition", &format!("{name}, 8 s"))
         );
     }

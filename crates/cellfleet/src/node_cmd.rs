@@ -1313,6 +1313,17 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     tokio::pin!(drained_by_admin);
     tokio::select! {
         _ = shutdown_signal() => {
+            if let Some(reason) = node.lease().stop_reason() {
+                // Nothing is left to drain: the session's Cells have moved,
+                // and its lease is no longer its own to retire.
+                server.shutdown().await;
+                eprintln!(
+                    "cellfleet node {}: stopped without draining: this node's session had already ended \
+                     ({reason}); its cells moved to other nodes, nothing was lost",
+                    file.node_id
+                );
+                return Ok(ExitCode::from(1));
+            }
             eprintln!("cellfleet node {}: draining", file.node_id);
             drain.draining.store(true, Ordering::SeqCst);
             let result = tokio::spawn({

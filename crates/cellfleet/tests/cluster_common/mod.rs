@@ -317,16 +317,23 @@ impl Cluster {
 
     /// SIGTERM, then wait (bounded) for a clean exit.
     pub fn terminate(&mut self, index: usize) -> bool {
+        self.terminate_code(index) == Some(0)
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit: its status code (none
+    /// when it did not exit within 60 s, and was killed, or died of a
+    /// signal).
+    pub fn terminate_code(&mut self, index: usize) -> Option<i32> {
         let pid = self.nodes[index].child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(Some(status)) = self.nodes[index].child.try_wait() {
-                return status.success();
+                return status.code();
             }
             if Instant::now() > deadline {
                 let _ = self.nodes[index].child.kill();
-                return false;
+                return None;
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -201,14 +201,7 @@ async fn scenario(
             tokio::time::sleep(BEFORE).await;
             // The node drained owns the load's first Cell, so its drain
             // releases one of the load's Cells.
-            let owner = load
-                .owner(0)
-                .unwrap_or_else(|| panic!("{name}: the load's first Cell served nothing"));
-            let index = cluster
-                .nodes
-                .iter()
-                .position(|node| node.id == owner)
-                .expect("the owner is a node");
+            let (_, index) = load.first_owner(cluster);
             let receiver = proxy.catch_in(step, fate, ids.clone());
             cluster.signal(index, "TERM");
             let caught = caught(name, step, receiver).await;
@@ -226,17 +219,9 @@ async fn scenario(
     for index in killed {
         cluster.respawn(index, NodeSetup::default());
     }
-    tokio::time::sleep(AFTER).await;
-    let summary = load.finish(cluster, served_again).await;
-    // A survivor took every Cell over within the client's retry budget:
-    // nothing was refused (two nodes of three dead once made the library
-    // give up while the third still answered).
-    assert_eq!(
-        summary.refused, 0,
-        "{name}: failures seen: {:?}",
-        summary.refusals_seen
-    );
-    summary.line("kill -9 at", name)
+    checked(load, cluster, name, served_again)
+        .await
+        .line("kill -9 at", name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,6 +259,26 @@ async fn a_node_killed_mid_step_loses_and_doubles_nothing() {
     }
 }
 
+/// The load's check after a short while more, and that nothing was
+/// refused: the survivors took every Cell over within the client's retry
+/// budget (two nodes of three dead once made the library give up while
+/// the third still answered).
+async fn checked(
+    load: Load,
+    cluster: &Cluster,
+    name: &str,
+    served_again: Duration,
+) -> fault_load::Summary {
+    tokio::time::sleep(AFTER).await;
+    let summary = load.finish(cluster, served_again).await;
+    assert_eq!(
+        summary.refused, 0,
+        "{name}: failures seen: {:?}",
+        summary.refusals_seen
+    );
+    summary
+}
+
 /// The owner of the load's first Cell stopped (SIGSTOP) for longer than
 /// its lease, then woken (SIGCONT): its Cells are taken over while it
 /// sleeps; once woken it must not serve what it held (the check reads
@@ -282,14 +287,7 @@ async fn paused(cluster: &mut Cluster) -> String {
     let name = "sigstop-past-the-lease";
     let mut load = Load::start(cluster, name);
     tokio::time::sleep(BEFORE).await;
-    let owner = load
-        .owner(0)
-        .unwrap_or_else(|| panic!("{name}: the load's first Cell served nothing"));
-    let index = cluster
-        .nodes
-        .iter()
-        .position(|node| node.id == owner)
-        .expect("the owner is a node");
+    let (owner, index) = load.first_owner(cluster);
     cluster.signal(index, "STOP");
     tokio::time::sleep(Duration::from_millis(2 * LEASE_MS)).await;
     cluster.signal(index, "CONT");
@@ -298,13 +296,7 @@ async fn paused(cluster: &mut Cluster) -> String {
         2 * LEASE_MS
     );
     let served_again = load.served_again().await;
-    tokio::time::sleep(AFTER).await;
-    let summary = load.finish(cluster, served_again).await;
-    assert_eq!(
-        summary.refused, 0,
-        "{name}: failures seen: {:?}",
-        summary.refusals_seen
-    );
+    let summary = checked(load, cluster, name, served_again).await;
     let http = cluster.nodes[index].http;
     let (health, body) = tokio::task::block_in_place(|| cluster_common::http_get(http, "/healthz"));
     format!(

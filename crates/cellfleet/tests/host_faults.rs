@@ -813,14 +813,7 @@ async fn a_partitioned_node_loses_and_doubles_nothing() {
         let mut load = Load::start(&cluster, &scenario);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         // The node cut is the owner of one of the load's Cells.
-        let owner = load
-            .owner(0)
-            .unwrap_or_else(|| panic!("{scenario}: the load's first Cell served nothing"));
-        let victim = cluster
-            .nodes
-            .iter()
-            .position(|node| node.id == owner)
-            .expect("the owner is a node");
+        let (owner, victim) = load.first_owner(&cluster);
         net.cut(victim, cut);
         tokio::time::sleep(DURING / 2).await;
         // What a client sees of the cut node: the time to connect to it

@@ -253,6 +253,20 @@ impl Load {
         self.told.lock().unwrap().owners.get(&cell).cloned()
     }
 
+    /// The node that last served the load's first Cell (so it owns one of
+    /// the load's Cells): its id and its index in `cluster`.
+    pub fn first_owner(&self, cluster: &Cluster) -> (String, usize) {
+        let owner = self
+            .owner(0)
+            .unwrap_or_else(|| panic!("{}: the load's first Cell served nothing", self.name));
+        let index = cluster
+            .nodes
+            .iter()
+            .position(|node| node.id == owner)
+            .expect("the owner is a node");
+        (owner, index)
+    }
+
     /// How many of the load's commands node `id` has served so far.
     pub fn served_by(&self, id: &str) -> u64 {
         self.told

@@ -21,9 +21,10 @@ sending on a channel not known to be connected, the client waits (at most
 ``CONNECT_TIMEOUT_S``) for the channel to become ready: a channel that never
 does raises :class:`Unreachable` (never sent, safe to retry), and once every
 configured node was unreachable since a node last answered, the call ends
-instead of spending its whole budget, as in the Rust crate. Any other failure without a
-Cellfleet error detail counts as "may have been delivered" (a command is
-then settled by resolve, never reported as not applied).
+instead of spending its whole budget, as in the Rust crate. Any other
+failure without a Cellfleet error detail counts as "may have been
+delivered" (a command is then settled by resolve, never reported as not
+applied).
 
 One difference from the Rust crate: Python's gRPC checks the node's
 certificate against the cluster CA only, not that it is a node's

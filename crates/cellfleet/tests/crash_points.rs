@@ -172,7 +172,7 @@ async fn scenario(
     // idle checkpoints too, and this check would not read it).
     let cells = fault_load::cells(name);
     let ids: Vec<String> = cells.iter().map(|(_, id)| id.clone()).collect();
-    let armed = (reach == Reach::NewCells).then(|| proxy.catch_in(step, fate, ids.clone()));
+    let armed = (reach == Reach::NewCells).then(|| proxy.catch(step, fate, ids.clone()));
     let mut load = Load::start(cluster, name);
     let mut killed = Vec::new();
     match reach {
@@ -182,17 +182,17 @@ async fn scenario(
         }
         Reach::Running => {
             tokio::time::sleep(BEFORE).await;
-            let receiver = proxy.catch_in(step, fate, ids.clone());
+            let receiver = proxy.catch(step, fate, ids.clone());
             let caught = caught(name, step, receiver).await;
             killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
         }
         Reach::Takeover => {
             tokio::time::sleep(BEFORE).await;
-            let receiver = proxy.catch_in(RootStep::Checkpoint, Fate::Lost, ids.clone());
+            let receiver = proxy.catch(RootStep::Checkpoint, Fate::Lost, ids.clone());
             let first = caught(name, RootStep::Checkpoint, receiver).await;
             // Armed before the first kill: the next activation is a
             // survivor taking one of the dead node's Cells over.
-            let receiver = proxy.catch_in(step, fate, ids.clone());
+            let receiver = proxy.catch(step, fate, ids.clone());
             killed.push(kill_writer(cluster, proxy, name, Fate::Lost, &first, None));
             let caught = caught(name, step, receiver).await;
             killed.push(kill_writer(cluster, proxy, name, fate, &caught, None));
@@ -202,7 +202,7 @@ async fn scenario(
             // The node drained owns the load's first Cell, so its drain
             // releases one of the load's Cells.
             let (_, index) = load.first_owner(cluster);
-            let receiver = proxy.catch_in(step, fate, ids.clone());
+            let receiver = proxy.catch(step, fate, ids.clone());
             cluster.signal(index, "TERM");
             let caught = caught(name, step, receiver).await;
             killed.push(kill_writer(

@@ -109,14 +109,8 @@ fn placed_on(base: &str, node: &str) -> String {
         .iter()
         .map(|id| cellfleet_authority::NodeId::new(*id).unwrap())
         .collect();
-    (0..)
-        .map(|n| {
-            if n == 0 {
-                base.to_owned()
-            } else {
-                format!("{base}-{n}")
-            }
-        })
+    std::iter::once(base.to_owned())
+        .chain((1..).map(|n| format!("{base}-{n}")))
         .find(|name| {
             (0..fault_load::CELLS).any(|i| {
                 let key = format!("{name}-{i}");

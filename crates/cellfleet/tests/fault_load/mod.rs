@@ -405,28 +405,21 @@ pub struct Producer {
     pending: AtomicBool,
 }
 
-/// Why an exchange has no answer.
-#[derive(Debug)]
-enum Unanswered {
-    /// No connection: the request never left.
-    NotSent(String),
-    /// The request may have been delivered.
-    Lost(String),
-}
-
-/// One HTTP/1.1 exchange with a node's Durable Streams listener.
+/// One HTTP/1.1 exchange with a node's Durable Streams listener; why it
+/// has no answer, otherwise (a producer re-sends the same bytes either
+/// way, so whether the request left does not matter).
 async fn http(
     node: SocketAddr,
     method: &str,
     path: &str,
     headers: &[(&str, String)],
     body: Bytes,
-) -> Result<(u16, hyper::HeaderMap, Bytes), Unanswered> {
+) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
     let exchange = async {
         let tcp = tokio::net::TcpStream::connect(node)
             .await
-            .map_err(|e| Unanswered::NotSent(e.to_string()))?;
-        let lost = |e: hyper::Error| Unanswered::Lost(e.to_string());
+            .map_err(|e| e.to_string())?;
+        let lost = |e: hyper::Error| e.to_string();
         let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
             .map_err(lost)?;
@@ -446,7 +439,7 @@ async fn http(
     };
     tokio::time::timeout(HTTP_TIMEOUT, exchange)
         .await
-        .unwrap_or_else(|_| Err(Unanswered::Lost("no answer within 10 s".into())))
+        .unwrap_or_else(|_| Err("no answer within 10 s".into()))
 }
 
 impl Producer {

@@ -119,8 +119,8 @@ pub fn step(previous: Option<&Seen>, next: &Seen) -> RootStep {
 struct Trap {
     step: RootStep,
     fate: Fate,
-    /// Only the roots of these Cells (ids), when given.
-    cells: Option<Vec<String>>,
+    /// Only the roots of these Cells (ids).
+    cells: Vec<String>,
     caught: oneshot::Sender<Caught>,
 }
 
@@ -194,27 +194,14 @@ impl FaultProxy {
         *self.shared.fault.lock().unwrap() = fault;
     }
 
-    /// Arms a catch of the next root write that makes `step`: it is held
-    /// with `fate` (the receiver hears of it) until [`FaultProxy::let_go`].
-    pub fn catch(&self, step: RootStep, fate: Fate) -> oneshot::Receiver<Caught> {
-        self.arm(step, fate, None)
-    }
-
-    /// As [`FaultProxy::catch`], for the roots of `cells` (Cell ids) only.
-    pub fn catch_in(
+    /// Arms a catch of the next root write of one of `cells` (Cell ids)
+    /// that makes `step`: it is held with `fate` (the receiver hears of
+    /// it) until [`FaultProxy::let_go`].
+    pub fn catch(
         &self,
         step: RootStep,
         fate: Fate,
         cells: Vec<String>,
-    ) -> oneshot::Receiver<Caught> {
-        self.arm(step, fate, Some(cells))
-    }
-
-    fn arm(
-        &self,
-        step: RootStep,
-        fate: Fate,
-        cells: Option<Vec<String>>,
     ) -> oneshot::Receiver<Caught> {
         let (caught, receiver) = oneshot::channel();
         *self.shared.trap.lock().unwrap() = Some(Trap {
@@ -269,11 +256,10 @@ async fn handle(shared: &Shared, upstream: SocketAddr, request: Request<Incoming
         match trap.take() {
             Some(armed)
                 if armed.step == made
-                    && armed.cells.as_ref().is_none_or(|cells| {
-                        cells
-                            .iter()
-                            .any(|cell| path.ends_with(&format!("/cells/{cell}/root.json")))
-                    }) =>
+                    && armed
+                        .cells
+                        .iter()
+                        .any(|cell| path.ends_with(&format!("/cells/{cell}/root.json"))) =>
             {
                 Some(armed)
             }

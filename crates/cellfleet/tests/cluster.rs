@@ -429,6 +429,7 @@ fn signed(client: &cluster_common::TestClient, body: v1::CommandBody) -> v1::Exe
 async fn local_store_cluster_routes_and_refuses_bad_requests_without_touching_state() {
     let cluster = Cluster::start(3, Store::Local, 5_000);
     routes_to_the_owner_exactly_once(&cluster).await;
+    each_node_checks_a_signature_once(&cluster).await;
 
     let mut client = cluster.client("dev");
     let addr = cluster.nodes[1].client;
@@ -522,6 +523,78 @@ async fn local_store_cluster_routes_and_refuses_bad_requests_without_touching_st
         "refused in the handshake: {status:?}"
     );
     assert_eq!(client.log_counts(addr, "cell-0").await, before);
+}
+
+/// Every node's `cellfleet_router_signatures_verified_total`, summed.
+fn signatures_verified(cluster: &Cluster) -> f64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| metric(node, "cellfleet_router_signatures_verified_total"))
+        .sum()
+}
+
+/// A client request's signature is checked once by each node it reaches:
+/// once when its ingress owns the Cell, twice when the ingress forwards it
+/// (the owner checks again). Counted by the nodes' own metric.
+async fn each_node_checks_a_signature_once(cluster: &Cluster) {
+    let mut client = cluster.client("dev");
+    let key = "signature-count";
+    let append = |client: &cluster_common::TestClient, tag: &str| {
+        client.command(
+            "log",
+            key,
+            "append",
+            serde_json::json!({ "tag": tag }),
+            rand::random(),
+        )
+    };
+    let first = client
+        .execute(cluster.nodes[0].client, append(&client, "placed"))
+        .await
+        .expect("applied");
+    let owner = cluster
+        .nodes
+        .iter()
+        .find(|node| node.id == first.served_by)
+        .expect("served by a node of the cluster");
+    let other = cluster
+        .nodes
+        .iter()
+        .find(|node| node.id != first.served_by)
+        .expect("another node");
+
+    let before = signatures_verified(cluster);
+    let local = client
+        .execute(owner.client, append(&client, "local"))
+        .await
+        .expect("applied");
+    assert_eq!(local.served_by, owner.id);
+    assert_eq!(
+        signatures_verified(cluster) - before,
+        1.0,
+        "a local command"
+    );
+
+    let before = signatures_verified(cluster);
+    let read = client
+        .query(owner.client, "log", key, "count", serde_json::json!({}))
+        .await
+        .expect("answered");
+    assert_eq!(read.served_by, owner.id);
+    assert_eq!(signatures_verified(cluster) - before, 1.0, "a local query");
+
+    let before = signatures_verified(cluster);
+    let forwarded = client
+        .execute(other.client, append(&client, "forwarded"))
+        .await
+        .expect("applied");
+    assert_eq!(forwarded.served_by, owner.id);
+    assert_eq!(
+        signatures_verified(cluster) - before,
+        2.0,
+        "a forwarded command: its ingress and its owner"
+    );
 }
 
 #[derive(Debug, Default)]

@@ -5,6 +5,7 @@
 //! nothing that fails any check reaches a Cell. Time comes from an injected
 //! [`Clock`], so window tests need no sleeping.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cellfleet_authority::Clock;
@@ -117,6 +118,7 @@ pub struct Verifier {
     registry: Arc<KeyRegistry>,
     policy: EnvelopePolicy,
     clock: Arc<dyn Clock>,
+    signatures_verified: Arc<AtomicU64>,
 }
 
 impl Verifier {
@@ -126,7 +128,20 @@ impl Verifier {
             registry,
             policy,
             clock,
+            signatures_verified: Arc::default(),
         }
+    }
+
+    /// This verifier, counting every signature it checks into `counter`
+    /// (a node passes its metrics' counter).
+    pub fn counting_into(mut self, counter: Arc<AtomicU64>) -> Self {
+        self.signatures_verified = counter;
+        self
+    }
+
+    /// Signatures checked so far (valid or not).
+    pub fn signatures_verified(&self) -> u64 {
+        self.signatures_verified.load(Ordering::Relaxed)
     }
 
     /// The policy.
@@ -258,6 +273,7 @@ impl Verifier {
             )));
         }
         let key = self.registry.get(&envelope.key_id)?;
+        self.signatures_verified.fetch_add(1, Ordering::Relaxed);
         signing::verify(
             domain,
             &envelope.body,

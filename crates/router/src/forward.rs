@@ -19,7 +19,9 @@
 //! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
 //!   request makes at most [`HOPS_MAX`] hops and never loops;
 //! * the forwarded call carries the original signed envelope (the owner
-//!   verifies it again) and the client's deadline;
+//!   verifies it again) and the client's deadline; a request the ingress
+//!   runs itself uses the form it verified ([`Verified`]), so a node checks
+//!   a client request's signature once;
 //! * a node's own unsigned request (a [`Routed::NodeCommand`] or
 //!   [`Routed::NodeQuery`], made for a protocol without signatures such as
 //!   Durable Streams HTTP) routes the same way, and runs — locally or on a
@@ -42,7 +44,7 @@ use cellfleet_proto::v1::peer_client::PeerClient;
 use cellfleet_runtime::NodeHandle;
 use tonic::transport::Channel;
 
-use crate::envelope::Verifier;
+use crate::envelope::{VerifiedCommand, VerifiedQuery, VerifiedResolve, Verifier};
 use crate::error::{Error, OwnerHint};
 use crate::hints::{rendezvous_owner, CachedOwner, OwnerHintCache};
 use crate::status::{detail_from_status, to_status};
@@ -137,6 +139,19 @@ pub enum Routed {
     NodeCommand(v1::NodeCommand),
     /// An unsigned query this node issues for a node-request kind.
     NodeQuery(v1::NodeQuery),
+}
+
+/// A client request as the ingress verified it, carried beside its wire
+/// form ([`Routed`]): when the ingress owns the Cell it runs this instead
+/// of verifying the envelope a second time.
+#[derive(Clone, Debug)]
+pub enum Verified {
+    /// A verified `Execute`.
+    Command(VerifiedCommand),
+    /// A verified `Query`.
+    Query(VerifiedQuery),
+    /// A verified `Resolve`.
+    Resolve(VerifiedResolve),
 }
 
 impl Routed {
@@ -380,8 +395,19 @@ impl Router {
         Ok(channel)
     }
 
-    async fn run_local(&self, request: &Routed) -> Result<v1::forward_response::Response, Error> {
-        run_local(&self.node, &self.verifier, &self.node_kinds, request).await
+    async fn run_local(
+        &self,
+        request: &Routed,
+        verified: Option<&Verified>,
+    ) -> Result<v1::forward_response::Response, Error> {
+        run_local(
+            &self.node,
+            &self.verifier,
+            &self.node_kinds,
+            request,
+            verified,
+        )
+        .await
     }
 
     async fn forward(
@@ -440,13 +466,37 @@ impl Router {
         Ok(PeerClient::new(channel).stats(call).await?.into_inner())
     }
 
-    /// Routes a verified client request for `cell`: local or forwarded,
-    /// with one refresh-and-retry. Errors come back as statuses (a peer's
-    /// status is relayed with its detail).
+    /// Routes a node's own request for `cell` (a [`Routed::NodeCommand`] or
+    /// [`Routed::NodeQuery`]; a client request run here is verified here):
+    /// local or forwarded, with one refresh-and-retry. Errors come back as
+    /// statuses (a peer's status is relayed with its detail).
     pub async fn route(
         &self,
         cell: &CellId,
         request: Routed,
+        deadline_unix_ms: Option<i64>,
+    ) -> Result<v1::forward_response::Response, tonic::Status> {
+        self.route_as(cell, request, None, deadline_unix_ms).await
+    }
+
+    /// Routes a client request this node verified as `verified`, as
+    /// [`Router::route`] does; run here, it is not verified again.
+    pub async fn route_verified(
+        &self,
+        cell: &CellId,
+        request: Routed,
+        verified: &Verified,
+        deadline_unix_ms: Option<i64>,
+    ) -> Result<v1::forward_response::Response, tonic::Status> {
+        self.route_as(cell, request, Some(verified), deadline_unix_ms)
+            .await
+    }
+
+    async fn route_as(
+        &self,
+        cell: &CellId,
+        request: Routed,
+        verified: Option<&Verified>,
         deadline_unix_ms: Option<i64>,
     ) -> Result<v1::forward_response::Response, tonic::Status> {
         let mut excluded: Vec<NodeId> = Vec::new();
@@ -459,7 +509,7 @@ impl Router {
             attempt += 1;
             let result = match &target {
                 Target::Local => self
-                    .run_local(&request)
+                    .run_local(&request, verified)
                     .await
                     .map_err(|e| (to_status(&e), Delivery::Answered)),
                 Target::Remote { peer, .. } => {
@@ -590,34 +640,46 @@ fn classify_transport(status: tonic::Status, peer: &str) -> (tonic::Status, Deli
     (in_transit, Delivery::MaybeDelivered)
 }
 
-/// Runs a routed request on `node` after verifying its envelope, or, for
-/// an unsigned node request, after checking its kind is in `node_kinds`.
+/// Runs a routed request on `node`: a client request in its `verified`
+/// form when this node verified it already, else after verifying its
+/// envelope; an unsigned node request after checking its kind is in
+/// `node_kinds`.
 pub async fn run_local(
     node: &NodeHandle,
     verifier: &Verifier,
     node_kinds: &[String],
     request: &Routed,
+    verified: Option<&Verified>,
 ) -> Result<v1::forward_response::Response, Error> {
     use v1::forward_response::Response;
     let missing = || Error::Malformed("the request has no envelope".into());
-    Ok(match request {
-        Routed::Execute(r) => {
+    Ok(match (request, verified) {
+        (Routed::Execute(_), Some(Verified::Command(command))) => {
+            Response::Execute(crate::local::execute(node, command).await?)
+        }
+        (Routed::Execute(r), _) => {
             let command = verifier.verify_command(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Execute(crate::local::execute(node, &command).await?)
         }
-        Routed::Query(r) => {
+        (Routed::Query(_), Some(Verified::Query(query))) => {
+            Response::Query(crate::local::query(node, query).await?)
+        }
+        (Routed::Query(r), _) => {
             let query = verifier.verify_query(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Query(crate::local::query(node, &query).await?)
         }
-        Routed::Resolve(r) => {
+        (Routed::Resolve(_), Some(Verified::Resolve(resolve))) => {
+            Response::Resolve(crate::local::resolve(node, resolve).await?)
+        }
+        (Routed::Resolve(r), _) => {
             let resolve = verifier.verify_resolve(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Resolve(crate::local::resolve(node, &resolve).await?)
         }
-        Routed::NodeCommand(r) => {
+        (Routed::NodeCommand(r), _) => {
             allow_node_kind(node_kinds, &r.kind)?;
             Response::Execute(crate::local::node_command(node, r).await?)
         }
-        Routed::NodeQuery(r) => {
+        (Routed::NodeQuery(r), _) => {
             allow_node_kind(node_kinds, &r.kind)?;
             Response::Query(crate::local::node_query(node, r).await?)
         }

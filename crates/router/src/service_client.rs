@@ -7,7 +7,7 @@ use cellfleet_proto::v1;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
-use crate::forward::{deadline_from_metadata, Routed, Router};
+use crate::forward::{deadline_from_metadata, Routed, Router, Verified};
 
 /// The client service of one node.
 #[derive(Clone, Debug)]
@@ -53,9 +53,10 @@ impl v1::client_server::Client for ClientService {
             .verifier()
             .verify_command(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&command.kind, &command.key);
+        let verified = Verified::Command(command);
         match self
             .router
-            .route(&cell, Routed::Execute(inner), deadline)
+            .route_verified(&cell, Routed::Execute(inner), &verified, deadline)
             .await?
         {
             v1::forward_response::Response::Execute(response) => Ok(Response::new(response)),
@@ -74,9 +75,10 @@ impl v1::client_server::Client for ClientService {
             .verifier()
             .verify_query(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&query.kind, &query.key);
+        let verified = Verified::Query(query);
         match self
             .router
-            .route(&cell, Routed::Query(inner), deadline)
+            .route_verified(&cell, Routed::Query(inner), &verified, deadline)
             .await?
         {
             v1::forward_response::Response::Query(response) => Ok(Response::new(response)),
@@ -95,9 +97,10 @@ impl v1::client_server::Client for ClientService {
             .verifier()
             .verify_resolve(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&resolve.kind, &resolve.key);
+        let verified = Verified::Resolve(resolve);
         match self
             .router
-            .route(&cell, Routed::Resolve(inner), deadline)
+            .route_verified(&cell, Routed::Resolve(inner), &verified, deadline)
             .await?
         {
             v1::forward_response::Response::Resolve(response) => Ok(Response::new(response)),

@@ -63,6 +63,7 @@ impl v1::peer_server::Peer for PeerService {
             self.router.verifier(),
             self.router.node_kinds(),
             &routed,
+            None,
         )
         .await?;
         Ok(Response::new(v1::ForwardResponse {

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Upper bounds of the latency histograms, in seconds.
@@ -162,6 +163,9 @@ pub struct Metrics {
     pub queries_total: AtomicU64,
     /// Publications refused because another owner exists (412).
     pub fences_total: AtomicU64,
+    /// Envelope signatures verified by this node's router (shared with its
+    /// `Verifier`, which counts them).
+    pub signatures_verified_total: Arc<AtomicU64>,
     /// Publications whose fate could not be proven.
     pub publications_unknown_total: AtomicU64,
     /// Compactions published.
@@ -254,6 +258,7 @@ impl Default for Metrics {
             commands_total: AtomicU64::new(0),
             queries_total: AtomicU64::new(0),
             fences_total: AtomicU64::new(0),
+            signatures_verified_total: Arc::new(AtomicU64::new(0)),
             publications_unknown_total: AtomicU64::new(0),
             compactions_total: AtomicU64::new(0),
             activations_created_total: AtomicU64::new(0),
@@ -368,6 +373,13 @@ impl Metrics {
             "Queries answered.",
             &braces,
             load(&self.queries_total),
+        );
+        counter(
+            &mut out,
+            "cellfleet_router_signatures_verified_total",
+            "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it.",
+            &braces,
+            load(&self.signatures_verified_total),
         );
         counter(
             &mut out,

@@ -7,12 +7,15 @@
 # crates/client/examples/query_cost.rs sends N and then 2N queries of one
 # Cell, once as the raw tonic call (signed, sent to the owner, result left
 # as bytes) and once through `Client::query` (routing, retry rule, result
-# parsed). Per query = (count(2N) - count(N)) / N, in the client process
-# and, between zero and dump of its counters, in the node. The library's
-# share of a query's cost is (library - raw) / (raw client + node).
+# parsed), then N and 2N commands through `Client::execute` (`kv` `put`).
+# Per request = (count(2N) - count(N)) / N, in the client process and,
+# between zero and dump of its counters, in the node. The library's share
+# of a query's cost is (library - raw) / (raw client + node).
 #
 #   scripts/client-instructions.sh [N]      (default N = 1000)
-# CELLFLEET_COST_PORT_BASE moves the node's ports (default 17400).
+# CELLFLEET_COST_PORT_BASE moves the node's ports (default 17400);
+# CELLFLEET_COST_BIN runs that `cellfleet` binary as the node instead of
+# this checkout's release build (to compare two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
@@ -25,7 +28,7 @@ for tool in valgrind callgrind_control; do
 done
 cargo build --release -q -p cellfleet --bin cellfleet
 cargo build --release -q -p cellfleet-client --example query_cost
-CELLFLEET=target/release/cellfleet
+CELLFLEET="${CELLFLEET_COST_BIN:-target/release/cellfleet}"
 CLIENT=target/release/examples/query_cost
 
 work="$(mktemp -d)"
@@ -80,15 +83,15 @@ run() {
 }
 
 declare -A client_cost node_cost
-for variant in raw library; do
+for variant in raw library command; do
     read -r c1 n1 <<<"$(run "$variant" "$N")"
     read -r c2 n2 <<<"$(run "$variant" $((2 * N)))"
     client_cost[$variant]=$(((c2 - c1) / N))
     node_cost[$variant]=$(((n2 - n1) / N))
 done
 
-printf '%-8s %16s %16s %16s\n' "variant" "client instr/q" "node instr/q" "total instr/q"
-for variant in raw library; do
+printf '%-8s %16s %16s %16s\n' "variant" "client instr" "node instr" "total instr"
+for variant in raw library command; do
     printf '%-8s %16s %16s %16s\n' "$variant" "${client_cost[$variant]}" \
         "${node_cost[$variant]}" $((client_cost[$variant] + node_cost[$variant]))
 done
@@ -97,4 +100,5 @@ awk -v added="$added" -v client="${client_cost[raw]}" -v node="${node_cost[raw]}
     printf "library adds %d instructions per query: %.2f%% of the raw call'"'"'s client side, %.2f%% of a query'"'"'s cost (client + node)\n",
         added, 100 * added / client, 100 * added / (client + node)
 }'
-echo "(N = $N queries; set-up cancelled by the 2N - N difference; one node, local store)"
+echo "(per request: a query for raw and library, a command for command; N = $N requests;"
+echo " set-up cancelled by the 2N - N difference; one node, local store)"

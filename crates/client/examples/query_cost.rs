@@ -8,14 +8,16 @@
 //!   stub straight to the owner, the result left as bytes: the floor an
 //!   application without the library pays;
 //! - `library`: [`Client::query`]: routing by the owner cache, the retry
-//!   rule, the result parsed into a JSON value.
+//!   rule, the result parsed into a JSON value;
+//! - `command`: `N` commands through [`Client::execute`] (`kv` `put`, a new
+//!   command id each), for what a node spends per command.
 //!
 //! Both set the same per-call deadline, as an application would. Set-up
 //! (process start, TLS handshake, the first write) is the same in both
 //! variants and cancels out of `count(2N) - count(N)`.
 //!
 //! ```text
-//! query_cost --config .cellfleet-dev/client.toml raw|library N
+//! query_cost --config .cellfleet-dev/client.toml raw|library|command N
 //! ```
 
 use std::time::Duration;
@@ -28,14 +30,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: query_cost --config PATH raw|library N";
+    let usage = "usage: query_cost --config PATH raw|library|command N";
     let (config, variant, queries) = match args.as_slice() {
         [flag, config, variant, queries] if flag == "--config" => {
             (config.clone(), variant.clone(), queries.parse::<u64>()?)
         }
         _ => return Err(usage.into()),
     };
-    if variant != "raw" && variant != "library" {
+    if !["raw", "library", "command"].contains(&variant.as_str()) {
         return Err(usage.into());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -69,12 +71,19 @@ async fn run(config: &str, variant: &str, queries: u64) -> Result<(), Error> {
                 .map_err(|status| Error::from_status(&status))?;
             bytes += response.into_inner().result_json.len();
         }
-    } else {
+    } else if variant == "library" {
         for _ in 0..queries {
             let read = client.query(&get).await?;
             bytes += usize::from(read.value.is_object());
         }
+    } else {
+        for i in 0..queries {
+            let put = Command::new("kv", "cost-1", "put")
+                .args(serde_json::json!({"key": "name", "value": format!("Ada {i}")}));
+            let executed = client.execute(&put).await?;
+            bytes += usize::from(executed.applied().is_some());
+        }
     }
-    println!("{variant}: {queries} queries to {owner} ({bytes})");
+    println!("{variant}: {queries} requests to {owner} ({bytes})");
     Ok(())
 }

@@ -51,7 +51,8 @@ impl v1::client_server::Client for ClientService {
         let command = self
             .router
             .verifier()
-            .verify_command(envelope(&inner.envelope)?)?;
+            .verify_command_batched(envelope(&inner.envelope)?)
+            .await?;
         let cell = CellId::for_kind_key(&command.kind, &command.key);
         let verified = Verified::Command(command);
         match self
@@ -73,7 +74,8 @@ impl v1::client_server::Client for ClientService {
         let query = self
             .router
             .verifier()
-            .verify_query(envelope(&inner.envelope)?)?;
+            .verify_query_batched(envelope(&inner.envelope)?)
+            .await?;
         let cell = CellId::for_kind_key(&query.kind, &query.key);
         let verified = Verified::Query(query);
         match self
@@ -95,7 +97,8 @@ impl v1::client_server::Client for ClientService {
         let resolve = self
             .router
             .verifier()
-            .verify_resolve(envelope(&inner.envelope)?)?;
+            .verify_resolve_batched(envelope(&inner.envelope)?)
+            .await?;
         let cell = CellId::for_kind_key(&resolve.kind, &resolve.key);
         let verified = Verified::Resolve(resolve);
         match self

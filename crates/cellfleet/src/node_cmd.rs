@@ -1212,10 +1212,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         max_window_ms: file.envelope.max_window_ms,
         ..EnvelopePolicy::default()
     };
-    let verifier = Verifier::new(registry.clone(), policy, clock.clone()).counting_into(
-        node.metrics().signatures_verified_total.clone(),
-        node.metrics().signatures_batched_total.clone(),
-    );
+    let verifier = Verifier::new(registry.clone(), policy, clock.clone())
+        .counting_into(node.metrics().signatures_verified_total.clone());
     let peer_tls = tls::client_config(&identity)?;
     let router = Arc::new(
         Router::new(node.clone(), verifier, roots, leases, clock, peer_tls)

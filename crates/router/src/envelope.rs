@@ -10,12 +10,10 @@ use std::sync::Arc;
 
 use cellfleet_authority::Clock;
 use cellfleet_proto::v1;
-use ed25519_dalek::Signature;
 use prost::Message;
 
-use crate::batch::SignatureBatches;
 use crate::error::{Error, Result, Window};
-use crate::registry::{KeyRegistry, Operation, RegisteredKey, KEY_ID_BYTES_MAX};
+use crate::registry::{KeyRegistry, Operation, KEY_ID_BYTES_MAX};
 use crate::signing::{self, Domain, SIGNATURE_BYTES};
 
 /// Bytes in a command id.
@@ -121,7 +119,6 @@ pub struct Verifier {
     policy: EnvelopePolicy,
     clock: Arc<dyn Clock>,
     signatures_verified: Arc<AtomicU64>,
-    batches: SignatureBatches,
 }
 
 impl Verifier {
@@ -132,16 +129,13 @@ impl Verifier {
             policy,
             clock,
             signatures_verified: Arc::default(),
-            batches: SignatureBatches::default(),
         }
     }
 
-    /// This verifier, counting every signature it checks into `verified`
-    /// and those checked in a batch into `batched` (a node passes its
-    /// metrics' counters).
-    pub fn counting_into(mut self, verified: Arc<AtomicU64>, batched: Arc<AtomicU64>) -> Self {
-        self.signatures_verified = verified;
-        self.batches = SignatureBatches::counting_into(batched);
+    /// This verifier, counting every signature it checks into `counter`
+    /// (a node passes its metrics' counter).
+    pub fn counting_into(mut self, counter: Arc<AtomicU64>) -> Self {
+        self.signatures_verified = counter;
         self
     }
 
@@ -157,26 +151,7 @@ impl Verifier {
 
     /// Checks an `Execute` envelope (domain `cellfleet.v1.command`).
     pub fn verify_command(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedCommand> {
-        let key = self.signed_by(Domain::Command, envelope)?;
-        self.command_body(key, envelope)
-    }
-
-    /// [`Verifier::verify_command`], with its signature checked together
-    /// with concurrent requests' when there are any ([`SignatureBatches`]).
-    pub async fn verify_command_batched(
-        &self,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedCommand> {
-        let key = self.signed_by_batched(Domain::Command, envelope).await?;
-        self.command_body(key, envelope)
-    }
-
-    fn command_body(
-        &self,
-        key: &RegisteredKey,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedCommand> {
-        let body: v1::CommandBody = decode(envelope)?;
+        let (key, body) = self.authenticate::<v1::CommandBody>(Domain::Command, envelope)?;
         check_cell(&body.kind, &body.key)?;
         check_name("command", &body.command)?;
         let command_id = command_id(&body.command_id)?;
@@ -200,26 +175,7 @@ impl Verifier {
 
     /// Checks a `Query` envelope (domain `cellfleet.v1.query`).
     pub fn verify_query(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedQuery> {
-        let key = self.signed_by(Domain::Query, envelope)?;
-        self.query_body(key, envelope)
-    }
-
-    /// [`Verifier::verify_query`], with its signature checked together
-    /// with concurrent requests' when there are any ([`SignatureBatches`]).
-    pub async fn verify_query_batched(
-        &self,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedQuery> {
-        let key = self.signed_by_batched(Domain::Query, envelope).await?;
-        self.query_body(key, envelope)
-    }
-
-    fn query_body(
-        &self,
-        key: &RegisteredKey,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedQuery> {
-        let body: v1::QueryBody = decode(envelope)?;
+        let (key, body) = self.authenticate::<v1::QueryBody>(Domain::Query, envelope)?;
         check_cell(&body.kind, &body.key)?;
         check_name("query", &body.query)?;
         if !body.request_id.is_empty() && body.request_id.len() != COMMAND_ID_BYTES {
@@ -247,26 +203,7 @@ impl Verifier {
 
     /// Checks a `Resolve` envelope (domain `cellfleet.v1.resolve`).
     pub fn verify_resolve(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedResolve> {
-        let key = self.signed_by(Domain::Resolve, envelope)?;
-        self.resolve_body(key, envelope)
-    }
-
-    /// [`Verifier::verify_resolve`], with its signature checked together
-    /// with concurrent requests' when there are any ([`SignatureBatches`]).
-    pub async fn verify_resolve_batched(
-        &self,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedResolve> {
-        let key = self.signed_by_batched(Domain::Resolve, envelope).await?;
-        self.resolve_body(key, envelope)
-    }
-
-    fn resolve_body(
-        &self,
-        key: &RegisteredKey,
-        envelope: &v1::SignedEnvelope,
-    ) -> Result<VerifiedResolve> {
-        let body: v1::ResolveBody = decode(envelope)?;
+        let (key, body) = self.authenticate::<v1::ResolveBody>(Domain::Resolve, envelope)?;
         check_cell(&body.kind, &body.key)?;
         let command_id = command_id(&body.command_id)?;
         self.check_window(body.issued_at_ms, body.expires_at_ms)?;
@@ -291,8 +228,7 @@ impl Verifier {
 
     /// Checks an admin envelope (domain `cellfleet.v1.admin`).
     pub fn verify_admin(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedAdmin> {
-        let key = self.signed_by(Domain::Admin, envelope)?;
-        let body: v1::AdminBody = decode(envelope)?;
+        let (key, body) = self.authenticate::<v1::AdminBody>(Domain::Admin, envelope)?;
         check_name("operation", &body.operation)?;
         self.check_window(body.issued_at_ms, body.expires_at_ms)?;
         key.authorize(Operation::Admin {
@@ -305,54 +241,12 @@ impl Verifier {
         })
     }
 
-    /// Steps a–c of the rule: bounds, key, then the signature.
-    fn signed_by(&self, domain: Domain, envelope: &v1::SignedEnvelope) -> Result<&RegisteredKey> {
-        let key = self.key_of(envelope)?;
-        self.signatures_verified.fetch_add(1, Ordering::Relaxed);
-        signing::verify(
-            domain,
-            &envelope.body,
-            &envelope.signature,
-            &envelope.key_id,
-            &key.public_key,
-        )?;
-        Ok(key)
-    }
-
-    /// [`Verifier::signed_by`], the signature checked by [`SignatureBatches`].
-    async fn signed_by_batched(
+    /// Steps a–d of the rule: bounds, key, signature, then decoding.
+    fn authenticate<B: Message + Default>(
         &self,
         domain: Domain,
         envelope: &v1::SignedEnvelope,
-    ) -> Result<&RegisteredKey> {
-        let key = self.key_of(envelope)?;
-        self.signatures_verified.fetch_add(1, Ordering::Relaxed);
-        let bytes: [u8; SIGNATURE_BYTES] =
-            envelope.signature.as_slice().try_into().map_err(|_| {
-                Error::Malformed(format!(
-                    "signature must be {SIGNATURE_BYTES} bytes, got {}",
-                    envelope.signature.len()
-                ))
-            })?;
-        let valid = self
-            .batches
-            .check(
-                signing::signed_message(domain, &envelope.body),
-                Signature::from_bytes(&bytes),
-                key.public_key,
-            )
-            .await;
-        if !valid {
-            return Err(Error::BadSignature {
-                key_id: envelope.key_id.clone(),
-                domain: domain.name(),
-            });
-        }
-        Ok(key)
-    }
-
-    /// Steps a–b of the rule: the envelope's bounds, then its key.
-    fn key_of(&self, envelope: &v1::SignedEnvelope) -> Result<&RegisteredKey> {
+    ) -> Result<(&crate::registry::RegisteredKey, B)> {
         if envelope.body.len() > self.policy.body_bytes_max {
             return Err(Error::Malformed(format!(
                 "body of {} bytes exceeds the {} byte limit",
@@ -378,19 +272,25 @@ impl Verifier {
                 envelope.signature.len()
             )));
         }
-        self.registry.get(&envelope.key_id)
+        let key = self.registry.get(&envelope.key_id)?;
+        self.signatures_verified.fetch_add(1, Ordering::Relaxed);
+        signing::verify(
+            domain,
+            &envelope.body,
+            &envelope.signature,
+            &envelope.key_id,
+            &key.public_key,
+        )?;
+        let body = B::decode(envelope.body.as_slice())
+            .map_err(|e| Error::Malformed(format!("body does not decode: {e}")))?;
+        Ok((key, body))
     }
 
+    /// Step e of the rule.
     fn check_window(&self, issued_at_ms: i64, expires_at_ms: i64) -> Result<()> {
         let now_ms = i64::try_from(self.clock.now_wall_ms()).unwrap_or(i64::MAX);
         check_window(self.policy, issued_at_ms, expires_at_ms, now_ms)
     }
-}
-
-/// Step d of the rule: the body, decoded only after its signature verified.
-fn decode<B: Message + Default>(envelope: &v1::SignedEnvelope) -> Result<B> {
-    B::decode(envelope.body.as_slice())
-        .map_err(|e| Error::Malformed(format!("body does not decode: {e}")))
 }
 
 /// The validity-window rule as a pure function (wide arithmetic: no

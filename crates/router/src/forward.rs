@@ -658,27 +658,21 @@ pub async fn run_local(
             Response::Execute(crate::local::execute(node, command).await?)
         }
         (Routed::Execute(r), _) => {
-            let command = verifier
-                .verify_command_batched(r.envelope.as_ref().ok_or_else(missing)?)
-                .await?;
+            let command = verifier.verify_command(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Execute(crate::local::execute(node, &command).await?)
         }
         (Routed::Query(_), Some(Verified::Query(query))) => {
             Response::Query(crate::local::query(node, query).await?)
         }
         (Routed::Query(r), _) => {
-            let query = verifier
-                .verify_query_batched(r.envelope.as_ref().ok_or_else(missing)?)
-                .await?;
+            let query = verifier.verify_query(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Query(crate::local::query(node, &query).await?)
         }
         (Routed::Resolve(_), Some(Verified::Resolve(resolve))) => {
             Response::Resolve(crate::local::resolve(node, resolve).await?)
         }
         (Routed::Resolve(r), _) => {
-            let resolve = verifier
-                .verify_resolve_batched(r.envelope.as_ref().ok_or_else(missing)?)
-                .await?;
+            let resolve = verifier.verify_resolve(r.envelope.as_ref().ok_or_else(missing)?)?;
             Response::Resolve(crate::local::resolve(node, &resolve).await?)
         }
         (Routed::NodeCommand(r), _) => {

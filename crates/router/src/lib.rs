@@ -4,7 +4,7 @@
 //! - [`certs`]: the cluster CA; issuing node and client certificates (role in the SAN URI).
 //! - [`tls`]: rustls server/client configurations with the role rule; [`transport`]: TLS listeners and channels for tonic.
 //! - [`signing`]: Ed25519 under domain tags, key files; [`registry`]: key id → public key and grants.
-//! - [`envelope`]: the ingress checks of a signed envelope (signature, window, authorization); [`batch`]: signatures of concurrent requests checked together.
+//! - [`envelope`]: the ingress checks of a signed envelope (signature, window, authorization).
 //! - [`status`]: the one table from [`Error`] to gRPC status, wire code and retry hint.
 //! - [`hints`]: the bounded owner-hint cache and rendezvous placement.
 //! - [`reflection`]: gRPC server reflection.
@@ -18,7 +18,6 @@
 //! NodeCommand/NodeQuery, is accepted from node certificates only and only
 //! for the router's node kinds ([`forward::Router::with_node_kinds`]).
 
-pub mod batch;
 pub mod certs;
 pub mod console;
 pub mod endpoints;

@@ -51,8 +51,7 @@ impl v1::client_server::Client for ClientService {
         let command = self
             .router
             .verifier()
-            .verify_command_batched(envelope(&inner.envelope)?)
-            .await?;
+            .verify_command(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&command.kind, &command.key);
         let verified = Verified::Command(command);
         match self
@@ -74,8 +73,7 @@ impl v1::client_server::Client for ClientService {
         let query = self
             .router
             .verifier()
-            .verify_query_batched(envelope(&inner.envelope)?)
-            .await?;
+            .verify_query(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&query.kind, &query.key);
         let verified = Verified::Query(query);
         match self
@@ -97,8 +95,7 @@ impl v1::client_server::Client for ClientService {
         let resolve = self
             .router
             .verifier()
-            .verify_resolve_batched(envelope(&inner.envelope)?)
-            .await?;
+            .verify_resolve(envelope(&inner.envelope)?)?;
         let cell = CellId::for_kind_key(&resolve.kind, &resolve.key);
         let verified = Verified::Resolve(resolve);
         match self

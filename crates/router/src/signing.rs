@@ -5,8 +5,7 @@
 //! `TAG || BODY`, where `TAG` is the call's ASCII domain tag followed by one
 //! zero byte and `BODY` the exact serialized body bytes; the signature is
 //! pure Ed25519 (RFC 8032). Verification is strict (`verify_strict`: no
-//! small-order keys, canonical `S`); [`verify_many`] checks several at once
-//! with the same verdict on every signature `verify_strict` accepts.
+//! small-order keys, canonical `S`).
 
 use std::path::Path;
 
@@ -35,41 +34,6 @@ pub fn verify(
     let signature = Signature::from_bytes(&bytes);
     key.verify_strict(&signed_message(domain, body), &signature)
         .map_err(|_| bad())
-}
-
-/// Whether each `(message, signature, key)` is valid, decided as
-/// `verify_strict` decides for every signature it accepts, at about half
-/// its cost per signature when there are several: they are checked
-/// together first (ed25519-dalek's `verify_batch`, one random linear
-/// combination of their equations), and one by one with `verify_strict`
-/// only when that fails. A small-order key never joins the batch.
-///
-/// Every signature `verify_strict` accepts is accepted, and a signature
-/// made without the key's private half is refused (the batch equation is
-/// as hard to satisfy). The two checks differ only on signatures the key's
-/// own holder crafts with a small-order component, which the batch may
-/// accept; they cannot be made for anybody else's key.
-pub fn verify_many(items: &[(&[u8], Signature, VerifyingKey)]) -> Vec<bool> {
-    let strict = |(message, signature, key): &(&[u8], Signature, VerifyingKey)| {
-        key.verify_strict(message, signature).is_ok()
-    };
-    let batchable: Vec<usize> = (0..items.len())
-        .filter(|&i| !items[i].2.is_weak())
-        .collect();
-    if batchable.len() < 2 {
-        return items.iter().map(strict).collect();
-    }
-    let messages: Vec<&[u8]> = batchable.iter().map(|&i| items[i].0).collect();
-    let signatures: Vec<Signature> = batchable.iter().map(|&i| items[i].1).collect();
-    let keys: Vec<VerifyingKey> = batchable.iter().map(|&i| items[i].2).collect();
-    if ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok() {
-        let mut verdicts = vec![false; items.len()];
-        for i in batchable {
-            verdicts[i] = true;
-        }
-        return verdicts;
-    }
-    items.iter().map(strict).collect()
 }
 
 /// A fresh signing key from the operating system's randomness.
@@ -167,53 +131,6 @@ mod tests {
             "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da\
              085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"
         );
-    }
-
-    proptest::proptest! {
-        /// `verify_many` agrees with `verify_strict` on signatures made by
-        /// their keys, on signatures damaged in transit (any bit of the
-        /// signature or of the message), on another key's signatures and
-        /// on a small-order key, in any mix and batch size.
-        #[test]
-        fn verify_many_agrees_with_verify_strict(
-            items in proptest::collection::vec(
-                (proptest::prelude::any::<[u8; 32]>(),
-                 proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
-                 0u8..5,
-                 proptest::prelude::any::<u16>()),
-                0..12,
-            )
-        ) {
-            let mut identity = [0u8; 32];
-            identity[0] = 1;
-            let weak = VerifyingKey::from_bytes(&identity).expect("the identity point decodes");
-            let mut built: Vec<(Vec<u8>, Signature, VerifyingKey)> = Vec::new();
-            for (seed, message, fate, bit) in &items {
-                let key = SigningKey::from_bytes(seed);
-                let mut message = message.clone();
-                let mut signature = key.sign(&message).to_bytes();
-                let mut public = key.verifying_key();
-                match fate {
-                    0 => {}
-                    1 => signature[usize::from(*bit) % 64] ^= 1 << (bit % 8),
-                    2 if !message.is_empty() => {
-                        let at = usize::from(*bit) % message.len();
-                        message[at] ^= 1 << (bit % 8);
-                    }
-                    3 => public = SigningKey::from_bytes(&[seed[0].wrapping_add(1); 32]).verifying_key(),
-                    4 => public = weak,
-                    _ => {}
-                }
-                built.push((message, Signature::from_bytes(&signature), public));
-            }
-            let borrowed: Vec<(&[u8], Signature, VerifyingKey)> =
-                built.iter().map(|(m, s, k)| (m.as_slice(), *s, *k)).collect();
-            let strict: Vec<bool> = borrowed
-                .iter()
-                .map(|(m, s, k)| k.verify_strict(m, s).is_ok())
-                .collect();
-            proptest::prop_assert_eq!(verify_many(&borrowed), strict);
-        }
     }
 
     #[test]

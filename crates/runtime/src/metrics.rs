@@ -166,8 +166,6 @@ pub struct Metrics {
     /// Envelope signatures verified by this node's router (shared with its
     /// `Verifier`, which counts them).
     pub signatures_verified_total: Arc<AtomicU64>,
-    /// Of those, the ones checked in a batch with others.
-    pub signatures_batched_total: Arc<AtomicU64>,
     /// Publications whose fate could not be proven.
     pub publications_unknown_total: AtomicU64,
     /// Compactions published.
@@ -261,7 +259,6 @@ impl Default for Metrics {
             queries_total: AtomicU64::new(0),
             fences_total: AtomicU64::new(0),
             signatures_verified_total: Arc::new(AtomicU64::new(0)),
-            signatures_batched_total: Arc::new(AtomicU64::new(0)),
             publications_unknown_total: AtomicU64::new(0),
             compactions_total: AtomicU64::new(0),
             activations_created_total: AtomicU64::new(0),
@@ -383,13 +380,6 @@ impl Metrics {
             "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it.",
             &braces,
             load(&self.signatures_verified_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_router_signatures_batched_total",
-            "Of the signatures verified, those checked in one batch with concurrent requests' (at about half the cost each).",
-            &braces,
-            load(&self.signatures_batched_total),
         );
         counter(
             &mut out,

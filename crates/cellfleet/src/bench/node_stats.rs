@@ -145,10 +145,6 @@ pub struct Phases {
     pub lease_renewals: f64,
     pub lease_renewals_over_1s: f64,
     pub lease_lapses: f64,
-    /// Envelope signatures verified in the window, and those checked in a
-    /// batch with others.
-    pub signatures: f64,
-    pub signatures_batched: f64,
     /// Store requests in the window by operation (every node's), in
     /// `cellfleet_store::Op` order; zero-count operations left out.
     pub store_requests: Vec<(String, f64)>,
@@ -221,8 +217,6 @@ impl Phases {
                 - delta("cellfleet_runtime_lease_renewal_seconds_bucket{le=\"1\"}"))
             .max(0.0),
             lease_lapses: delta("cellfleet_runtime_lease_lapses_total"),
-            signatures: delta("cellfleet_router_signatures_verified_total"),
-            signatures_batched: delta("cellfleet_router_signatures_batched_total"),
             store_requests: cellfleet_store::Op::ALL
                 .iter()
                 .map(|op| {
@@ -309,13 +303,6 @@ impl Phases {
                 .map(|(op, n)| format!("{op} {n:.0}"))
                 .collect();
             line += &format!("; store requests: {}", ops.join(", "));
-        }
-        if self.signatures > 0.0 {
-            line += &format!(
-                "; signatures {:.0} ({:.0}% in batches)",
-                self.signatures,
-                100.0 * self.signatures_batched / self.signatures
-            );
         }
         if self.lease_renewals > 0.0 {
             line += &format!(

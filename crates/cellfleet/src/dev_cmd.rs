@@ -405,6 +405,14 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             usize::from(args.port_base) + 401
         )
     };
+    // Listening from before the ready line (see `signals`).
+    let signal = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let shutdown = {
+        let _runtime = signal.enter();
+        crate::signals::shutdown_signal()
+    };
     println!(
         "\ncluster ready: {} nodes; client config {}\n{streams}\n{console}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
         children.len(),
@@ -412,23 +420,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         args.lease_ms,
         pids
     );
-    let signal = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    signal.block_on(async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            if let Ok(mut term) = signal(SignalKind::terminate()) {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-                return;
-            }
-        }
-        let _ = tokio::signal::ctrl_c().await;
-    });
+    signal.block_on(shutdown);
     eprintln!("draining {} nodes...", children.len());
     for child in &children {
         terminate(child);

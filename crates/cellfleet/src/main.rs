@@ -8,6 +8,7 @@ mod dir_lock;
 mod keys_cmd;
 mod ltx_cmd;
 mod node_cmd;
+mod signals;
 mod store_cmd;
 mod stream_route;
 

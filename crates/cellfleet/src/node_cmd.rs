@@ -1303,6 +1303,10 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
             file.node_id
         );
     }
+    // Listening from before the ready line: a SIGTERM sent as soon as a
+    // supervisor reads it drains the node (before, the handler was
+    // installed after the line, and such a signal killed the process).
+    let shutdown = crate::signals::shutdown_signal();
     println!(
         "cellfleet node {} ready client={} peer={} http={} store={}",
         file.node_id, server.client_addr, server.peer_addr, server.http_addr, report.store
@@ -1313,7 +1317,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let drained_by_admin = drain.drained.notified();
     tokio::pin!(drained_by_admin);
     tokio::select! {
-        _ = shutdown_signal() => {
+        _ = shutdown => {
             if let Some(reason) = node.lease().stop_reason() {
                 // Nothing is left to drain: the session's Cells have moved,
                 // and its lease is no longer its own to retire.
@@ -1356,28 +1360,6 @@ async fn bind(address: &str, name: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {name} = {address}; is the port in use?"))
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 #[cfg(test)]

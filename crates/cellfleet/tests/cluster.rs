@@ -564,37 +564,33 @@ async fn each_node_checks_a_signature_once(cluster: &Cluster) {
         .find(|node| node.id != first.served_by)
         .expect("another node");
 
-    let before = signatures_verified(cluster);
-    let local = client
-        .execute(owner.client, append(&client, "local"))
-        .await
-        .expect("applied");
-    assert_eq!(local.served_by, owner.id);
-    assert_eq!(
-        signatures_verified(cluster) - before,
-        1.0,
-        "a local command"
-    );
+    let request = append(&client, "local");
+    let (checks, local) = checks_during(cluster, client.execute(owner.client, request)).await;
+    assert_eq!(local.expect("applied").served_by, owner.id);
+    assert_eq!(checks, 1.0, "a local command");
 
-    let before = signatures_verified(cluster);
-    let read = client
-        .query(owner.client, "log", key, "count", serde_json::json!({}))
-        .await
-        .expect("answered");
-    assert_eq!(read.served_by, owner.id);
-    assert_eq!(signatures_verified(cluster) - before, 1.0, "a local query");
+    let query = client.query(owner.client, "log", key, "count", serde_json::json!({}));
+    let (checks, read) = checks_during(cluster, query).await;
+    assert_eq!(read.expect("answered").served_by, owner.id);
+    assert_eq!(checks, 1.0, "a local query");
 
-    let before = signatures_verified(cluster);
-    let forwarded = client
-        .execute(other.client, append(&client, "forwarded"))
-        .await
-        .expect("applied");
-    assert_eq!(forwarded.served_by, owner.id);
+    let request = append(&client, "forwarded");
+    let (checks, forwarded) = checks_during(cluster, client.execute(other.client, request)).await;
+    assert_eq!(forwarded.expect("applied").served_by, owner.id);
     assert_eq!(
-        signatures_verified(cluster) - before,
-        2.0,
+        checks, 2.0,
         "a forwarded command: its ingress and its owner"
     );
+}
+
+/// The signature checks the cluster made while `request` ran, and its answer.
+async fn checks_during<T>(
+    cluster: &Cluster,
+    request: impl std::future::Future<Output = T>,
+) -> (f64, T) {
+    let before = signatures_verified(cluster);
+    let answer = request.await;
+    (signatures_verified(cluster) - before, answer)
 }
 
 #[derive(Debug, Default)]

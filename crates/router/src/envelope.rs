@@ -139,11 +139,6 @@ impl Verifier {
         self
     }
 
-    /// Signatures checked so far (valid or not).
-    pub fn signatures_verified(&self) -> u64 {
-        self.signatures_verified.load(Ordering::Relaxed)
-    }
-
     /// The policy.
     pub fn policy(&self) -> EnvelopePolicy {
         self.policy

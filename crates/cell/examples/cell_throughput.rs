@@ -4,8 +4,9 @@
 //!
 //! - `sqlite`: the same inserts as bare SQLite transactions (WAL,
 //!   synchronous=NORMAL), no ledger, no capture;
-//! - `sqlite+ledger`: plus, per command, the ledger lookup and one ledger
-//!   row (the engine's schema) and, per group, the TXID bump;
+//! - `sqlite+ledger`: plus, per command, the ledger lookup (in memory, as
+//!   the engine's index of its ledger) and one ledger row (the engine's
+//!   schema) and, per group, the TXID bump;
 //! - `sqlite+ledger+savepoint`: plus a savepoint around each command;
 //! - `cell`: the engine, whose own capture timer (WAL read, checksums, LTX
 //!   encode) splits its time into capture and the rest;
@@ -34,14 +35,14 @@ use shared::{MANIFEST, NOW};
 const LEDGER: &str = "
 CREATE TABLE _cellfleet_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO _cellfleet_meta VALUES ('txid', 0);
-CREATE TABLE _cellfleet_ledger (
-    id BLOB PRIMARY KEY,
+CREATE TABLE _cellfleet_outcomes (
+    expires_at_ms INTEGER NOT NULL,
+    id BLOB NOT NULL,
     digest BLOB NOT NULL,
     txid INTEGER NOT NULL,
-    expires_at_ms INTEGER NOT NULL,
-    outcome TEXT NOT NULL
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (expires_at_ms, id)
 ) WITHOUT ROWID;
-CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -82,10 +83,40 @@ struct Sample {
     capture_fraction: f64,
 }
 
+/// Command ids: sequential by default; with `CELL_BENCH_IDS=random`,
+/// spread like the random ids real clients send (`CommandId::random`), from
+/// a fixed mix of the sequence number so instruction counts stay
+/// repeatable. Sequential ids append to the ledger's index; random ones
+/// land on any of its pages.
 fn command_id(seq: u64) -> [u8; 16] {
     let mut id = [0u8; 16];
-    id[8..].copy_from_slice(&seq.to_be_bytes());
+    if random_ids() {
+        id[..8].copy_from_slice(&splitmix(seq).to_be_bytes());
+        id[8..].copy_from_slice(&splitmix(!seq).to_be_bytes());
+    } else {
+        id[8..].copy_from_slice(&seq.to_be_bytes());
+    }
     id
+}
+
+/// A minute's validity from when the command was sent, one command a
+/// millisecond: expiries rise with arrival as a live node's do (the clock
+/// the engine is given stays at `NOW`, so nothing is pruned).
+fn expires_at_ms(seq: u64) -> i64 {
+    NOW + 60_000 + seq as i64
+}
+
+fn random_ids() -> bool {
+    static RANDOM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RANDOM.get_or_init(|| std::env::var("CELL_BENCH_IDS").is_ok_and(|v| v == "random"))
+}
+
+/// SplitMix64's finaliser: a bijection of `u64` that scatters neighbours.
+fn splitmix(seq: u64) -> u64 {
+    let mut z = seq.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> Sample {
@@ -103,6 +134,8 @@ fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> 
     }
     let before = cell.capture_stats();
     let mut ltx_bytes = 0usize;
+    let count_pages = std::env::var_os("CELL_BENCH_PAGES").is_some();
+    let mut pages = 0usize;
     let mut previous = None;
     let start = Instant::now();
     for _ in 0..commands / group {
@@ -113,7 +146,7 @@ fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> 
                     command_id(*seq),
                     "insert",
                     json!({"v": format!("value-{seq}")}),
-                    NOW + 60_000,
+                    expires_at_ms(*seq),
                 )
             })
             .collect();
@@ -126,6 +159,12 @@ fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> 
         let result = cell.execute(&batch, NOW).expect("execute");
         let p = result.publication.expect("a publication");
         ltx_bytes += p.ltx.len();
+        if count_pages {
+            pages += cellfleet_ltx::decode_all(&p.ltx)
+                .expect("decode")
+                .pages
+                .len();
+        }
         if pipelined {
             if let Some(txid) = previous.replace(p.txid) {
                 cell.confirm(txid).expect("confirm");
@@ -139,6 +178,14 @@ fn engine_run(group: usize, commands: usize, pipelined: bool, seq: &mut u64) -> 
     }
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(ltx_bytes);
+    if count_pages {
+        let done = commands / group * group;
+        eprintln!(
+            "pages per command {:.3}, LTX bytes per command {:.0}",
+            pages as f64 / done as f64,
+            ltx_bytes as f64 / done as f64
+        );
+    }
     let capture = cell.capture_stats().capture_nanos_total - before.capture_nanos_total;
     Sample {
         commands_per_second: (commands / group * group) as f64 / secs,
@@ -161,6 +208,7 @@ fn floor_run(variant: Variant, group: usize, commands: usize, seq: &mut u64) -> 
     }
     let outcome = r#"{"status":"applied","result":{"changes":1}}"#;
     let mut txid = 1i64;
+    let mut seen = std::collections::HashMap::new();
     let start = Instant::now();
     for _ in 0..commands / group {
         conn.prepare_cached("BEGIN IMMEDIATE")
@@ -170,13 +218,8 @@ fn floor_run(variant: Variant, group: usize, commands: usize, seq: &mut u64) -> 
             *seq += 1;
             let id = command_id(*seq);
             if ledger {
-                let seen = conn
-                    .prepare_cached(
-                        "SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1",
-                    )
-                    .and_then(|mut s| s.exists([&id[..]]))
-                    .expect("lookup");
-                assert!(!seen);
+                // The engine finds ids in its in-memory index of the ledger.
+                assert!(!seen.contains_key(&id));
             }
             if savepoint {
                 conn.prepare_cached("SAVEPOINT command")
@@ -197,11 +240,14 @@ fn floor_run(variant: Variant, group: usize, commands: usize, seq: &mut u64) -> 
                 digest[..16].copy_from_slice(&id);
                 digest[16..].copy_from_slice(&id);
                 conn.prepare_cached(
-                    "INSERT INTO _cellfleet_ledger (id, digest, txid, expires_at_ms, outcome) \
+                    "INSERT INTO _cellfleet_outcomes (id, digest, txid, expires_at_ms, outcome) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
-                .and_then(|mut s| s.execute((&id[..], &digest[..], txid, NOW + 60_000, outcome)))
+                .and_then(|mut s| {
+                    s.execute((&id[..], &digest[..], txid, expires_at_ms(*seq), outcome))
+                })
                 .expect("record");
+                seen.insert(id, expires_at_ms(*seq));
             }
         }
         if ledger {

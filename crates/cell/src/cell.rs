@@ -154,6 +154,10 @@ pub struct Cell {
     /// it is empty), so groups skip the prune statement when nothing can
     /// have expired; `None` when unknown (after open, abort or an error).
     ledger_expiry_floor: Option<i64>,
+    /// Where each id's ledger row is, as of the write connection's state
+    /// (pending groups included); `None` when it may be out of step (after
+    /// open, abort or an error), and then read again by the next group.
+    ledger_index: Option<ledger::Index>,
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
     migrations_published: usize,
@@ -318,6 +322,7 @@ impl Cell {
             poisoned: false,
             stats: CaptureStats::default(),
             ledger_expiry_floor: None,
+            ledger_index: None,
             migrations_declared: 0,
             migrations_published: 0,
             _lock: lock,
@@ -454,7 +459,7 @@ impl Cell {
     /// and run the kind's outstanding migrations.
     fn prepare_schema(&self) -> Result<()> {
         if !ledger::exists(&self.write)? {
-            self.write.execute_batch(ledger::SCHEMA)?;
+            ledger::create(&self.write)?;
         }
         let applied = ledger::applied_migrations(&self.write)?.len();
         for (index, sql) in self.kind.migrations().iter().enumerate().skip(applied) {
@@ -534,7 +539,7 @@ impl Cell {
             Ok(v) => v,
             Err(e) => {
                 // Nothing was committed: the state is intact.
-                self.ledger_expiry_floor = None;
+                self.forget_ledger();
                 self.unpin_head()?;
                 return Err(e);
             }
@@ -560,7 +565,7 @@ impl Cell {
             }),
             Err(e) => {
                 // Committed locally but not captured: throw it away now.
-                self.ledger_expiry_floor = None;
+                self.forget_ledger();
                 if !self.pending.is_empty() {
                     // Cutting the WAL back would drop the pins of the
                     // pending states, which cannot be taken again.
@@ -585,7 +590,9 @@ impl Cell {
         now_ms: i64,
     ) -> Result<(Vec<CommandResult>, Option<i64>)> {
         self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let (results, expiry_floor) = match self.run_group(group, txid, now_ms) {
+        // Taken out while the group runs: an error leaves it `None`.
+        let mut index = self.ledger_index.take();
+        let (results, expiry_floor) = match self.run_group(group, txid, now_ms, &mut index) {
             Ok(v) => v,
             Err(e) => {
                 self.rollback()?;
@@ -593,13 +600,16 @@ impl Cell {
             }
         };
         if expiry_floor.is_none() {
+            // Nothing changed: the index still matches the database.
             self.rollback()?;
+            self.ledger_index = index;
             return Ok((results, None));
         }
         if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
             self.rollback()?;
             return Err(e.into());
         }
+        self.ledger_index = index;
         Ok((results, expiry_floor))
     }
 
@@ -653,6 +663,13 @@ impl Cell {
         Ok(())
     }
 
+    /// Drops what the Cell keeps in memory about its ledger (the expiry
+    /// floor and the index): the next group reads them again.
+    fn forget_ledger(&mut self) {
+        self.ledger_expiry_floor = None;
+        self.ledger_index = None;
+    }
+
     fn rollback(&self) -> Result<()> {
         if !self.write.is_autocommit() {
             self.write.prepare_cached("ROLLBACK")?.execute([])?;
@@ -667,12 +684,23 @@ impl Cell {
         group: &[Command],
         txid: Txid,
         now_ms: i64,
+        index: &mut Option<ledger::Index>,
     ) -> Result<(Vec<CommandResult>, Option<i64>)> {
         let behind = self.behind()?;
         let mut changed = behind;
         if behind {
             self.prepare_schema()?;
         }
+        let index = match index {
+            Some(index) => index,
+            None => {
+                // Unknown: the layout may be an older one too.
+                if ledger::upgrade(&self.write)? {
+                    changed = true;
+                }
+                index.insert(ledger::load(&self.write)?)
+            }
+        };
         let kind_name = self.kind.name().to_string();
         let mut results = Vec::with_capacity(group.len());
         let mut recorded_expiry = i64::MAX;
@@ -681,7 +709,15 @@ impl Cell {
             // stored outcome even when it arrives after its expiry (its
             // entry is kept until expiry plus the skew margin).
             let digest = command.digest(&kind_name);
-            if let Some(entry) = ledger::lookup(&self.write, &command.id)? {
+            let found = match index.get(&command.id.0) {
+                Some(&expires_at_ms) => Some(
+                    ledger::get(&self.write, expires_at_ms, &command.id)?.ok_or_else(|| {
+                        Error::Recovery("the ledger index names a row the table lacks".into())
+                    })?,
+                ),
+                None => None,
+            };
+            if let Some(entry) = found {
                 // An entry of a pending group (or of this one) stands only
                 // if that group's publication is confirmed.
                 let depends_on_txid = (entry.txid > self.published.txid).then_some(entry.txid);
@@ -729,6 +765,7 @@ impl Cell {
                 command.expires_at_ms,
                 &outcome,
             )?;
+            index.insert(command.id.0, command.expires_at_ms);
             changed = true;
             recorded_expiry = recorded_expiry.min(command.expires_at_ms);
             results.push(CommandResult {
@@ -752,7 +789,9 @@ impl Cell {
         // have expired.
         let cutoff = now_ms.saturating_sub(self.config.skew_margin_ms);
         if floor < cutoff {
-            ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)?;
+            for id in ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)? {
+                index.remove(&id);
+            }
             floor = ledger::earliest_expiry(&self.write)?;
         }
         Ok((results, Some(floor)))
@@ -925,7 +964,7 @@ impl Cell {
         while let Some(pending) = self.pending.pop_back() {
             self.capture.undo(pending.undo);
         }
-        self.ledger_expiry_floor = None;
+        self.forget_ledger();
         if let Err(e) = self.discard_unpublished() {
             self.poisoned = true;
             return Err(e);
@@ -1072,7 +1111,22 @@ impl Cell {
         if self.published.txid == Txid::ZERO {
             return Ok(None);
         }
-        let entry = ledger::lookup(&self.view()?.conn, id)?;
+        let conn = &self.view()?.conn;
+        let layout = ledger::layout(conn)?;
+        // The index says where the row is in the write connection's state;
+        // the published state may lack it (pending) or hold it elsewhere
+        // (pruned and the id used again since), so a miss reads the table.
+        let keyed = match (layout, self.ledger_index.as_ref()) {
+            (ledger::Layout::ByExpiry, Some(index)) => match index.get(&id.0) {
+                Some(&expires_at_ms) => ledger::get(conn, expires_at_ms, id)?,
+                None => None,
+            },
+            _ => None,
+        };
+        let entry = match keyed {
+            Some(entry) => Some(entry),
+            None => ledger::find(conn, layout, id)?,
+        };
         // As for queries: an answer read through a lost pin is void.
         self.check_published_view()?;
         Ok(entry

@@ -5,10 +5,28 @@
 //! - `_cellfleet_meta`: the Cell's TXID (bumped in every captured
 //!   transaction, so the database names its own position).
 //! - `_cellfleet_migrations`: the digest of each applied migration.
-//! - `_cellfleet_ledger`: command id (16 bytes) → payload digest, TXID,
-//!   expiry and the JSON outcome. An entry lives until its command's expiry
-//!   plus the skew margin; after that a retry is refused as expired before
-//!   the ledger is consulted, so pruning it is safe.
+//! - `_cellfleet_outcomes`: one row per command run, keyed by its expiry
+//!   and id: payload digest, TXID and the JSON outcome. An entry lives
+//!   until its command's expiry plus the skew margin; after that a retry is
+//!   refused as expired before the ledger is consulted, so pruning it is
+//!   safe. Pruning deletes from the front of the table.
+//!
+//! Command ids are random, and nothing in the database is keyed by them
+//! alone: expiries rise with time, so a group's rows land on the table's
+//! last pages. A table or index keyed by the id took each command's write
+//! on a page of its own, and each page a group dirties is captured and
+//! LTX-encoded (BENCHMARKS.md, "The ledger's layout"). The engine finds an
+//! id's row through [`Index`], a map from id to expiry held in memory and
+//! rebuilt from the table ([`load`]) whenever it may be out of step.
+//!
+//! Cells created before this layout keep their outcomes in
+//! `_cellfleet_ledger`, keyed by the id ([`Layout::ById`]). The first group
+//! that writes to such a Cell moves them over ([`upgrade`]) inside its own
+//! transaction, so the move is captured and published with it; a reader of
+//! a state published before that finds them where they were
+//! ([`find`] takes the layout).
+
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension};
 
@@ -16,19 +34,90 @@ use crate::command::{CommandId, Outcome};
 use crate::{Error, Result};
 use cellfleet_ltx::Txid;
 
-pub(crate) const SCHEMA: &str = "
+const SCHEMA: &str = "
 CREATE TABLE _cellfleet_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO _cellfleet_meta VALUES ('txid', 0);
 CREATE TABLE _cellfleet_migrations (idx INTEGER PRIMARY KEY, digest BLOB NOT NULL);
-CREATE TABLE _cellfleet_ledger (
-    id BLOB PRIMARY KEY,
+";
+
+const OUTCOMES: &str = "
+CREATE TABLE _cellfleet_outcomes (
+    expires_at_ms INTEGER NOT NULL,
+    id BLOB NOT NULL,
     digest BLOB NOT NULL,
     txid INTEGER NOT NULL,
-    expires_at_ms INTEGER NOT NULL,
-    outcome TEXT NOT NULL
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (expires_at_ms, id)
 ) WITHOUT ROWID;
-CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
 ";
+
+/// Moves a [`Layout::ById`] ledger's entries into the current table and
+/// drops the old table with its index.
+const UPGRADE: &str = "
+INSERT INTO _cellfleet_outcomes (expires_at_ms, id, digest, txid, outcome)
+    SELECT expires_at_ms, id, digest, txid, outcome FROM _cellfleet_ledger
+    ORDER BY expires_at_ms, id;
+DROP TABLE _cellfleet_ledger;
+";
+
+/// Where a database keeps its outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// `_cellfleet_outcomes`, keyed by expiry and id.
+    ByExpiry,
+    /// `_cellfleet_ledger`, keyed by the id (Cells created before).
+    ById,
+}
+
+/// Every id in the ledger with its expiry: where its row is.
+pub(crate) type Index = HashMap<[u8; 16], i64>;
+
+/// Creates the engine tables of a new Cell (inside its first transaction).
+pub(crate) fn create(conn: &Connection) -> Result<()> {
+    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(OUTCOMES)?;
+    Ok(())
+}
+
+/// The layout of a database whose engine tables exist.
+pub(crate) fn layout(conn: &Connection) -> Result<Layout> {
+    let by_id = conn
+        .prepare_cached(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_cellfleet_ledger'",
+        )?
+        .exists([])?;
+    Ok(if by_id {
+        Layout::ById
+    } else {
+        Layout::ByExpiry
+    })
+}
+
+/// Inside a write transaction: moves a [`Layout::ById`] ledger to
+/// [`Layout::ByExpiry`]. Returns whether it changed the database.
+pub(crate) fn upgrade(conn: &Connection) -> Result<bool> {
+    if layout(conn)? == Layout::ByExpiry {
+        return Ok(false);
+    }
+    conn.execute_batch(OUTCOMES)?;
+    conn.execute_batch(UPGRADE)?;
+    Ok(true)
+}
+
+/// Reads the [`Index`] of a [`Layout::ByExpiry`] ledger.
+pub(crate) fn load(conn: &Connection) -> Result<Index> {
+    let mut stmt = conn.prepare_cached("SELECT id, expires_at_ms FROM _cellfleet_outcomes")?;
+    let mut rows = stmt.query([])?;
+    let mut index = Index::new();
+    while let Some(row) = rows.next()? {
+        let id: Vec<u8> = row.get(0)?;
+        let id: [u8; 16] = id
+            .try_into()
+            .map_err(|_| Error::Recovery("ledger id is not 16 bytes".into()))?;
+        index.insert(id, row.get(1)?);
+    }
+    Ok(index)
+}
 
 /// A stored outcome.
 #[derive(Debug, Clone)]
@@ -83,26 +172,51 @@ pub(crate) fn record_migration(conn: &Connection, index: usize, digest: &[u8]) -
     Ok(())
 }
 
-pub(crate) fn lookup(conn: &Connection, id: &CommandId) -> Result<Option<Entry>> {
-    let row: Option<(Vec<u8>, i64, String)> = conn
-        .prepare_cached("SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1")?
+/// The entry of `id`, whose expiry the [`Index`] gave
+/// ([`Layout::ByExpiry`]).
+pub(crate) fn get(conn: &Connection, expires_at_ms: i64, id: &CommandId) -> Result<Option<Entry>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT digest, txid, outcome FROM _cellfleet_outcomes \
+             WHERE expires_at_ms = ?1 AND id = ?2",
+        )?
+        .query_row((expires_at_ms, &id.0[..]), |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?;
+    row.map(entry).transpose()
+}
+
+/// The entry of `id` without an [`Index`]: by the id in
+/// [`Layout::ById`], by reading the whole table in [`Layout::ByExpiry`]
+/// (for readers, which answer the runtime's rare resolves).
+pub(crate) fn find(conn: &Connection, layout: Layout, id: &CommandId) -> Result<Option<Entry>> {
+    let sql = match layout {
+        Layout::ByExpiry => "SELECT digest, txid, outcome FROM _cellfleet_outcomes WHERE id = ?1",
+        Layout::ById => "SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1",
+    };
+    let row = conn
+        .prepare_cached(sql)?
         .query_row([&id.0[..]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    let Some((digest, txid, outcome)) = row else {
-        return Ok(None);
-    };
+    row.map(entry).transpose()
+}
+
+fn entry((digest, txid, outcome): (Vec<u8>, i64, String)) -> Result<Entry> {
     let digest: [u8; 32] = digest
         .try_into()
         .map_err(|_| Error::Recovery("ledger digest is not 32 bytes".into()))?;
     let outcome = serde_json::from_str(&outcome)
         .map_err(|e| Error::Recovery(format!("ledger outcome does not decode: {e}")))?;
-    Ok(Some(Entry {
+    Ok(Entry {
         digest,
         txid: Txid(txid as u64),
         outcome,
-    }))
+    })
 }
 
+/// Records an outcome ([`Layout::ByExpiry`]; the caller adds it to its
+/// [`Index`]).
 pub(crate) fn record(
     conn: &Connection,
     id: &CommandId,
@@ -113,29 +227,40 @@ pub(crate) fn record(
 ) -> Result<()> {
     let text = serde_json::to_string(outcome).expect("an outcome always encodes");
     conn.prepare_cached(
-        "INSERT INTO _cellfleet_ledger (id, digest, txid, expires_at_ms, outcome) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO _cellfleet_outcomes (id, digest, txid, expires_at_ms, outcome) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
     .execute((&id.0[..], &digest[..], txid.0 as i64, expires_at_ms, text))?;
     Ok(())
 }
 
-/// The earliest expiry in the ledger; `i64::MAX` when it is empty.
+/// The earliest expiry in the ledger; `i64::MAX` when it is empty
+/// ([`Layout::ByExpiry`]).
 pub(crate) fn earliest_expiry(conn: &Connection) -> Result<i64> {
     let earliest: Option<i64> = conn
-        .prepare_cached("SELECT min(expires_at_ms) FROM _cellfleet_ledger")?
+        .prepare_cached("SELECT min(expires_at_ms) FROM _cellfleet_outcomes")?
         .query_row([], |r| r.get(0))?;
     Ok(earliest.unwrap_or(i64::MAX))
 }
 
 /// Delete at most `max` entries whose validity window ended before
-/// `cutoff_ms`; returns how many went.
-pub(crate) fn prune(conn: &Connection, cutoff_ms: i64, max: u32) -> Result<usize> {
-    Ok(conn
-        .prepare_cached(
-            "DELETE FROM _cellfleet_ledger WHERE id IN \
-             (SELECT id FROM _cellfleet_ledger WHERE expires_at_ms < ?1 ORDER BY expires_at_ms LIMIT ?2)",
-        )?
-        .execute((cutoff_ms, i64::from(max)))?)
+/// `cutoff_ms`, from the front of the table ([`Layout::ByExpiry`]); returns
+/// their ids, for the caller's [`Index`].
+pub(crate) fn prune(conn: &Connection, cutoff_ms: i64, max: u32) -> Result<Vec<[u8; 16]>> {
+    let mut stmt = conn.prepare_cached(
+        "DELETE FROM _cellfleet_outcomes WHERE (expires_at_ms, id) IN \
+         (SELECT expires_at_ms, id FROM _cellfleet_outcomes WHERE expires_at_ms < ?1 \
+          ORDER BY expires_at_ms, id LIMIT ?2) RETURNING id",
+    )?;
+    let mut rows = stmt.query((cutoff_ms, i64::from(max)))?;
+    let mut ids = Vec::new();
+    while let Some(row) = rows.next()? {
+        let id: Vec<u8> = row.get(0)?;
+        ids.push(
+            id.try_into()
+                .map_err(|_| Error::Recovery("ledger id is not 16 bytes".into()))?,
+        );
+    }
+    Ok(ids)
 }
 
 /// Number of entries (for tests and metrics).
@@ -143,9 +268,9 @@ pub(crate) fn len(conn: &Connection) -> Result<u64> {
     if !exists(conn)? {
         return Ok(0);
     }
-    Ok(
-        conn.query_row("SELECT count(*) FROM _cellfleet_ledger", [], |r| {
-            r.get::<_, i64>(0)
-        })? as u64,
-    )
+    let sql = match layout(conn)? {
+        Layout::ByExpiry => "SELECT count(*) FROM _cellfleet_outcomes",
+        Layout::ById => "SELECT count(*) FROM _cellfleet_ledger",
+    };
+    Ok(conn.query_row(sql, [], |r| r.get::<_, i64>(0))? as u64)
 }

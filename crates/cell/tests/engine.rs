@@ -264,7 +264,7 @@ fn manifest_kind_commands_queries_rejections_and_limits() {
         Command::new(id(4), "deposit", json!({"id": "a"}), NOW + 1000),
         Command::new(id(5), "deposit", json!({"id": "a", "cents": 1, "extra": 1}), NOW + 1000),
         Command::new(id(6), "nope", json!({}), NOW + 1000),
-        Command::new(id(7), "$sql", json!({"sql": "DELETE FROM _cellfleet_ledger"}), NOW + 1000),
+        Command::new(id(7), "$sql", json!({"sql": "DELETE FROM _cellfleet_outcomes"}), NOW + 1000),
         Command::new(id(8), "$sql", json!({"sql": "COMMIT"}), NOW + 1000),
         Command::new(id(9), "$sql", json!({"sql": "INSERT INTO balance VALUES ('c', 1); INSERT INTO balance VALUES ('d', 1)"}), NOW + 1000),
     ]);
@@ -674,6 +674,29 @@ fn expired_ledger_entries_are_pruned_in_bounded_steps() {
         matches!(&r.results[0].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Expired)
     );
     assert!(r.publication.is_none());
+    // Past its window an id is free again: sent with a new expiry it runs
+    // as a new command (the engine's index of the ledger forgot it when the
+    // group before pruned it) and is exactly-once from then on.
+    let start = h.now;
+    h.run(&[with_expiry(20, start + 1_000)]);
+    h.now = start + 1_501;
+    let before = h.cell().ledger_len().unwrap();
+    h.run(&[with_expiry(21, NOW + 200_000)]);
+    assert_eq!(
+        h.cell().ledger_len().unwrap(),
+        before,
+        "20 pruned, 21 added"
+    );
+    let r = h.run(&[
+        with_expiry(20, NOW + 200_000),
+        with_expiry(20, NOW + 200_000),
+    ]);
+    assert!(matches!(r.results[0].outcome, Outcome::Applied { .. }));
+    assert!(!r.results[0].duplicate);
+    assert!(r.results[1].duplicate);
+    h.open();
+    let r = h.run(&[with_expiry(20, NOW + 200_000)]);
+    assert!(r.results[0].duplicate);
     let (pos, recovered) = h.recover_bytes("r.db");
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());
@@ -797,6 +820,144 @@ fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_two_files() {
     let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
     assert_eq!(get(&opened.cell, "b"), Some(json!(2)));
     h.cell = Some(opened.cell);
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
+/// The ledger of Cells created before `_cellfleet_outcomes`, as the engine
+/// declared it then: keyed by the command id.
+const LEGACY_LEDGER: &str = "
+CREATE TABLE _cellfleet_ledger (
+    id BLOB PRIMARY KEY,
+    digest BLOB NOT NULL,
+    txid INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
+";
+
+/// The names of the engine's ledger tables in the Cell's database file.
+fn ledger_tables(h: &Harness) -> Vec<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(&h.path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' \
+             AND name IN ('_cellfleet_ledger', '_cellfleet_outcomes') ORDER BY name",
+        )
+        .unwrap();
+    let names = stmt.query_map([], |r| r.get(0)).unwrap();
+    names.collect::<rusqlite::Result<_>>().unwrap()
+}
+
+/// Turns the harness Cell into one written by an engine of the old ledger
+/// layout: its outcomes moved into `_cellfleet_ledger`, at the same TXID,
+/// and published as one snapshot (what the bucket holds for such a Cell).
+fn make_legacy(h: &mut Harness) {
+    let cell = h.cell.take().unwrap();
+    let txid = cell.published_position().txid;
+    cell.close();
+    let conn = rusqlite::Connection::open(&h.path).unwrap();
+    conn.execute_batch(&format!(
+        "BEGIN; {LEGACY_LEDGER}
+         INSERT INTO _cellfleet_ledger SELECT id, digest, txid, expires_at_ms, outcome
+             FROM _cellfleet_outcomes;
+         DROP TABLE _cellfleet_outcomes;
+         COMMIT; PRAGMA wal_checkpoint(TRUNCATE);"
+    ))
+    .unwrap();
+    drop(conn);
+    let bytes = std::fs::read(&h.path).unwrap();
+    let page_size = h.config.page_size;
+    let checksum = cellfleet_ltx::database_checksum(&bytes[..], page_size).unwrap();
+    let mut pages: Vec<(u32, &[u8])> = bytes
+        .chunks(page_size as usize)
+        .enumerate()
+        .map(|(i, page)| (i as u32 + 1, page))
+        .collect();
+    let header =
+        cellfleet_ltx::Header::new(page_size, pages.len() as u32, cellfleet_ltx::Txid(1), txid);
+    let (ltx, _) = cellfleet_ltx::encode_to_vec(header, &mut pages, checksum).unwrap();
+    h.chain = vec![(ltx, Position { txid, checksum })];
+    h.open();
+    assert_eq!(ledger_tables(h), ["_cellfleet_ledger"]);
+}
+
+/// A Cell of the old ledger layout keeps every exactly-once answer: its
+/// first writing group moves the outcomes to the current layout inside its
+/// own transaction, and the chain recovers to the same bytes.
+#[test]
+fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1)), put(2, "b", json!(2))]);
+    h.run(&[put(3, "c", json!(3))]);
+    let first_txid = h.position().txid.0 - 1;
+    make_legacy(&mut h);
+    let legacy = h.position();
+    assert_eq!(h.cell().ledger_len().unwrap(), 3);
+    let (txid, _) = h
+        .cell()
+        .published_outcome(&cellfleet_cell::CommandId(id(1)))
+        .unwrap()
+        .expect("an outcome of the old layout is found");
+    assert_eq!(txid.0, first_txid);
+
+    let r = h.run(&[
+        put(1, "a", json!(1)),
+        put(2, "b", json!(9)),
+        put(4, "d", json!(4)),
+    ]);
+    assert!(r.results[0].duplicate, "a retry gets its stored outcome");
+    assert_eq!(r.results[0].txid.map(|t| t.0), Some(first_txid));
+    assert!(
+        matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused)
+    );
+    assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
+    assert_eq!(h.position().txid.0, legacy.txid.0 + 1);
+    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 4);
+    assert_eq!(get(h.cell.as_ref().unwrap(), "b"), Some(json!(2)));
+    let (txid, _) = h
+        .cell()
+        .published_outcome(&cellfleet_cell::CommandId(id(3)))
+        .unwrap()
+        .expect("a moved outcome is found");
+    assert_eq!(txid.0, first_txid + 1);
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+    // And a reopened Cell goes on in the current layout.
+    h.open();
+    let r = h.run(&[put(3, "c", json!(3)), put(5, "e", json!(5))]);
+    assert!(r.results[0].duplicate);
+    assert_eq!(h.cell().ledger_len().unwrap(), 5);
+}
+
+/// An aborted upgrade leaves the old layout, and the next group upgrades
+/// again: even a group of retries alone publishes the move.
+#[test]
+fn an_aborted_upgrade_of_the_ledger_is_done_again() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1))]);
+    make_legacy(&mut h);
+    let now = h.now;
+    let pending = h.cell().execute(&[put(2, "b", json!(2))], now).unwrap();
+    assert!(pending.publication.is_some());
+    h.cell().abort().unwrap();
+    assert_eq!(h.cell().ledger_len().unwrap(), 1);
+    h.cell().checkpoint().unwrap();
+    assert_eq!(ledger_tables(&h), ["_cellfleet_ledger"]);
+    let r = h.run(&[put(1, "a", json!(1))]);
+    assert!(r.results[0].duplicate);
+    assert!(r.publication.is_some(), "the move is published");
+    assert_eq!(h.cell().ledger_len().unwrap(), 1);
+    h.cell().checkpoint().unwrap();
+    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
+    h.run(&[put(2, "b", json!(2))]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 2);
     let (pos, recovered) = h.recover_bytes("r.db");
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());

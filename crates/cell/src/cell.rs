@@ -1106,26 +1106,33 @@ impl Cell {
     /// The stored outcome of command `id` in the published state (never in
     /// pending state): its TXID and outcome, or `None` if the published
     /// ledger has no entry. The runtime's `resolve` answers from this.
-    pub fn published_outcome(&self, id: &CommandId) -> Result<Option<(Txid, Outcome)>> {
+    pub fn published_outcome(&mut self, id: &CommandId) -> Result<Option<(Txid, Outcome)>> {
         self.check_not_poisoned()?;
         if self.published.txid == Txid::ZERO {
             return Ok(None);
         }
+        if self.ledger_index.is_none() && ledger::layout(&self.write)? == ledger::Layout::ByExpiry {
+            // Between groups: the write connection's state, pending included.
+            self.ledger_index = Some(ledger::load(&self.write)?);
+        }
         let conn = &self.view()?.conn;
-        let layout = ledger::layout(conn)?;
-        // The index says where the row is in the write connection's state;
-        // the published state may lack it (pending) or hold it elsewhere
-        // (pruned and the id used again since), so a miss reads the table.
-        let keyed = match (layout, self.ledger_index.as_ref()) {
-            (ledger::Layout::ByExpiry, Some(index)) => match index.get(&id.0) {
-                Some(&expires_at_ms) => ledger::get(conn, expires_at_ms, id)?,
-                None => None,
-            },
-            _ => None,
-        };
-        let entry = match keyed {
-            Some(entry) => Some(entry),
-            None => ledger::find(conn, layout, id)?,
+        let entry = match ledger::layout(conn)? {
+            ledger::Layout::ById => ledger::find_by_id(conn, id)?,
+            // The index holds every id of the write connection's state. One
+            // it lacks is not in the published state either, unless a
+            // pending group pruned it, which only happens past its window.
+            // One it holds may be pending (the runtime answers those from
+            // what it has in flight) or recorded again after such a prune.
+            ledger::Layout::ByExpiry => {
+                match self
+                    .ledger_index
+                    .as_ref()
+                    .and_then(|index| index.get(&id.0))
+                {
+                    Some(&expires_at_ms) => ledger::get(conn, expires_at_ms, id)?,
+                    None => None,
+                }
+            }
         };
         // As for queries: an answer read through a lost pin is void.
         self.check_published_view()?;

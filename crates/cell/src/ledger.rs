@@ -24,7 +24,7 @@
 //! that writes to such a Cell moves them over ([`upgrade`]) inside its own
 //! transaction, so the move is captured and published with it; a reader of
 //! a state published before that finds them where they were
-//! ([`find`] takes the layout).
+//! ([`find_by_id`]).
 
 use std::collections::HashMap;
 
@@ -187,16 +187,11 @@ pub(crate) fn get(conn: &Connection, expires_at_ms: i64, id: &CommandId) -> Resu
     row.map(entry).transpose()
 }
 
-/// The entry of `id` without an [`Index`]: by the id in
-/// [`Layout::ById`], by reading the whole table in [`Layout::ByExpiry`]
-/// (for readers, which answer the runtime's rare resolves).
-pub(crate) fn find(conn: &Connection, layout: Layout, id: &CommandId) -> Result<Option<Entry>> {
-    let sql = match layout {
-        Layout::ByExpiry => "SELECT digest, txid, outcome FROM _cellfleet_outcomes WHERE id = ?1",
-        Layout::ById => "SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1",
-    };
+/// The entry of `id` in a [`Layout::ById`] ledger (a reader of a state
+/// published before the Cell's move to the current layout).
+pub(crate) fn find_by_id(conn: &Connection, id: &CommandId) -> Result<Option<Entry>> {
     let row = conn
-        .prepare_cached(sql)?
+        .prepare_cached("SELECT digest, txid, outcome FROM _cellfleet_ledger WHERE id = ?1")?
         .query_row([&id.0[..]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     row.map(entry).transpose()

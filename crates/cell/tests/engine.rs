@@ -929,8 +929,17 @@ fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
     let (pos, recovered) = h.recover_bytes("r.db");
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());
-    // And a reopened Cell goes on in the current layout.
+    // And a reopened Cell answers from, and goes on in, the current layout.
     h.open();
+    let cell = h.cell();
+    assert!(cell
+        .published_outcome(&cellfleet_cell::CommandId(id(4)))
+        .unwrap()
+        .is_some());
+    assert!(cell
+        .published_outcome(&cellfleet_cell::CommandId(id(99)))
+        .unwrap()
+        .is_none());
     let r = h.run(&[put(3, "c", json!(3)), put(5, "e", json!(5))]);
     assert!(r.results[0].duplicate);
     assert_eq!(h.cell().ledger_len().unwrap(), 5);

@@ -5,8 +5,8 @@
 # Each case runs twice, with N and 2N commands; (count(2N) - count(N)) / N
 # is the cost of one command with set-up (open, schema, process start)
 # cancelled out. Printed per case, with its ratio to bare SQLite (the same
-# insert in its own transaction, the Cell's pragmas). The engine's cases run
-# twice: with sequential command ids, and with ids spread like the random
+# insert in its own transaction, the Cell's pragmas). The ledger and engine
+# cases run with sequential command ids and with ids spread like the random
 # ones clients send (CELL_BENCH_IDS=random, a fixed mix: still repeatable).
 #
 #   scripts/instructions.sh [N]        (default N = 2000)

@@ -20,6 +20,8 @@
 //! e.g. `... 4096 7 16 cell,sqlite` (groups and variants are comma lists).
 //! `... --once VARIANT GROUP COMMANDS` runs one variant once, untimed, for
 //! counting instructions (`scripts/instructions.sh`).
+//! `CELL_BENCH_IDS=random` sends random-like command ids (repeatable);
+//! `CELL_BENCH_PAGES=1` prints the LTX pages and bytes per command.
 
 use std::time::Instant;
 

@@ -1,6 +1,5 @@
 //! The `cellfleet` command-line tool.
 
-mod bench;
 mod certs_cmd;
 mod client_cmd;
 mod dev_cmd;
@@ -61,11 +60,18 @@ enum Command {
     /// Drain a node: publish its accepted work, release its Cells, retire its lease.
     Drain(client_cmd::DrainArgs),
     /// Measure a real cluster: local and forwarded commands and queries, with the floors (mTLS echo, conditional PUT) in the same run.
-    Bench(bench::BenchArgs),
+    Bench(cellfleet_bench::BenchArgs),
     /// Measure the Durable Streams listener: appends/s at 1k-100k streams, long-poll and SSE fan-out latency, beside a reference server.
-    BenchStreams(bench::streams::StreamsBenchArgs),
+    BenchStreams(cellfleet_bench::streams::StreamsBenchArgs),
     /// Measure recovery: kill -9 one node and time until each of its Cells serves again through the others (1k and 10k Cells per node).
-    BenchRecovery(bench::recovery::RecoveryArgs),
+    BenchRecovery(cellfleet_bench::recovery::RecoveryArgs),
+}
+
+/// This binary's path: the bench starts its nodes (and `dev --no-start`)
+/// from it.
+fn current_exe() -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    std::env::current_exe().context("cannot find the cellfleet executable")
 }
 
 fn main() -> ExitCode {
@@ -85,9 +91,13 @@ fn main() -> ExitCode {
         Command::Cells(args) => client_cmd::cells(args),
         Command::Cell(command) => client_cmd::cell(command),
         Command::Drain(args) => client_cmd::drain(args),
-        Command::Bench(args) => bench::run(args),
-        Command::BenchStreams(args) => bench::streams::run(args),
-        Command::BenchRecovery(args) => bench::recovery::run(args),
+        Command::Bench(args) => current_exe().and_then(|exe| cellfleet_bench::run(&exe, args)),
+        Command::BenchStreams(args) => {
+            current_exe().and_then(|exe| cellfleet_bench::streams::run(&exe, args))
+        }
+        Command::BenchRecovery(args) => {
+            current_exe().and_then(|exe| cellfleet_bench::recovery::run(&exe, args))
+        }
     };
     match result {
         Ok(code) => code,

@@ -12,13 +12,13 @@ use std::fmt::Write;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::bench::capacity::CapacityResult;
-use crate::bench::exactness::Exactness;
-use crate::bench::fleet::FleetRow;
-use crate::bench::floors;
-use crate::bench::load::{self, Measured, Summary};
-use crate::bench::node_stats::Phases;
-use crate::bench::workloads::{Workload, WorkloadResult};
+use crate::capacity::CapacityResult;
+use crate::exactness::Exactness;
+use crate::fleet::FleetRow;
+use crate::floors;
+use crate::load::{self, Measured, Summary};
+use crate::node_stats::Phases;
+use crate::workloads::{Workload, WorkloadResult};
 
 /// Goal 1: forwarded query p50 ≤ echo floor p50 + this.
 const QUERY_GOAL_SLACK_MS: f64 = 0.2;
@@ -371,7 +371,7 @@ impl Report {
             },
         );
         let goal = format!("hot_cell >= {HOT_CELL_GOAL_PER_S} durable commands/s");
-        let concurrency = crate::bench::workloads::HOT_CELL_CONCURRENCY;
+        let concurrency = crate::workloads::HOT_CELL_CONCURRENCY;
         goals.push(match self.workload(Workload::HotCell, concurrency) {
             Some(row) => Goal::at_least(
                 goal,

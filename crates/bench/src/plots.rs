@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 
-use crate::bench::report::Report;
+use crate::report::Report;
 
 const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 440.0;
@@ -259,11 +259,11 @@ pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         })
         .collect();
     for row in report.floors.iter().filter(|r| {
-        r.phase == crate::bench::report::Phase::Before
+        r.phase == crate::report::Phase::Before
             && [
-                crate::bench::floors::ECHO,
-                crate::bench::floors::STORE_PUBLICATION,
-                crate::bench::floors::SQLITE,
+                crate::floors::ECHO,
+                crate::floors::STORE_PUBLICATION,
+                crate::floors::SQLITE,
             ]
             .contains(&r.name)
     }) {

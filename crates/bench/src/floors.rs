@@ -28,8 +28,8 @@ use cellfleet_store::{ObjectStore, PutCondition};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::bench::client::BenchClient;
-use crate::bench::load::{self, Sample, Timing, Window};
+use crate::client::BenchClient;
+use crate::load::{self, Sample, Timing, Window};
 
 pub const ECHO: &str = "echo";
 pub const STORE_PUBLICATION: &str = "store_publication";
@@ -164,7 +164,7 @@ pub async fn echo(client: &BenchClient, concurrency: usize, window: Window) -> S
                 client
                     .query(0, request)
                     .await
-                    .map_err(|status| crate::bench::client::describe(&status))?;
+                    .map_err(|status| crate::client::describe(&status))?;
                 Ok(Timing::total(sent.elapsed()))
             }
         },

@@ -1,4 +1,4 @@
-//! The benchmark's cluster: a temporary directory written by `dev`'s code, the store the nodes share, and N `cellfleet node` child processes on loopback ports chosen by the kernel.
+//! The benchmark's cluster: a temporary directory written by `cellfleet dev --no-start`, the store the nodes share, and N `cellfleet node` child processes on loopback ports chosen by the kernel.
 //!
 //! Node output goes to `nN.log` in the temporary directory (printed in
 //! part if a node fails to start). [`BenchCluster::stop`] sends SIGTERM to
@@ -19,9 +19,8 @@ use cellfleet_router::signing::read_signing_key;
 use cellfleet_router::tls::{self, TlsIdentity};
 use cellfleet_store::{ObjectStore, S3Config, S3Store, StoreConfig};
 
-use crate::bench::client::Signer;
-use crate::bench::StoreKind;
-use crate::dev_cmd::{self, DevArgs};
+use crate::client::Signer;
+use crate::StoreKind;
 
 /// How long a node may take to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,7 +30,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const BENCH_BUCKET: &str = "cellfleet-bench";
 /// Lease length of the benchmark's nodes.
 pub const LEASE_MS: u64 = 5_000;
-/// Appended to dev's kinds manifest: tag counts after a tag, a page at a time.
+/// Appended to the kinds manifest `dev` writes: tag counts after a tag, a page at a time.
 const BENCH_QUERIES: &str = r#"
 [kinds.log.queries.count_after]
 sql = "SELECT tag, COUNT(*) AS n FROM entries WHERE tag > :after GROUP BY tag ORDER BY tag LIMIT 500"
@@ -162,31 +161,26 @@ pub struct BenchCluster {
 impl BenchCluster {
     /// Writes the cluster files and starts `nodes` nodes; returns once every
     /// node printed its ready line.
-    pub fn start(nodes: usize, store: StoreSetup, publication: &str) -> anyhow::Result<Self> {
+    pub fn start(
+        exe: &Path,
+        nodes: usize,
+        store: StoreSetup,
+        publication: &str,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("cellfleet-bench-")
             .tempdir()
             .context("creating the temporary cluster directory")?;
+        let configs = write_cluster_files(exe, dir.path(), nodes, LEASE_MS)?;
         // dev's manifest plus a paged read of the log, which the exactness
         // check needs (a query returns at most 1,000 rows).
-        std::fs::write(
-            dir.path().join("kinds.toml"),
-            format!("{}{BENCH_QUERIES}", dev_cmd::EXAMPLE_KINDS),
-        )
-        .context("writing the kinds manifest")?;
-        let configs = dev_cmd::prepare(&DevArgs {
-            nodes,
-            data: dir.path().to_owned(),
-            s3: None,
-            port_base: 0,
-            lease_ms: LEASE_MS,
-            no_start: true,
-            streams_secure: false,
-            console_secure: false,
-        })?;
+        let kinds = dir.path().join("kinds.toml");
+        let mut manifest = std::fs::read_to_string(&kinds)
+            .with_context(|| format!("reading {}", kinds.display()))?;
+        manifest.push_str(BENCH_QUERIES);
+        std::fs::write(&kinds, manifest).context("writing the kinds manifest")?;
         let mut env = node_env(&store);
         env.push(("CELLFLEET_PUBLICATION_MODE".into(), publication.to_owned()));
-        let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
         let mut cluster = BenchCluster {
             dir,
             nodes: Vec::new(),
@@ -199,7 +193,7 @@ impl BenchCluster {
             let log_path = cluster.dir.path().join(format!("{id}.log"));
             let log = std::fs::File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
-            let mut child = Command::new(&exe)
+            let mut child = Command::new(exe)
                 .arg("node")
                 .arg("--config")
                 .arg(config)
@@ -412,7 +406,7 @@ impl BenchCluster {
 
     pub fn stop(&mut self) -> Vec<(String, bool)> {
         for node in self.nodes.iter().filter(|n| !n.killed) {
-            dev_cmd::terminate(&node.child);
+            terminate(&node.child);
         }
         let started = Instant::now();
         let deadline = started + DRAIN_TIMEOUT;
@@ -462,6 +456,58 @@ impl Drop for BenchCluster {
             }
         }
     }
+}
+
+/// Writes a cluster's files as a user does, with `cellfleet dev --nodes N
+/// --no-start` in `dir` (its CA and certificates, the client's signing key
+/// and registry, the kinds manifest, the client config); returns the node
+/// configs `dir/n1.toml`... that `dev` writes. Their listen addresses are
+/// replaced by [`node_env`] when the nodes start.
+pub(crate) fn write_cluster_files(
+    exe: &Path,
+    dir: &Path,
+    nodes: usize,
+    lease_ms: u64,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let output = Command::new(exe)
+        .arg("dev")
+        .arg("--nodes")
+        .arg(nodes.to_string())
+        .arg("--data")
+        .arg(dir)
+        .arg("--lease-ms")
+        .arg(lease_ms.to_string())
+        .arg("--no-start")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} dev --no-start", exe.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} dev --no-start failed ({}): {}",
+            exe.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let configs: Vec<PathBuf> = (1..=nodes)
+        .map(|i| dir.join(format!("n{i}.toml")))
+        .collect();
+    if let Some(missing) = configs.iter().find(|c| !c.is_file()) {
+        bail!(
+            "{} dev --no-start wrote no {}",
+            exe.display(),
+            missing.display()
+        );
+    }
+    Ok(configs)
+}
+
+/// Asks `child` to drain (SIGTERM, through `kill`).
+pub(crate) fn terminate(child: &Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
 }
 
 /// The environment that points a node at the store and at kernel-chosen ports.

@@ -1,7 +1,7 @@
 //! `cellfleet bench`: latency and throughput of a real cluster (N `cellfleet node` processes over mTLS on loopback), with the floors measured in the same run.
 //!
 //! One run: a temporary cluster directory (CA, certificates, client key and
-//! registry, written by `dev`'s own code) and N node processes on one store
+//! registry, written by `cellfleet dev --no-start`) and N node processes on one store
 //! (SeaweedFS by default, started through `scripts/seaweedfs.sh` when
 //! `CELLFLEET_S3_ENDPOINT` is unset; or the local-directory store). Then:
 //!
@@ -47,7 +47,7 @@ mod report;
 pub mod streams;
 mod workloads;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,11 +55,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 
-use crate::bench::client::BenchClient;
-use crate::bench::cluster::BenchCluster;
-use crate::bench::load::Window;
-use crate::bench::report::{Cleanup, FloorRow, Phase, Report, WorkloadRow};
-use crate::bench::workloads::{Shape, Workload};
+use crate::client::BenchClient;
+use crate::cluster::BenchCluster;
+use crate::load::Window;
+use crate::report::{Cleanup, FloorRow, Phase, Report, WorkloadRow};
+use crate::workloads::{Shape, Workload};
 
 /// Which store the nodes share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -168,7 +168,9 @@ fn seconds(value: f64, name: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+/// Runs `cellfleet bench`; `exe` is the `cellfleet` binary whose nodes it
+/// starts.
+pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let workloads = if args.workloads.is_empty() {
         Workload::ALL.to_vec()
     } else {
@@ -233,7 +235,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         args.publication.name()
     );
     let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
-    let mut cluster = BenchCluster::start(args.nodes, store, args.publication.name())?;
+    let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
     let plan = Plan {
         workloads: workloads.clone(),
         levels: args.concurrency.clone(),

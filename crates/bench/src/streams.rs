@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
@@ -46,9 +46,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::bench::cluster::{node_env, StoreSetup};
-use crate::bench::StoreKind;
-use crate::dev_cmd::{self, DevArgs};
+use crate::cluster::{node_env, StoreSetup};
+use crate::StoreKind;
 
 /// Longest any one request may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -182,7 +181,7 @@ struct Server {
 impl Server {
     /// SIGTERM, a bounded wait, then SIGKILL (the bench measures no drain).
     fn stop(mut self) {
-        dev_cmd::terminate(&self.child);
+        crate::cluster::terminate(&self.child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -797,23 +796,13 @@ async fn sse_fanout(
 }
 
 /// Starts one `cellfleet node` with its streams listener on a kernel-chosen port.
-fn start_cellfleet(store: &StoreSetup) -> anyhow::Result<(Server, Target)> {
+fn start_cellfleet(exe: &Path, store: &StoreSetup) -> anyhow::Result<(Server, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("cellfleet-bench-streams-")
         .tempdir()
         .context("creating the node directory")?;
-    let configs = dev_cmd::prepare(&DevArgs {
-        nodes: 1,
-        data: dir.path().to_owned(),
-        s3: None,
-        port_base: 0,
-        lease_ms: 5_000,
-        no_start: true,
-        streams_secure: false,
-        console_secure: false,
-    })?;
+    let configs = crate::cluster::write_cluster_files(exe, dir.path(), 1, 5_000)?;
     let config = configs.first().context("dev wrote no node config")?;
-    let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
     let log_path = dir.path().join("n1.log");
     let log = std::fs::File::create(&log_path)?;
     let mut child = Command::new(exe)
@@ -921,7 +910,9 @@ fn seconds(value: f64, name: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
-pub fn run(args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
+/// Runs `cellfleet bench-streams`; `exe` is the `cellfleet` binary whose
+/// node it starts.
+pub fn run(exe: &Path, args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
     check(&args)?;
     let window = Window {
         warmup: seconds(args.warmup, "warmup")?,
@@ -941,7 +932,7 @@ pub fn run(args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
             "bench-streams: starting a cellfleet node ({:?} store)",
             args.store
         );
-        let (server, target) = start_cellfleet(&store)?;
+        let (server, target) = start_cellfleet(exe, &store)?;
         servers.push(server);
         targets.push(target);
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::client::{describe, BenchClient};
+use crate::client::{describe, BenchClient};
 
 /// The kind every workload uses (an append-only log; see
 /// `dev_cmd::EXAMPLE_KINDS`), its command and its query: what the check

@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::bench::client::BenchClient;
-use crate::bench::exactness::AckLog;
-use crate::bench::load::Summary;
-use crate::bench::load::{self, Window};
-use crate::bench::workloads::{self, BenchCell};
+use crate::client::BenchClient;
+use crate::exactness::AckLog;
+use crate::load::Summary;
+use crate::load::{self, Window};
+use crate::workloads::{self, BenchCell};
 
 /// Fraction of the offered rate a served step must achieve.
 pub const SERVED_FRACTION: f64 = 0.95;

@@ -20,9 +20,9 @@ use anyhow::bail;
 use cellfleet_proto::v1;
 use clap::ValueEnum;
 
-use crate::bench::client::{describe, retry_safe, BenchClient};
-use crate::bench::exactness::{AckLog, APPEND, COUNT, LOG_KIND};
-use crate::bench::load::{self, Sample, Timing, Window};
+use crate::client::{describe, retry_safe, BenchClient};
+use crate::exactness::{AckLog, APPEND, COUNT, LOG_KIND};
+use crate::load::{self, Sample, Timing, Window};
 
 /// How long set-up retries one Cell's first command.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::client::BenchClient;
-use crate::bench::exactness::AckLog;
-use crate::bench::load::Summary;
-use crate::bench::load::{self, Window};
-use crate::bench::node_stats::{self, Phases, ProcessStats};
-use crate::bench::workloads::{self, BenchCell, Workload};
+use crate::client::BenchClient;
+use crate::exactness::AckLog;
+use crate::load::Summary;
+use crate::load::{self, Window};
+use crate::node_stats::{self, Phases, ProcessStats};
+use crate::workloads::{self, BenchCell, Workload};
 
 /// Cell creations in flight at once during set-up.
 pub const SETUP_CONCURRENCY: usize = 64;

@@ -16,7 +16,7 @@
 //! dead session was flushed. Last, the exactness check reads every Cell:
 //! each acknowledged command present exactly once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,14 +26,14 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 
-use crate::bench::client::{describe, BenchClient};
-use crate::bench::cluster::{self, BenchCluster};
-use crate::bench::exactness::{self, AckLog};
-use crate::bench::exactness::{APPEND, LOG_KIND};
-use crate::bench::fleet::SETUP_CONCURRENCY;
-use crate::bench::node_stats;
-use crate::bench::workloads::{self, BenchCell};
-use crate::bench::{Publication, StoreKind};
+use crate::client::{describe, BenchClient};
+use crate::cluster::{self, BenchCluster};
+use crate::exactness::{self, AckLog};
+use crate::exactness::{APPEND, LOG_KIND};
+use crate::fleet::SETUP_CONCURRENCY;
+use crate::node_stats;
+use crate::workloads::{self, BenchCell};
+use crate::{Publication, StoreKind};
 
 /// How often a Cell not served yet is tried again.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
@@ -107,7 +107,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
-pub fn run(args: RecoveryArgs) -> anyhow::Result<ExitCode> {
+/// Runs `cellfleet bench-recovery`; `exe` is the `cellfleet` binary whose
+/// nodes it starts.
+pub fn run(exe: &Path, args: RecoveryArgs) -> anyhow::Result<ExitCode> {
     if args.nodes < 2 || args.nodes > 99 {
         bail!("--nodes must be 2..=99 (one of them is killed)");
     }
@@ -137,7 +139,7 @@ pub fn run(args: RecoveryArgs) -> anyhow::Result<ExitCode> {
             args.publication.name()
         );
         let store = cluster::StoreSetup::resolve(args.store, "bench-recovery", &runtime)?;
-        let mut cluster = BenchCluster::start(args.nodes, store, args.publication.name())?;
+        let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
         let row = runtime.block_on(measure(&mut cluster, &args, size));
         eprintln!("bench-recovery: stopping the survivors");
         cluster.stop();

@@ -18,9 +18,9 @@ use serde_json::Value;
 /// cluster node lets peers run unsigned node requests for exactly these
 /// kinds; add a kind here only if any node may run any of its commands.
 pub const ROUTED_KINDS: &[&str] = &[
-    crate::kind::STREAM_KIND,
-    crate::subscription_kind::SUBSCRIPTION_KIND,
-    crate::subscription_kind::REGISTRY_KIND,
+    crate::kinds::stream::STREAM_KIND,
+    crate::kinds::subscription::SUBSCRIPTION_KIND,
+    crate::kinds::registry::REGISTRY_KIND,
 ];
 
 /// The future a backend call returns.

@@ -16,12 +16,11 @@
 pub mod auth;
 pub mod backend;
 pub mod clock;
-pub mod kind;
+pub mod kinds;
 pub mod notify;
 pub mod offset;
 pub mod server;
 pub mod settle;
-pub mod subscription_kind;
 pub mod subscriptions;
 mod tail;
 pub mod token;
@@ -29,9 +28,10 @@ pub mod webhook;
 
 pub use auth::StreamsAuth;
 pub use backend::{BackendError, BackendFuture, LocalBackend, StreamBackend, ROUTED_KINDS};
-pub use kind::{StreamKind, STREAM_KIND};
+pub use kinds::registry::{RegistryKind, REGISTRY_KIND};
+pub use kinds::stream::{StreamKind, STREAM_KIND};
+pub use kinds::subscription::{SubscriptionKind, SUBSCRIPTION_KIND};
 pub use server::{Streams, StreamsConfig};
-pub use subscription_kind::{RegistryKind, SubscriptionKind, REGISTRY_KIND, SUBSCRIPTION_KIND};
 
 /// `kinds` plus the kinds the streams service runs on: `stream`,
 /// `ds_subscription` and `ds_registry` (every node serving streams

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crate::auth::{self, StreamsAuth};
 use crate::backend::{BackendError, LocalBackend, StreamBackend};
 use crate::clock::now_ms;
-use crate::kind::{
+use crate::kinds::stream::{
     Lineage, Producer, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
     STREAM_KIND,
 };
@@ -552,13 +552,12 @@ impl Streams {
     /// Renews a TTL stream's expiry after a read (a TTL slides on access).
     /// Slides a TTL stream's expiry after a read, when it is due (a
     /// bounded touch: at most one publication per slack, see
-    /// [`crate::kind::touch_due`]).
+    /// [`crate::kinds::stream::touch_due`]).
     async fn touch(&self, path: &str, state: &StreamState) {
         let now = now_ms();
-        let due = state
-            .config
-            .ttl_seconds
-            .is_some_and(|ttl| crate::kind::touch_due(now, ttl, state.config.expires_at_ms));
+        let due = state.config.ttl_seconds.is_some_and(|ttl| {
+            crate::kinds::stream::touch_due(now, ttl, state.config.expires_at_ms)
+        });
         if due {
             let _ = self
                 .execute(path, StreamCommand::Touch { now_ms: now })

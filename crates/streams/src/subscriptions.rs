@@ -6,7 +6,7 @@
 //! (webhook holders), `POST subscriptions/ID/claim|ack|release` (pull-wake
 //! workers) and `GET jwks.json`.
 //!
-//! State lives in Cells ([`crate::subscription_kind`]): nothing here is
+//! State lives in Cells ([`crate::kinds::subscription`], [`crate::kinds::registry`]): nothing here is
 //! lost with a node. Memory holds only caches (the registry snapshot for at
 //! most [`REGISTRY_CACHE`], the signing key) and the set of subscriptions
 //! whose wake deadline this node watches; every [`FULL_SWEEP`] each
@@ -39,14 +39,17 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::clock::now_ms;
-use crate::kind::{StreamCommand, StreamOutput, StreamQuery, STREAM_KIND};
+use crate::kinds::registry::{
+    Registered, RegistryCommand, RegistryOutput, RegistryQuery, REGISTRY_KEY, REGISTRY_KIND,
+    SUBSCRIPTIONS_MAX,
+};
+use crate::kinds::stream::{StreamCommand, StreamOutput, StreamQuery, STREAM_KIND};
+use crate::kinds::subscription::{
+    Ack, Fresh, Subscription, SubscriptionCommand, SubscriptionConfig, SubscriptionOutput,
+    SubscriptionQuery, LINKS_MAX, SUBSCRIPTION_KIND,
+};
 use crate::offset;
 use crate::server::{Body, Streams};
-use crate::subscription_kind::{
-    Ack, Fresh, Registered, RegistryCommand, RegistryOutput, RegistryQuery, Subscription,
-    SubscriptionCommand, SubscriptionConfig, SubscriptionOutput, SubscriptionQuery, LINKS_MAX,
-    REGISTRY_KEY, REGISTRY_KIND, SUBSCRIPTION_KIND,
-};
 use crate::webhook::{self, Signer25519};
 
 /// The reserved path segment.
@@ -990,7 +993,7 @@ impl Subscriptions {
 
     fn watch(&self, key: &str) {
         let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
-        if watched.len() < crate::subscription_kind::SUBSCRIPTIONS_MAX {
+        if watched.len() < SUBSCRIPTIONS_MAX {
             watched.insert(key.to_owned());
         }
     }

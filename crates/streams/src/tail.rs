@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::kind::StreamState;
+use crate::kinds::stream::StreamState;
 
 /// What one read returned, and the bodies built from it (built once,
 /// by whichever reader needs them first).
@@ -145,7 +145,7 @@ mod tests {
 
     fn state() -> StreamState {
         StreamState {
-            config: crate::kind::StreamConfig {
+            config: crate::kinds::stream::StreamConfig {
                 content_type: "application/json".into(),
                 ttl_seconds: None,
                 expires_at: None,

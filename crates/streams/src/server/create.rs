@@ -1,0 +1,263 @@
+//! PUT: creating a stream (or confirming an identical one), its first messages, TTL or expiry, closed state, and a fork's lineage.
+
+use super::http::{
+    deleted_path, encode, error, header, is_json, json_messages, parse_time, respond, set,
+    state_headers,
+};
+use super::{Body, Streams};
+use crate::clock::now_ms;
+use crate::kinds::stream::{Lineage, StreamCommand, StreamConfig, StreamOutput, StreamQuery};
+use crate::offset;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+
+impl Streams {
+    pub(super) async fn create(&self, request: Request<Incoming>) -> Response<Body> {
+        match self.try_create(request).await {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    pub(super) async fn try_create(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let path = request.uri().path().to_owned();
+        let forked_from = header(&request, "stream-forked-from").map(str::to_owned);
+        let fork_offset = header(&request, "stream-fork-offset").map(str::to_owned);
+        let sub_offset = match header(&request, "stream-fork-sub-offset") {
+            None => 0,
+            Some(_) if forked_from.is_none() => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "Stream-Fork-Sub-Offset needs Stream-Forked-From",
+                ))
+            }
+            Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text
+                .parse::<u64>()
+                .map_err(|_| error(StatusCode::BAD_REQUEST, "bad Stream-Fork-Sub-Offset"))?,
+            Some(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "Stream-Fork-Sub-Offset must be a non-negative integer",
+                ))
+            }
+        };
+        if sub_offset > 0 && fork_offset.is_none() {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset",
+            ));
+        }
+        let explicit_type = header(&request, "content-type").map(str::to_owned);
+        let content_type = explicit_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".to_owned());
+        let ttl = header(&request, "stream-ttl").map(str::to_owned);
+        let expires = header(&request, "stream-expires-at").map(str::to_owned);
+        let closed =
+            header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let host = header(&request, "host").map(str::to_owned);
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        if ttl.is_some() && expires.is_some() {
+            return Err(bad("give Stream-TTL or Stream-Expires-At, not both"));
+        }
+        let now = now_ms();
+        let ttl_seconds = match &ttl {
+            Some(t)
+                if !t.is_empty()
+                    && t.bytes().all(|b| b.is_ascii_digit())
+                    && (t == "0" || !t.starts_with('0')) =>
+            {
+                Some(t.parse::<u64>().map_err(|_| bad("bad Stream-TTL"))?)
+            }
+            Some(_) => return Err(bad("Stream-TTL must be a non-negative integer")),
+            None => None,
+        };
+        let expires_at_ms = match (&expires, ttl_seconds) {
+            (Some(e), _) => Some(parse_time(e).ok_or_else(|| bad("bad Stream-Expires-At"))?),
+            (None, Some(t)) => Some(now.saturating_add((t as i64).saturating_mul(1000))),
+            (None, None) => None,
+        };
+        let body = self.body(request).await?;
+        let mut content_type = content_type;
+        let mut ttl_seconds = ttl_seconds;
+        let mut expires_at_ms = expires_at_ms;
+        let mut inherited = Vec::new();
+        let mut lineage = None;
+        // The source this request registered a fork reference with.
+        let mut registered = None;
+        if let Some(source) = &forked_from {
+            let existing = match self
+                .query(
+                    &path,
+                    StreamQuery::Read {
+                        offset: None,
+                        now_ms: now,
+                    },
+                )
+                .await?
+            {
+                StreamOutput::Read { state, .. } => Some(state),
+                StreamOutput::Gone => return Err(deleted_path()),
+                _ => None,
+            };
+            if let Some(existing) = existing {
+                // Created again: compared with the stored fork (lineage
+                // included) by the create command; the source is not read,
+                // it may be deleted by now.
+                if explicit_type.is_none() {
+                    content_type = existing.config.content_type.clone();
+                }
+                if ttl_seconds.is_none() && expires.is_none() {
+                    ttl_seconds = existing.config.ttl_seconds;
+                }
+                let offset = match fork_offset.as_deref() {
+                    Some(text) => {
+                        offset::parse(text).ok_or_else(|| bad("malformed Stream-Fork-Offset"))?
+                    }
+                    None => 0,
+                };
+                lineage = Some(Lineage {
+                    source: source.clone(),
+                    offset,
+                    sub_offset,
+                });
+            } else {
+                let fork = self
+                    .fork_prefix(
+                        source,
+                        fork_offset.as_deref(),
+                        sub_offset,
+                        explicit_type.as_deref(),
+                    )
+                    .await?;
+                content_type = fork.state.config.content_type.clone();
+                if ttl_seconds.is_none() && expires.is_none() {
+                    ttl_seconds = fork.state.config.ttl_seconds;
+                    expires_at_ms = ttl_seconds
+                        .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
+                        .or(fork.state.config.expires_at_ms);
+                }
+                inherited = fork.messages;
+                // The reference is taken before the fork exists: a crash
+                // between the two leaves the source with a reference to no
+                // fork, so a later soft delete keeps it (410) instead of a
+                // fork ever outliving its source's data.
+                let registering = StreamCommand::RegisterFork {
+                    fork: path.clone(),
+                    now_ms: now,
+                };
+                match self.execute(source, registering).await? {
+                    StreamOutput::Registered => {}
+                    StreamOutput::Gone => {
+                        return Err(error(StatusCode::CONFLICT, "the source was deleted"))
+                    }
+                    StreamOutput::NotFound => {
+                        return Err(error(StatusCode::NOT_FOUND, "no such source stream"))
+                    }
+                    _ => {
+                        return Err(error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "unexpected output",
+                        ))
+                    }
+                }
+                registered = Some(source.clone());
+                lineage = Some(Lineage {
+                    source: source.clone(),
+                    offset: fork.offset,
+                    sub_offset,
+                });
+            }
+        } else if fork_offset.is_some() {
+            return Err(bad("Stream-Fork-Offset needs Stream-Forked-From"));
+        }
+        let mut messages = if body.is_empty() {
+            Vec::new()
+        } else if is_json(&content_type) {
+            json_messages(&body, true).map_err(&bad)?
+        } else {
+            vec![body.to_vec()]
+        };
+        inherited.append(&mut messages);
+        let messages = inherited;
+        let config = StreamConfig {
+            content_type: content_type.clone(),
+            ttl_seconds,
+            expires_at: expires,
+            expires_at_ms,
+        };
+        let output = self
+            .execute(
+                &path,
+                StreamCommand::Create {
+                    config,
+                    closed,
+                    messages: encode(&messages),
+                    now_ms: now,
+                    lineage,
+                    fork_offset_given: fork_offset.is_some(),
+                },
+            )
+            .await?;
+        if let Some(source) = registered {
+            if !matches!(output, StreamOutput::Created { .. }) {
+                self.unregister(source, &path).await;
+            }
+        }
+        match output {
+            StreamOutput::Created {
+                state,
+                created,
+                release,
+            } => {
+                if let Some(old) = release {
+                    self.release(old, path.clone()).await;
+                }
+                let status = if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
+                let mut response = respond(status, "");
+                let headers = response.headers_mut();
+                state_headers(headers, &state);
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                if let Some(host) = host {
+                    set(headers, "location", format!("http://{host}{path}"));
+                }
+                self.published(&path, state.tail);
+                Ok(response)
+            }
+            StreamOutput::ConfigMismatch => Err(error(
+                StatusCode::CONFLICT,
+                "stream exists with another configuration",
+            )),
+            StreamOutput::Gone => Err(deleted_path()),
+            _ => Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected output",
+            )),
+        }
+    }
+
+    /// A fork create lost to another stream created at `path` meanwhile:
+    /// gives back the reference taken on `source`, unless that stream is
+    /// itself a fork of `source` (the reference is then its own). When in
+    /// doubt the reference stays (the source is retained, not removed).
+    pub(super) async fn unregister(&self, source: String, path: &str) {
+        let read = StreamQuery::Read {
+            offset: None,
+            now_ms: now_ms(),
+        };
+        let other = match self.query(path, read).await {
+            Ok(StreamOutput::Read { state, .. }) => state.lineage.map(|l| l.source),
+            Ok(StreamOutput::NotFound) => None,
+            _ => return,
+        };
+        if other.as_deref() != Some(source.as_str()) {
+            self.release(source, path.to_owned()).await;
+        }
+    }
+}

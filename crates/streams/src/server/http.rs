@@ -1,0 +1,372 @@
+//! The HTTP side of the server: the accept loop (TLS and plain, HTTP/1.1 and HTTP/2), the request helpers (headers, query parameters, JSON bodies) and the responses every handler shares (errors, stream headers, backend failures).
+
+use super::{Body, Streams};
+use crate::auth;
+use crate::backend::BackendError;
+use crate::kinds::stream::{Producer, StreamState};
+use crate::subscriptions;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use serde::Serialize;
+use serde_json::Value;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+/// Longest a TLS handshake may take before the connection is dropped.
+pub(super) const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// A request without a valid token (401) or not granted (403).
+pub(super) fn refused(refusal: auth::Refusal) -> Response<Body> {
+    tracing::debug!(?refusal, "streams request refused");
+    let mut response = error(refusal.status(), &refusal.message());
+    set(
+        response.headers_mut(),
+        "www-authenticate",
+        refusal.challenge(),
+    );
+    response
+}
+
+/// A live read past its bound: 503, try again in a second.
+pub(super) fn too_many(what: &str) -> Response<Body> {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("too many open {what} on this node"),
+    );
+    set(response.headers_mut(), "retry-after", "1");
+    response
+}
+
+pub(super) const EXPOSED: &str =
+    "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
+    Stream-TTL, Stream-Expires-At, Stream-Sse-Data-Encoding, Producer-Epoch, Producer-Seq, \
+    Producer-Expected-Seq, Producer-Received-Seq, ETag, Location, Content-Type, WWW-Authenticate";
+
+pub(super) fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+pub(super) fn respond(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+}
+
+/// Most bytes of a refused body read (and discarded) before the 413.
+pub(super) const DRAIN_BYTES_MAX: u64 = 64 << 20;
+
+/// Longest a refused body is read before the 413.
+pub(super) const DRAIN_FOR: Duration = Duration::from_secs(5);
+
+/// Reads and discards `body` up to [`DRAIN_BYTES_MAX`] or [`DRAIN_FOR`],
+/// so that a client sending a body the server refuses can finish sending
+/// and read the refusal.
+pub(super) async fn drain(mut body: Incoming) {
+    let read = async {
+        let mut seen = 0u64;
+        while seen <= DRAIN_BYTES_MAX {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
+}
+
+pub(super) fn error(status: StatusCode, message: &str) -> Response<Body> {
+    let mut response = respond(status, format!("{message}\n"));
+    set(response.headers_mut(), "content-type", "text/plain");
+    response
+}
+
+pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
+    if let Ok(value) = HeaderValue::from_str(value.as_ref()) {
+        headers.insert(name, value);
+    }
+}
+
+pub(super) fn header<'a>(request: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    request.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+pub(super) fn is_json(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/json" || media.ends_with("+json")
+}
+
+pub(super) fn is_text(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media.starts_with("text/") || is_json(&media)
+}
+
+pub(super) fn query_params(request: &Request<Incoming>) -> Vec<(String, String)> {
+    request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+pub(super) fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Splits a JSON body into messages (a top-level array is flattened).
+pub(super) fn json_messages(body: &[u8], allow_empty: bool) -> Result<Vec<Vec<u8>>, &'static str> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| "body is not valid json")?;
+    let items = match value {
+        Value::Array(items) => {
+            if items.is_empty() && !allow_empty {
+                return Err("empty json array");
+            }
+            items
+        }
+        other => vec![other],
+    };
+    Ok(items.iter().map(|v| v.to_string().into_bytes()).collect())
+}
+
+pub(super) fn encode(messages: &[Vec<u8>]) -> Vec<String> {
+    messages.iter().map(|m| BASE64.encode(m)).collect()
+}
+
+/// Answers a plain HTTP request on the HTTPS listener with 400 and the
+/// scheme to use, and closes the connection (bounded: one write, one second).
+pub(super) async fn plain_http_to_tls(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BODY: &str = "this port serves HTTPS: use https:// (the listener has TLS; \
+        listen.streams_tls = \"none\" turns it off)\n";
+    let reply = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(reply.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// Answers a connection over `connections_max` with 503 and closes it,
+/// without reading its request (bounded: one write, one second).
+pub(super) async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\
+        content-type: text/plain\r\ncontent-length: 32\r\nconnection: close\r\n\r\n\
+        too many connections; try again\n";
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(BUSY).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+pub(super) fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {
+    let fail = || error(StatusCode::INTERNAL_SERVER_ERROR, "command does not encode");
+    let Ok(Value::Object(mut map)) = serde_json::to_value(value) else {
+        return Err(fail());
+    };
+    let Some(Value::String(name)) = map.remove("name") else {
+        return Err(fail());
+    };
+    let args = map
+        .remove("args")
+        .unwrap_or(Value::Object(Default::default()));
+    Ok((name, args))
+}
+
+pub(super) fn backend_error(e: BackendError) -> Response<Body> {
+    let (status, message) = match &e {
+        BackendError::NotOwner(_) => (StatusCode::MISDIRECTED_REQUEST, e.to_string()),
+        BackendError::BadRequest(_) => (StatusCode::BAD_REQUEST, e.to_string()),
+        BackendError::UnknownOutcome(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "outcome unknown: the request may or may not have been applied \
+                 (the stream's owner stopped answering after it was sent: {reason}); \
+                 read the stream (or use an idempotent producer) before retrying"
+            ),
+        ),
+        BackendError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        BackendError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut response = error(status, &message);
+    if let BackendError::Unavailable {
+        retry_after_ms: Some(retry_after_ms),
+        ..
+    } = e
+    {
+        set(
+            response.headers_mut(),
+            "retry-after",
+            retry_after_ms.div_ceil(1000).max(1).to_string(),
+        );
+    }
+    response
+}
+
+/// A soft-deleted stream (deleted while forks of it exist).
+pub(super) fn gone() -> Response<Body> {
+    error(StatusCode::GONE, "stream was deleted")
+}
+
+/// Creating at the path of a soft-deleted stream: taken until its forks
+/// are gone.
+pub(super) fn deleted_path() -> Response<Body> {
+    error(
+        StatusCode::CONFLICT,
+        "a deleted stream keeps this path until its forks are deleted",
+    )
+}
+
+pub(super) fn state_headers(headers: &mut HeaderMap, state: &StreamState) {
+    set(headers, "content-type", &state.config.content_type);
+    if let Some(ttl) = state.config.ttl_seconds {
+        set(headers, "stream-ttl", ttl.to_string());
+    }
+    if let Some(at) = &state.config.expires_at {
+        set(headers, "stream-expires-at", at);
+    }
+    if state.closed {
+        set(headers, "stream-closed", "true");
+    }
+}
+
+pub(super) fn producer_headers(
+    request: &Request<Incoming>,
+) -> Result<Option<Producer>, &'static str> {
+    let id = header(request, "producer-id");
+    let epoch = header(request, "producer-epoch");
+    let seq = header(request, "producer-seq");
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => {
+            let number = |t: &str| {
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("producer epoch and seq must be non-negative integers");
+                }
+                t.parse::<u64>().map_err(|_| "producer number too large")
+            };
+            if id.is_empty() {
+                return Err("empty Producer-Id");
+            }
+            Ok(Some(Producer {
+                id: id.to_owned(),
+                epoch: number(epoch)?,
+                seq: number(seq)?,
+            }))
+        }
+        _ => Err("Producer-Id, Producer-Epoch and Producer-Seq go together"),
+    }
+}
+
+pub(super) fn parse_time(text: &str) -> Option<i64> {
+    let at =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+impl Streams {
+    /// Serves `listener` until `shutdown` turns true: HTTP/1.1, and
+    /// HTTP/2 (by ALPN over TLS, by prior knowledge over plain TCP).
+    pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+        let permits = Arc::new(Semaphore::new(self.config.connections_max.max(1)));
+        let tls = self.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        subscriptions::start(&self, shutdown.clone());
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, _)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                if tls.is_none() {
+                    tokio::spawn(refuse(stream));
+                }
+                continue;
+            };
+            let service = self.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let handler = hyper::service::service_fn(move |request| {
+                    let service = service.clone();
+                    async move { Ok::<_, Infallible>(service.handle(request).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                match tls {
+                    None => {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.serve_connection(io, handler).await;
+                    }
+                    Some(acceptor) => {
+                        // A TLS connection opens with a handshake record
+                        // (0x16); anything else is plain HTTP to an HTTPS
+                        // port, which gets told so instead of garbage.
+                        let mut first = [0u8; 1];
+                        let peeked =
+                            tokio::time::timeout(TLS_HANDSHAKE, stream.peek(&mut first)).await;
+                        if matches!(peeked, Ok(Ok(1))) && first[0] != 0x16 {
+                            plain_http_to_tls(stream).await;
+                            return;
+                        }
+                        let handshake =
+                            tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
+                        let Ok(Ok(stream)) = handshake.await else {
+                            return;
+                        };
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.serve_connection(io, handler).await;
+                    }
+                }
+            });
+        }
+    }
+}

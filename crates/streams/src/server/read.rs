@@ -1,0 +1,275 @@
+//! GET and HEAD: catch-up reads, long-polls and the stream's metadata.
+
+use super::http::{error, header, is_json, query_params, respond, set, state_headers, too_many};
+use super::{Body, Streams};
+use crate::clock::now_ms;
+use crate::kinds::stream::{StreamOutput, StreamQuery, StreamState};
+use crate::notify;
+use crate::offset;
+use crate::tail::TailRead;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use std::sync::Arc;
+
+/// Joins read messages into the response body for the stream's type.
+pub(super) fn join(state: &StreamState, messages: &[(u64, String)]) -> Vec<u8> {
+    let decoded: Vec<Vec<u8>> = messages
+        .iter()
+        .filter_map(|(_, m)| BASE64.decode(m).ok())
+        .collect();
+    if is_json(&state.config.content_type) {
+        let mut out = b"[".to_vec();
+        for (i, m) in decoded.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(m);
+        }
+        out.push(b']');
+        out
+    } else {
+        decoded.concat()
+    }
+}
+
+/// The cursor for a live response: the 20 s interval number, moved past
+/// the client's so caches never serve the same long-poll twice.
+pub(super) fn cursor(client: Option<&str>) -> String {
+    let interval = (now_ms().max(0) as u64) / 20_000;
+    match client.and_then(|c| c.parse::<u64>().ok()) {
+        Some(c) if c >= interval => (c + 1).to_string(),
+        _ => interval.to_string(),
+    }
+}
+
+pub(super) enum Mode {
+    CatchUp,
+    LongPoll,
+    Sse,
+}
+
+impl Streams {
+    pub(super) async fn head(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        match self
+            .query(
+                &path,
+                StreamQuery::Read {
+                    offset: None,
+                    now_ms: now_ms(),
+                },
+            )
+            .await
+        {
+            Ok(StreamOutput::Read { state, .. }) => {
+                let mut response = respond(StatusCode::OK, "");
+                let headers = response.headers_mut();
+                state_headers(headers, &state);
+                set(headers, "stream-next-offset", offset::format(state.tail));
+                response
+            }
+            Ok(StreamOutput::Gone) => self.gone_at(&path),
+            Ok(_) => error(StatusCode::NOT_FOUND, "no such stream"),
+            Err(r) => r,
+        }
+    }
+
+    pub(super) async fn read(&self, request: Request<Incoming>) -> Response<Body> {
+        match self.try_read(request).await {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    pub(super) async fn try_read(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let path = request.uri().path().to_owned();
+        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let params = query_params(&request);
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let mode = match get("live").as_deref() {
+            None => Mode::CatchUp,
+            Some("long-poll") => Mode::LongPoll,
+            Some("sse") => Mode::Sse,
+            Some(_) => return Err(bad("live must be long-poll or sse")),
+        };
+        let offset_param = get("offset");
+        if !matches!(mode, Mode::CatchUp) && offset_param.is_none() {
+            return Err(bad("live reads need an offset"));
+        }
+        let start = match offset_param.as_deref() {
+            None | Some("-1") => Some(0),
+            Some("now") => None,
+            Some(text) => Some(offset::parse(text).ok_or_else(|| bad("malformed offset"))?),
+        };
+        let client_cursor = get("cursor");
+        let if_none_match = header(&request, "if-none-match").map(str::to_owned);
+        match mode {
+            Mode::CatchUp => self.catch_up(&path, start, if_none_match.as_deref()).await,
+            Mode::LongPoll => self.long_poll(&path, start, client_cursor.as_deref()).await,
+            Mode::Sse => self.sse(&path, start, client_cursor).await,
+        }
+    }
+
+    pub(super) async fn read_at(
+        &self,
+        path: &str,
+        start: Option<u64>,
+    ) -> Result<(StreamState, Vec<(u64, String)>, u64, u64), Response<Body>> {
+        match self
+            .query(
+                path,
+                StreamQuery::Read {
+                    offset: start,
+                    now_ms: now_ms(),
+                },
+            )
+            .await?
+        {
+            StreamOutput::Read {
+                state,
+                messages,
+                next,
+            } => {
+                let from = start.unwrap_or(state.tail);
+                Ok((state, messages, from, next))
+            }
+            StreamOutput::BadOffset => Err(error(
+                StatusCode::BAD_REQUEST,
+                "offset is not in this stream",
+            )),
+            StreamOutput::Gone => Err(self.gone_at(path)),
+            _ => Err(error(StatusCode::NOT_FOUND, "no such stream")),
+        }
+    }
+
+    /// A live reader's read at `position` (`None`: the tail), shared with
+    /// the other live readers there whose wake came no later than its
+    /// start ([`crate::tail`]).
+    pub(super) async fn read_live(
+        &self,
+        path: &str,
+        position: Option<u64>,
+        woke: tokio::time::Instant,
+    ) -> Result<Arc<TailRead>, Response<Body>> {
+        let own = |read| Arc::new(TailRead::new(read));
+        let Some(at) = position else {
+            return self.read_at(path, None).await.map(own);
+        };
+        let shared = self
+            .reads
+            .get(path, at, woke, || async {
+                Some(TailRead::new(self.read_at(path, Some(at)).await.ok()?))
+            })
+            .await;
+        match shared {
+            Some(read) => Ok(read),
+            // The shared read failed: this reader's own read gives the answer.
+            None => self.read_at(path, Some(at)).await.map(own),
+        }
+    }
+
+    pub(super) async fn catch_up(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        if_none_match: Option<&str>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let (state, messages, from, next) = self.read_at(path, start).await?;
+        self.touch(path, &state).await;
+        let up_to_date = next == state.tail;
+        let closed = up_to_date && state.closed;
+        let etag = format!(
+            "\"{}:{}{}\"",
+            offset::format(from),
+            offset::format(next),
+            if closed { ":c" } else { "" }
+        );
+        if if_none_match == Some(etag.as_str()) {
+            let mut response = respond(StatusCode::NOT_MODIFIED, "");
+            set(response.headers_mut(), "etag", &etag);
+            return Ok(response);
+        }
+        let mut response = respond(StatusCode::OK, join(&state, &messages));
+        let headers = response.headers_mut();
+        set(headers, "content-type", &state.config.content_type);
+        set(headers, "stream-next-offset", offset::format(next));
+        set(headers, "etag", &etag);
+        if up_to_date {
+            set(headers, "stream-up-to-date", "true");
+        }
+        if closed {
+            set(headers, "stream-closed", "true");
+        }
+        Ok(response)
+    }
+
+    pub(super) async fn long_poll(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        client_cursor: Option<&str>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        // Held until the answer is ready; never waited for.
+        let Ok(_permit) = self.live.long_polls.clone().try_acquire_owned() else {
+            return Err(too_many("long-polls"));
+        };
+        let deadline = tokio::time::Instant::now() + self.config.long_poll_timeout;
+        // Subscribe before the emptiness check, so an append between the
+        // check and the wait still wakes this reader.
+        let mut changes = self.notifier.subscribe(path);
+        let mut woke = tokio::time::Instant::now();
+        let mut position = start;
+        let mut touched = false;
+        loop {
+            let read = self.read_live(path, position, woke).await?;
+            let (state, from, next) = (&read.state, read.from, read.next);
+            if !touched {
+                touched = true;
+                self.touch(path, state).await;
+            }
+            position = Some(from);
+            if !read.messages.is_empty() {
+                let body = read
+                    .body
+                    .get_or_init(|| Bytes::from(join(state, &read.messages)))
+                    .clone();
+                let mut response = respond(StatusCode::OK, body);
+                let headers = response.headers_mut();
+                set(headers, "content-type", &state.config.content_type);
+                set(headers, "stream-next-offset", offset::format(next));
+                set(headers, "stream-cursor", cursor(client_cursor));
+                if next == state.tail {
+                    set(headers, "stream-up-to-date", "true");
+                    if state.closed {
+                        set(headers, "stream-closed", "true");
+                    }
+                }
+                return Ok(response);
+            }
+            if state.closed || tokio::time::Instant::now() >= deadline {
+                let mut response = respond(StatusCode::NO_CONTENT, "");
+                let headers = response.headers_mut();
+                set(headers, "content-type", &state.config.content_type);
+                set(headers, "stream-next-offset", offset::format(from));
+                set(headers, "stream-up-to-date", "true");
+                if state.closed {
+                    set(headers, "stream-closed", "true");
+                } else {
+                    set(headers, "stream-cursor", cursor(client_cursor));
+                }
+                return Ok(response);
+            }
+            woke = notify::wait(&mut changes, deadline).await;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Server-sent events: a live read as an event stream, with its control events and the session that feeds it.
+
+use super::http::{is_text, set, too_many};
+use super::read::{cursor, join};
+use super::{Body, Streams};
+use crate::notify::{self};
+use crate::offset;
+use crate::tail::TailRead;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::Response;
+use serde::Serialize;
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Control {
+    stream_next_offset: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_cursor: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    up_to_date: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream_closed: bool,
+}
+
+pub(super) fn sse_event(kind: &str, data: &str) -> Bytes {
+    let mut out = format!("event: {kind}\n");
+    // CR, LF and CRLF all end an SSE line: each becomes its own data line,
+    // so a payload can never inject an event.
+    let normalized = data.replace("\r\n", "\n").replace('\r', "\n");
+    for line in normalized.split('\n') {
+        out.push_str("data:");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
+}
+
+pub(super) struct ReceiverBody(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl tokio_stream::Stream for ReceiverBody {
+    type Item = Result<Frame<Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// One SSE connection's writer task.
+pub(super) struct SseSession {
+    service: Streams,
+    path: String,
+    tx: mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+    deadline: tokio::time::Instant,
+    binary: bool,
+    client_cursor: Option<String>,
+}
+
+impl SseSession {
+    async fn send(&self, bytes: Bytes) -> bool {
+        self.tx.send(Ok(Frame::data(bytes))).await.is_ok()
+    }
+
+    /// Data event (when any), then a control event; `false` ends the connection.
+    async fn emit(&self, read: &TailRead) -> bool {
+        let (state, messages, next) = (&read.state, &read.messages, read.next);
+        if !messages.is_empty() {
+            // Built once per shared read, whoever sends it first.
+            let payload = read.sse_data.get_or_init(|| {
+                if self.binary {
+                    let raw: Vec<u8> = messages
+                        .iter()
+                        .filter_map(|(_, m)| BASE64.decode(m).ok())
+                        .flatten()
+                        .collect();
+                    BASE64.encode(raw)
+                } else {
+                    String::from_utf8_lossy(&join(state, messages)).into_owned()
+                }
+            });
+            if !self.send(sse_event("data", payload)).await {
+                return false;
+            }
+        }
+        let up_to_date = next == state.tail;
+        let closed = up_to_date && state.closed;
+        let control = Control {
+            stream_next_offset: offset::format(next),
+            stream_cursor: (!closed).then(|| cursor(self.client_cursor.as_deref())),
+            up_to_date,
+            stream_closed: closed,
+        };
+        let text = serde_json::to_string(&control).unwrap_or_default();
+        self.send(sse_event("control", &text)).await && !closed
+    }
+
+    async fn run(self, changes: &mut watch::Receiver<notify::Change>, first: Arc<TailRead>) {
+        if !self.emit(&first).await {
+            return;
+        }
+        let mut next = first.next;
+        let mut idle = next == first.state.tail;
+        while tokio::time::Instant::now() < self.deadline {
+            // Catching up, a read is good if it starts from now on; idle,
+            // one started after the wake's signal is.
+            let mut woke = tokio::time::Instant::now();
+            if idle {
+                // A client that went away frees its SSE permit now, not at
+                // the next event.
+                tokio::select! {
+                    at = notify::wait(changes, self.deadline) => woke = at,
+                    _ = self.tx.closed() => return,
+                }
+            }
+            let Ok(read) = self.service.read_live(&self.path, Some(next), woke).await else {
+                return;
+            };
+            idle = read.next == read.state.tail;
+            if read.messages.is_empty() && !read.state.closed {
+                continue;
+            }
+            if !self.emit(&read).await {
+                return;
+            }
+            next = read.next;
+        }
+    }
+}
+
+impl Streams {
+    pub(super) async fn sse(
+        &self,
+        path: &str,
+        start: Option<u64>,
+        client_cursor: Option<String>,
+    ) -> Result<Response<Body>, Response<Body>> {
+        // Held by the writer task until the connection ends.
+        let Ok(permit) = self.live.sse.clone().try_acquire_owned() else {
+            return Err(too_many("SSE connections"));
+        };
+        let mut changes = self.notifier.subscribe(path);
+        let first = self
+            .read_live(path, start, tokio::time::Instant::now())
+            .await?;
+        self.touch(path, &first.state).await;
+        let binary = !is_text(&first.state.config.content_type);
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+        let service = self.clone();
+        let path = path.to_owned();
+        let deadline = tokio::time::Instant::now() + self.config.sse_lifetime;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let session = SseSession {
+                service,
+                path,
+                tx,
+                deadline,
+                binary,
+                client_cursor,
+            };
+            session.run(&mut changes, first).await;
+        });
+        let body = StreamBody::new(ReceiverBody(rx)).boxed();
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        set(headers, "content-type", "text/event-stream");
+        set(headers, "cache-control", "no-cache");
+        if binary {
+            set(headers, "stream-sse-data-encoding", "base64");
+        }
+        Ok(response)
+    }
+}

@@ -1,0 +1,276 @@
+//! Running a group: taking it from the mailbox, executing it on the blocking pool, handing it to its publication, and releasing replies in commit order.
+
+use super::*;
+
+/// Whether a full-disk warning is due at `now_ms`: at most one every 10 s
+/// for the whole node, since every retried command hits the same full disk.
+pub(super) fn disk_full_warning_due(now_ms: u64) -> bool {
+    use std::sync::atomic::Ordering;
+    let last = DISK_FULL_WARNED_MS.load(Ordering::Relaxed);
+    now_ms.saturating_sub(last) >= 10_000
+        && DISK_FULL_WARNED_MS
+            .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+impl Actor {
+    pub(super) fn take_group(&mut self) -> Vec<Queued> {
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        while let Some(next) = self.batch.front() {
+            let over_bytes = !group.is_empty() && bytes + next.bytes > self.ctx.group_bytes_max;
+            if group.len() >= self.ctx.group_commands_max || over_bytes {
+                break;
+            }
+            bytes += next.bytes;
+            group.push(self.batch.pop_front().expect("front exists"));
+        }
+        group
+    }
+
+    pub(super) async fn try_execute(&mut self) {
+        if self.batch.is_empty() || self.failed.is_some() {
+            return;
+        }
+        let can_execute = self.cell.as_ref().is_some_and(Cell::can_execute);
+        if !can_execute {
+            return;
+        }
+        let group = self.take_group();
+        let commands: Vec<Command> = group.iter().map(|q| q.command.clone()).collect();
+        let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        let started = Instant::now();
+        let executed = self
+            .with_cell(move |cell| cell.execute(&commands, now_ms))
+            .await;
+        self.ctx
+            .metrics
+            .publication_execute_seconds
+            .observe_duration(started.elapsed());
+        let result = match executed {
+            None => {
+                for queued in group {
+                    queued.reply.send(Err(Error::NotCommitted {
+                        reason: "the cell engine was lost".into(),
+                    }));
+                }
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                return;
+            }
+            Some(Err(error)) => {
+                // Nothing ran: the state is intact unless the engine says
+                // it is poisoned.
+                let poisoned = matches!(error, cellfleet_cell::Error::Poisoned)
+                    || self
+                        .cell
+                        .as_ref()
+                        .is_some_and(|c| !c.can_execute() && c.pending_txid().is_none());
+                let reason = if error.is_disk_full() {
+                    if disk_full_warning_due(self.ctx.clock.now_wall_ms()) {
+                        tracing::warn!(
+                            cell = %self.cell_id,
+                            %error,
+                            "the data directory is full: commands to the Cells here fail \
+                             (not committed) until space is freed (logged at most every 10 s)"
+                        );
+                    }
+                    format!(
+                        "{error}: this node's data directory is out of space; free space \
+                         there (nothing of this group was committed: send the command again)"
+                    )
+                } else {
+                    error.to_string()
+                };
+                for queued in group {
+                    queued.reply.send(Err(Error::NotCommitted {
+                        reason: reason.clone(),
+                    }));
+                }
+                if poisoned {
+                    self.fail(error.to_string(), FailKind::NotCommitted).await;
+                }
+                return;
+            }
+            Some(Ok(result)) => result,
+        };
+        let commands = group.len();
+        let ids: Vec<CommandId> = group.iter().map(|q| q.command.id).collect();
+        for (queued, result) in group.into_iter().zip(result.results) {
+            match result.depends_on_txid {
+                None => {
+                    let txid = result.txid.map_or(self.published_txid(), |t| t.0);
+                    queued.reply.send(Ok(Executed {
+                        receipt: self.receipt(txid),
+                        outcome: result.outcome,
+                        duplicate: result.duplicate,
+                    }));
+                }
+                Some(txid) => self.held.push(Held {
+                    txid: txid.0,
+                    result,
+                    reply: queued.reply,
+                }),
+            }
+        }
+        if let Some(publication) = result.publication {
+            self.start_publication(publication, commands, ids);
+        }
+    }
+
+    pub(super) fn start_publication(
+        &mut self,
+        publication: Publication,
+        commands: usize,
+        ids: Vec<CommandId>,
+    ) {
+        let bytes = Arc::new(publication.ltx);
+        let file = LtxFile {
+            bytes: bytes.clone(),
+            min_txid: publication.header.min_txid.0,
+            max_txid: publication.header.max_txid.0,
+            file_checksum: publication.trailer.file_checksum.0,
+            post_apply_checksum: publication.post.checksum.0,
+        };
+        if let Some(log) = &self.ctx.log {
+            // Log mode: the group goes into the next segment of its lane.
+            let slot = log.submit(Record {
+                cell_id: self.cell_id.clone(),
+                epoch: self.epoch,
+                min_txid: file.min_txid,
+                max_txid: file.max_txid,
+                file_checksum: file.file_checksum,
+                post_apply_checksum: file.post_apply_checksum,
+                command_ids: ids.iter().map(|id| id.0).collect(),
+                bytes: bytes.clone(),
+            });
+            self.inflight.push_back(InFlight {
+                txid: publication.txid.0,
+                upload: None,
+                bytes,
+                started: Instant::now(),
+                commands,
+                ids,
+                file,
+                slot: Some(slot),
+                seq: None,
+                answered: false,
+            });
+            return;
+        }
+        let publisher = self.ctx.publisher.clone();
+        let cell = self.cell_id.clone();
+        let epoch = self.epoch;
+        let metrics = self.ctx.metrics.clone();
+        let upload_file = file.clone();
+        let upload = tokio::spawn(async move {
+            let started = Instant::now();
+            let uploaded = publisher.upload(&cell, epoch, upload_file).await;
+            metrics
+                .publication_upload_seconds
+                .observe_duration(started.elapsed());
+            uploaded
+        });
+        self.inflight.push_back(InFlight {
+            txid: publication.txid.0,
+            upload: Some(upload),
+            bytes,
+            started: Instant::now(),
+            commands,
+            ids,
+            file,
+            slot: None,
+            seq: None,
+            answered: false,
+        });
+    }
+
+    pub(super) async fn committed(
+        &mut self,
+        front: InFlight,
+        root: Versioned<RootRecord>,
+        compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
+    ) {
+        front.count_publication(&self.ctx.metrics);
+        let metrics = &self.ctx.metrics;
+        if compaction.is_some() {
+            metrics.compactions_total.fetch_add(1, Ordering::Relaxed);
+        }
+        self.chain_bytes = cache_for(
+            &self.root.record,
+            &self.chain_bytes,
+            &root.record,
+            &[
+                Some(front.bytes.clone()),
+                compaction.as_ref().map(|(_, b)| b.clone()),
+            ],
+            &[
+                root.record.chain.last().map(|f| f.key.clone()),
+                compaction.as_ref().map(|(c, _)| c.key.clone()),
+            ],
+            self.ctx.chain_cache_bytes_max,
+        );
+        self.root = root;
+        let txid = front.txid;
+        let confirmed = self.with_cell(move |cell| cell.confirm(Txid(txid))).await;
+        // The root holds the group now: its replies are true whatever the
+        // local engine does next.
+        self.release_held(txid);
+        if !self.confirmed(confirmed).await {
+            return;
+        }
+        self.serve_waiters().await;
+        self.maybe_prepare_compaction().await;
+    }
+
+    /// Whether the engine confirmed a durable group; else the actor fails
+    /// (the replies are out already: the group is durable either way).
+    pub(super) async fn confirmed<T>(
+        &mut self,
+        confirmed: Option<cellfleet_cell::Result<T>>,
+    ) -> bool {
+        match confirmed {
+            Some(Ok(_)) => true,
+            Some(Err(error)) => {
+                self.fail(format!("confirm failed: {error}"), FailKind::NotCommitted)
+                    .await;
+                false
+            }
+            None => {
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                false
+            }
+        }
+    }
+
+    /// Answers UNKNOWN to the held replies of the group at `txid`.
+    pub(super) fn answer_unknown(&mut self, txid: u64, reason: impl Into<String>) {
+        let reason = reason.into();
+        let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.txid == txid);
+        self.held = kept;
+        for held in unknown {
+            held.reply.send(Err(Error::Unknown {
+                reason: reason.clone(),
+            }));
+        }
+    }
+
+    /// Releases held replies published at or before `txid`.
+    pub(super) fn release_held(&mut self, txid: u64) {
+        let (ready, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.txid <= txid);
+        self.held = kept;
+        for held in ready {
+            let receipt = self.receipt(held.result.txid.map_or(held.txid, |t| t.0));
+            held.reply.send(Ok(Executed {
+                receipt,
+                outcome: held.result.outcome,
+                duplicate: held.result.duplicate,
+            }));
+        }
+    }
+}

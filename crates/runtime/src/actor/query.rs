@@ -1,0 +1,195 @@
+//! The actor's reads: queries served at once or parked until the txid they wait for is published, and resolves of a command id against the ledger.
+
+use super::*;
+
+impl Actor {
+    /// Takes the descriptors of the reader the next read opens (the Cell
+    /// has none and nothing is pending), asking the node to passivate an
+    /// idle Cell when `fds_max` is spent.
+    pub(super) async fn reserve_reader(&mut self) -> Result<()> {
+        let opens = self
+            .cell
+            .as_ref()
+            .is_some_and(|cell| cell.readers_open() == 0 && cell.has_published_view());
+        if !opens {
+            return Ok(());
+        }
+        let need = u32::try_from(self.ctx.fds_per_reader).unwrap_or(u32::MAX);
+        let permits = self.ctx.fd_permits.clone();
+        let more = match permits.clone().try_acquire_many_owned(need) {
+            Ok(more) => more,
+            Err(_) => {
+                let _ = self.ctx.room.try_send(self.cell_id.clone());
+                let wait = std::time::Duration::from_millis(self.ctx.activation_wait_ms_max);
+                match tokio::time::timeout(wait, permits.acquire_many_owned(need)).await {
+                    Ok(Ok(more)) => more,
+                    _ => {
+                        return Err(Error::ResourceExhausted {
+                            what: "fds_max (descriptors for a Cell's reader)",
+                            retry_after_ms: self.ctx.retry_after_ms,
+                        })
+                    }
+                }
+            }
+        };
+        self.charge.fds.merge(more);
+        Ok(())
+    }
+
+    pub(super) async fn on_query(
+        &mut self,
+        name: String,
+        args: Value,
+        min_txid: Option<u64>,
+        reply: Reply<Queried>,
+    ) {
+        let min_txid = match (min_txid, self.queries_from_txid) {
+            (min, 0) => min,
+            (min, ready) => Some(min.unwrap_or(0).max(ready)),
+        };
+        match min_txid {
+            Some(min) if min > self.published_txid() => {
+                let executed = self.cell.as_ref().map_or(0, |cell| cell.position().txid.0);
+                if min > executed || self.waiters.len() >= self.ctx.query_waiters_max {
+                    reply.send(Err(Error::ReceiptNotReached {
+                        txid: min,
+                        waited_ms: 0,
+                    }));
+                    return;
+                }
+                self.park_query(min, name, args, reply);
+            }
+            _ if !self.cell.as_ref().is_some_and(Cell::has_published_view) => {
+                // No reader holds the published state while a group is
+                // pending (readers open on demand): answer once the group
+                // is confirmed, and keep a reader from the next group on.
+                if let Some(cell) = self.cell.as_mut() {
+                    cell.want_view();
+                }
+                if self.waiters.len() >= self.ctx.query_waiters_max {
+                    reply.send(Err(Error::ResourceExhausted {
+                        what: "queries waiting on a cell",
+                        retry_after_ms: self.ctx.retry_after_ms,
+                    }));
+                    return;
+                }
+                let next = self.published_txid() + 1;
+                self.park_query(next, name, args, reply);
+            }
+            _ => {
+                let answer = self.run_query(name, args).await;
+                reply.send(answer);
+            }
+        }
+    }
+
+    /// The value and its TXID come from one engine call
+    /// ([`Cell::query_with_position`]), so they name the same state.
+    pub(super) async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
+        self.reserve_reader().await?;
+        match self
+            .with_cell(move |cell| cell.query_with_position(&name, &args))
+            .await
+        {
+            Some(Ok(answer)) => Ok(Queried {
+                receipt: self.receipt(answer.position.txid.0),
+                value: answer.value,
+            }),
+            Some(Err(error)) => Err(Error::from(error)),
+            None => Err(Error::Closed("the cell engine was lost".into())),
+        }
+    }
+
+    /// Keeps a query until `min_txid` is published (or its wait bound
+    /// passes).
+    pub(super) fn park_query(
+        &mut self,
+        min_txid: u64,
+        name: String,
+        args: Value,
+        reply: Reply<Queried>,
+    ) {
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(self.ctx.query_wait_ms_max);
+        self.waiters.push(QueryWaiter {
+            min_txid,
+            name,
+            args,
+            reply,
+            deadline,
+        });
+    }
+
+    pub(super) fn expire_waiters(&mut self) {
+        let now = tokio::time::Instant::now();
+        let wait_ms = self.ctx.query_wait_ms_max;
+        let (expired, kept): (Vec<_>, Vec<_>) =
+            self.waiters.drain(..).partition(|w| w.deadline <= now);
+        self.waiters = kept;
+        for waiter in expired {
+            waiter.reply.send(Err(Error::ReceiptNotReached {
+                txid: waiter.min_txid,
+                waited_ms: wait_ms,
+            }));
+        }
+    }
+
+    pub(super) async fn serve_waiters(&mut self) {
+        let published = self.published_txid();
+        let (ready, kept): (Vec<_>, Vec<_>) = self
+            .waiters
+            .drain(..)
+            .partition(|w| w.min_txid <= published);
+        self.waiters = kept;
+        for mut waiter in ready {
+            if !self.cell.as_ref().is_some_and(Cell::has_published_view) {
+                // Confirmed, but the next group (executed before anyone
+                // asked) pinned no reader: wait for that one too.
+                if let Some(cell) = self.cell.as_mut() {
+                    cell.want_view();
+                }
+                waiter.min_txid = published + 1;
+                self.waiters.push(waiter);
+                continue;
+            }
+            let answer = self.run_query(waiter.name, waiter.args).await;
+            waiter.reply.send(answer);
+        }
+    }
+
+    pub(super) async fn resolve(
+        &mut self,
+        id: CommandId,
+        expires_at_ms: Option<i64>,
+    ) -> Result<Resolution> {
+        if self.held.iter().any(|h| h.result.id == id)
+            || self.batch.iter().any(|q| q.command.id == id)
+            || self.inflight.iter().any(|f| f.ids.contains(&id))
+        {
+            return Ok(Resolution::Unknown);
+        }
+        if let Some(cell) = self.cell.as_mut().filter(|cell| !cell.has_published_view()) {
+            // Nothing reads the published ledger while a group is pending:
+            // not known yet; the next group keeps a reader for the retry.
+            cell.want_view();
+            return Ok(Resolution::Unknown);
+        }
+        self.reserve_reader().await?;
+        let found = self
+            .with_cell(move |cell| cell.published_outcome(&id))
+            .await
+            .ok_or_else(|| Error::Closed("the cell engine was lost".into()))??;
+        if let Some((txid, outcome)) = found {
+            return Ok(Resolution::Committed {
+                receipt: self.receipt(txid.0),
+                outcome,
+            });
+        }
+        let now = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        Ok(missing_from_ledger(
+            expires_at_ms,
+            self.ctx.skew_margin_ms,
+            now,
+        ))
+    }
+}

@@ -131,19 +131,11 @@ impl Actor {
                     .publications_unknown_total
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(cell = %self.cell_id, %reason, "publication fate unknown");
-                let unknown_txid = front.txid;
-                for held in std::mem::take(&mut self.held) {
-                    let error = if held.txid == unknown_txid {
-                        Error::Unknown {
-                            reason: reason.clone(),
-                        }
-                    } else {
-                        Error::NotCommitted {
-                            reason: format!("an earlier publication's fate is unknown: {reason}"),
-                        }
-                    };
-                    held.reply.send(Err(error));
-                }
+                self.settle_held(
+                    GroupEnd::UndecidedThenStopped { txid: front.txid },
+                    &reason,
+                    &format!("an earlier publication's fate is unknown: {reason}"),
+                );
                 self.fail(reason, FailKind::Unknown).await;
             }
         }
@@ -258,11 +250,11 @@ impl Actor {
                 result: Err(PublishFailure::Unknown(reason)),
                 ..
             }) => {
-                self.answer_unknown(front.txid, reason);
+                self.answer_unknown(front.txid, &reason);
             }
             Ok(CasDone { result: Err(_), .. }) => {}
             Err(error) => {
-                self.answer_unknown(front.txid, format!("publication task failed: {error}"));
+                self.answer_unknown(front.txid, &format!("publication task failed: {error}"));
             }
         }
     }

@@ -56,20 +56,14 @@ impl Actor {
             // group's replies before the rest are answered.
             self.settle_abandoned_cas(cas).await;
         }
-        let log_mode = self.log_mode();
-        for held in std::mem::take(&mut self.held) {
-            // In log mode a held group's segment may still land (and then
-            // counts): never call it not committed.
-            held.reply.send(Err(if log_mode {
-                Error::Unknown {
-                    reason: format!("{reason}; the group's segment may still land"),
-                }
-            } else {
-                Error::NotCommitted {
-                    reason: reason.clone(),
-                }
-            }));
-        }
+        // In log mode a held group's segment may still land (and then
+        // counts): never call it not committed.
+        let may_land = self.log_mode();
+        self.settle_held(
+            GroupEnd::Stopped { may_land },
+            &format!("{reason}; the group's segment may still land"),
+            &reason,
+        );
         if let Some(wait) = self.logwait.take() {
             wait.abort();
         }

@@ -244,33 +244,39 @@ impl Actor {
         }
     }
 
-    /// Answers UNKNOWN to the held replies of the group at `txid`.
-    pub(super) fn answer_unknown(&mut self, txid: u64, reason: impl Into<String>) {
-        let reason = reason.into();
-        let (unknown, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| h.txid == txid);
-        self.held = kept;
-        for held in unknown {
-            held.reply.send(Err(Error::Unknown {
-                reason: reason.clone(),
-            }));
+    /// Answers the held replies `end` decides ([`replies::answer`]):
+    /// released ones get their outcome, the others the error it names
+    /// (`unknown` or `not_committed` as their reason); the rest stay held.
+    pub(super) fn settle_held(&mut self, end: GroupEnd, unknown: &str, not_committed: &str) {
+        for held in std::mem::take(&mut self.held) {
+            match replies::answer(end, held.txid) {
+                Answer::Hold => self.held.push(held),
+                Answer::Release => {
+                    let receipt = self.receipt(held.result.txid.map_or(held.txid, |t| t.0));
+                    held.reply.send(Ok(Executed {
+                        receipt,
+                        outcome: held.result.outcome,
+                        duplicate: held.result.duplicate,
+                    }));
+                }
+                Answer::Unknown => held.reply.send(Err(Error::Unknown {
+                    reason: unknown.to_owned(),
+                })),
+                Answer::NotCommitted => held.reply.send(Err(Error::NotCommitted {
+                    reason: not_committed.to_owned(),
+                })),
+            }
         }
     }
 
     /// Releases held replies published at or before `txid`.
     pub(super) fn release_held(&mut self, txid: u64) {
-        let (ready, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| h.txid <= txid);
-        self.held = kept;
-        for held in ready {
-            let receipt = self.receipt(held.result.txid.map_or(held.txid, |t| t.0));
-            held.reply.send(Ok(Executed {
-                receipt,
-                outcome: held.result.outcome,
-                duplicate: held.result.duplicate,
-            }));
-        }
+        self.settle_held(GroupEnd::Published { txid }, "", "");
+    }
+
+    /// Answers UNKNOWN to the held replies of the group at `txid`; later
+    /// groups stay held.
+    pub(super) fn answer_unknown(&mut self, txid: u64, reason: &str) {
+        self.settle_held(GroupEnd::Undecided { txid }, reason, "");
     }
 }

@@ -96,11 +96,7 @@ impl Actor {
                     .fetch_add(1, Ordering::Relaxed);
                 let reason = "this node's log lane was sealed by a successor".to_owned();
                 tracing::warn!(cell = %self.cell_id, epoch = %self.epoch, "log lane sealed");
-                for held in std::mem::take(&mut self.held) {
-                    held.reply.send(Err(Error::NotCommitted {
-                        reason: reason.clone(),
-                    }));
-                }
+                self.settle_held(GroupEnd::Stopped { may_land: false }, "", &reason);
                 self.fail(reason, FailKind::Fenced).await;
             }
             Some(GroupFate::Waiting) | None => {

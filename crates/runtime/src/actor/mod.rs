@@ -35,13 +35,16 @@
 //! mailbox to its publication, replies released in commit order),
 //! [`cell_mode`] (the root CAS per group and the chain's compaction),
 //! [`log_mode`] (the lane's verdicts and checkpoints), [`query`] (queries,
-//! parked reads and resolves) and [`close`] (fencing, failure and exit).
+//! parked reads and resolves) and [`close`] (fencing, failure and exit);
+//! [`replies`] is the pure rule of which held replies a group's end
+//! answers, and how.
 
 mod cell_mode;
 mod close;
 mod execute;
 mod log_mode;
 mod query;
+mod replies;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -67,6 +70,7 @@ use crate::publication::{
 };
 use cellfleet_authority::LogPointer;
 use cellfleet_nodelog::lane::GroupFate;
+use replies::{Answer, GroupEnd};
 
 /// A committed (or stored) command's proof: read-your-writes fence.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -542,7 +546,10 @@ impl Actor {
                 Event::Cas(Ok(done)) => self.on_cas(done).await,
                 Event::Cas(Err(join)) => {
                     if let Some(front) = self.inflight.pop_front() {
-                        self.answer_unknown(front.txid, format!("publication task failed: {join}"));
+                        self.answer_unknown(
+                            front.txid,
+                            &format!("publication task failed: {join}"),
+                        );
                     }
                     self.fail(
                         format!("publication task failed: {join}"),

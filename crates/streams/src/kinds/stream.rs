@@ -331,7 +331,10 @@ fn insert(conn: &Connection, tail: u64, messages: &[Vec<u8>]) -> Result<u64, Kin
     Ok(tail)
 }
 
-fn media_type(content_type: &str) -> String {
+/// The media type of a `Content-Type` value: before any parameter,
+/// trimmed, lowercase (`Application/JSON; charset=utf-8` is
+/// `application/json`).
+pub(crate) fn media_type(content_type: &str) -> String {
     content_type
         .split(';')
         .next()

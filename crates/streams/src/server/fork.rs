@@ -3,7 +3,7 @@
 use super::http::{error, is_json};
 use super::{Body, Streams};
 use crate::clock::now_ms;
-use crate::kinds::stream::{StreamCommand, StreamOutput, StreamQuery, StreamState};
+use crate::kinds::stream::{media_type, StreamCommand, StreamOutput, StreamQuery, StreamState};
 use crate::offset;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -15,15 +15,6 @@ pub(super) struct Fork {
     pub(super) messages: Vec<Vec<u8>>,
     /// The source offset it is cut at.
     pub(super) offset: u64,
-}
-
-pub(super) fn media_type(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
 }
 
 impl Streams {

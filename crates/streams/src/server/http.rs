@@ -3,7 +3,7 @@
 use super::{Body, Streams};
 use crate::auth;
 use crate::backend::BackendError;
-use crate::kinds::stream::{Producer, StreamState};
+use crate::kinds::stream::{media_type, Producer, StreamState};
 use crate::subscriptions;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -101,22 +101,12 @@ pub(super) fn header<'a>(request: &'a Request<Incoming>, name: &str) -> Option<&
 }
 
 pub(super) fn is_json(content_type: &str) -> bool {
-    let media = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let media = media_type(content_type);
     media == "application/json" || media.ends_with("+json")
 }
 
 pub(super) fn is_text(content_type: &str) -> bool {
-    let media = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let media = media_type(content_type);
     media.starts_with("text/") || is_json(&media)
 }
 

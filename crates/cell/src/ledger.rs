@@ -104,17 +104,20 @@ pub(crate) fn upgrade(conn: &Connection) -> Result<bool> {
     Ok(true)
 }
 
+/// The command id in column 0 of a ledger row.
+fn stored_id(row: &rusqlite::Row<'_>) -> Result<[u8; 16]> {
+    let id: Vec<u8> = row.get(0)?;
+    id.try_into()
+        .map_err(|_| Error::Recovery("ledger id is not 16 bytes".into()))
+}
+
 /// Reads the [`Index`] of a [`Layout::ByExpiry`] ledger.
 pub(crate) fn load(conn: &Connection) -> Result<Index> {
     let mut stmt = conn.prepare_cached("SELECT id, expires_at_ms FROM _cellfleet_outcomes")?;
     let mut rows = stmt.query([])?;
     let mut index = Index::new();
     while let Some(row) = rows.next()? {
-        let id: Vec<u8> = row.get(0)?;
-        let id: [u8; 16] = id
-            .try_into()
-            .map_err(|_| Error::Recovery("ledger id is not 16 bytes".into()))?;
-        index.insert(id, row.get(1)?);
+        index.insert(stored_id(row)?, row.get(1)?);
     }
     Ok(index)
 }
@@ -249,11 +252,7 @@ pub(crate) fn prune(conn: &Connection, cutoff_ms: i64, max: u32) -> Result<Vec<[
     let mut rows = stmt.query((cutoff_ms, i64::from(max)))?;
     let mut ids = Vec::new();
     while let Some(row) = rows.next()? {
-        let id: Vec<u8> = row.get(0)?;
-        ids.push(
-            id.try_into()
-                .map_err(|_| Error::Recovery("ledger id is not 16 bytes".into()))?,
-        );
+        ids.push(stored_id(row)?);
     }
     Ok(ids)
 }

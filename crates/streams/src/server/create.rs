@@ -23,181 +23,57 @@ impl Streams {
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Response<Body>> {
         let path = request.uri().path().to_owned();
-        let forked_from = header(&request, "stream-forked-from").map(str::to_owned);
-        let fork_offset = header(&request, "stream-fork-offset").map(str::to_owned);
-        let sub_offset = match header(&request, "stream-fork-sub-offset") {
-            None => 0,
-            Some(_) if forked_from.is_none() => {
-                return Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "Stream-Fork-Sub-Offset needs Stream-Forked-From",
-                ))
-            }
-            Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text
-                .parse::<u64>()
-                .map_err(|_| error(StatusCode::BAD_REQUEST, "bad Stream-Fork-Sub-Offset"))?,
-            Some(_) => {
-                return Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "Stream-Fork-Sub-Offset must be a non-negative integer",
-                ))
-            }
-        };
-        if sub_offset > 0 && fork_offset.is_none() {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset",
-            ));
-        }
-        let explicit_type = header(&request, "content-type").map(str::to_owned);
-        let content_type = explicit_type
-            .clone()
-            .unwrap_or_else(|| "application/octet-stream".to_owned());
-        let ttl = header(&request, "stream-ttl").map(str::to_owned);
-        let expires = header(&request, "stream-expires-at").map(str::to_owned);
-        let closed =
-            header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let host = header(&request, "host").map(str::to_owned);
-        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
-        if ttl.is_some() && expires.is_some() {
-            return Err(bad("give Stream-TTL or Stream-Expires-At, not both"));
-        }
         let now = now_ms();
-        let ttl_seconds = match &ttl {
-            Some(t)
-                if !t.is_empty()
-                    && t.bytes().all(|b| b.is_ascii_digit())
-                    && (t == "0" || !t.starts_with('0')) =>
-            {
-                Some(t.parse::<u64>().map_err(|_| bad("bad Stream-TTL"))?)
-            }
-            Some(_) => return Err(bad("Stream-TTL must be a non-negative integer")),
-            None => None,
-        };
-        let expires_at_ms = match (&expires, ttl_seconds) {
-            (Some(e), _) => Some(parse_time(e).ok_or_else(|| bad("bad Stream-Expires-At"))?),
-            (None, Some(t)) => Some(now.saturating_add((t as i64).saturating_mul(1000))),
-            (None, None) => None,
-        };
+        let asked =
+            CreateHeaders::parse(&request, now).map_err(|m| error(StatusCode::BAD_REQUEST, m))?;
         let body = self.body(request).await?;
-        let mut content_type = content_type;
-        let mut ttl_seconds = ttl_seconds;
-        let mut expires_at_ms = expires_at_ms;
+        let mut settings = Settings {
+            content_type: asked.content_type(),
+            ttl_seconds: asked.ttl_seconds,
+            expires_at_ms: asked.expires_at_ms,
+        };
         let mut inherited = Vec::new();
         let mut lineage = None;
         // The source this request registered a fork reference with.
         let mut registered = None;
-        if let Some(source) = &forked_from {
-            let existing = match self
-                .query(
-                    &path,
-                    StreamQuery::Read {
-                        offset: None,
-                        now_ms: now,
-                    },
-                )
-                .await?
-            {
-                StreamOutput::Read { state, .. } => Some(state),
-                StreamOutput::Gone => return Err(deleted_path()),
-                _ => None,
-            };
-            if let Some(existing) = existing {
-                // Created again: compared with the stored fork (lineage
-                // included) by the create command; the source is not read,
-                // it may be deleted by now.
-                if explicit_type.is_none() {
-                    content_type = existing.config.content_type.clone();
-                }
-                if ttl_seconds.is_none() && expires.is_none() {
-                    ttl_seconds = existing.config.ttl_seconds;
-                }
-                let offset = match fork_offset.as_deref() {
-                    Some(text) => {
-                        offset::parse(text).ok_or_else(|| bad("malformed Stream-Fork-Offset"))?
-                    }
-                    None => 0,
-                };
-                lineage = Some(Lineage {
-                    source: source.clone(),
-                    offset,
-                    sub_offset,
-                });
-            } else {
-                let fork = self
-                    .fork_prefix(
-                        source,
-                        fork_offset.as_deref(),
-                        sub_offset,
-                        explicit_type.as_deref(),
-                    )
-                    .await?;
-                content_type = fork.state.config.content_type.clone();
-                if ttl_seconds.is_none() && expires.is_none() {
-                    ttl_seconds = fork.state.config.ttl_seconds;
-                    expires_at_ms = ttl_seconds
-                        .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
-                        .or(fork.state.config.expires_at_ms);
-                }
-                inherited = fork.messages;
-                // The reference is taken before the fork exists: a crash
-                // between the two leaves the source with a reference to no
-                // fork, so a later soft delete keeps it (410) instead of a
-                // fork ever outliving its source's data.
-                let registering = StreamCommand::RegisterFork {
-                    fork: path.clone(),
-                    now_ms: now,
-                };
-                match self.execute(source, registering).await? {
-                    StreamOutput::Registered => {}
-                    StreamOutput::Gone => {
-                        return Err(error(StatusCode::CONFLICT, "the source was deleted"))
-                    }
-                    StreamOutput::NotFound => {
-                        return Err(error(StatusCode::NOT_FOUND, "no such source stream"))
-                    }
-                    _ => {
-                        return Err(error(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "unexpected output",
-                        ))
-                    }
-                }
-                registered = Some(source.clone());
-                lineage = Some(Lineage {
-                    source: source.clone(),
-                    offset: fork.offset,
-                    sub_offset,
-                });
-            }
-        } else if fork_offset.is_some() {
-            return Err(bad("Stream-Fork-Offset needs Stream-Forked-From"));
+        if let Some(source) = &asked.forked_from {
+            let fork = self
+                .fork_for_create(&path, source, &asked, &mut settings, now)
+                .await?;
+            inherited = fork.inherited;
+            lineage = Some(fork.lineage);
+            registered = fork.registered.then(|| source.clone());
+        } else if asked.fork_offset.is_some() {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "Stream-Fork-Offset needs Stream-Forked-From",
+            ));
         }
         let mut messages = if body.is_empty() {
             Vec::new()
-        } else if is_json(&content_type) {
-            json_messages(&body, true).map_err(&bad)?
+        } else if is_json(&settings.content_type) {
+            json_messages(&body, true).map_err(|m| error(StatusCode::BAD_REQUEST, m))?
         } else {
             vec![body.to_vec()]
         };
         inherited.append(&mut messages);
         let messages = inherited;
         let config = StreamConfig {
-            content_type: content_type.clone(),
-            ttl_seconds,
-            expires_at: expires,
-            expires_at_ms,
+            content_type: settings.content_type,
+            ttl_seconds: settings.ttl_seconds,
+            expires_at: asked.expires,
+            expires_at_ms: settings.expires_at_ms,
         };
         let output = self
             .execute(
                 &path,
                 StreamCommand::Create {
                     config,
-                    closed,
+                    closed: asked.closed,
                     messages: encode(&messages),
                     now_ms: now,
                     lineage,
-                    fork_offset_given: fork_offset.is_some(),
+                    fork_offset_given: asked.fork_offset.is_some(),
                 },
             )
             .await?;
@@ -206,6 +82,117 @@ impl Streams {
                 self.unregister(source, &path).await;
             }
         }
+        self.created(output, &path, asked.host).await
+    }
+
+    /// The fork part of a create at `path` from `source`: a fork created
+    /// again is compared with the stored one (lineage included) by the
+    /// create command, and the source is not read (it may be deleted by
+    /// now); a new fork copies the source's prefix ([`Streams::fork_prefix`])
+    /// and takes its reference on the source before it exists. Fills the
+    /// settings the request left to the source or the stored fork.
+    async fn fork_for_create(
+        &self,
+        path: &str,
+        source: &str,
+        asked: &CreateHeaders,
+        settings: &mut Settings,
+        now: i64,
+    ) -> Result<ForkPart, Response<Body>> {
+        let existing = match self
+            .query(
+                path,
+                StreamQuery::Read {
+                    offset: None,
+                    now_ms: now,
+                },
+            )
+            .await?
+        {
+            StreamOutput::Read { state, .. } => Some(state),
+            StreamOutput::Gone => return Err(deleted_path()),
+            _ => None,
+        };
+        if let Some(existing) = existing {
+            if asked.explicit_type.is_none() {
+                settings.content_type = existing.config.content_type.clone();
+            }
+            if settings.ttl_seconds.is_none() && asked.expires.is_none() {
+                settings.ttl_seconds = existing.config.ttl_seconds;
+            }
+            let offset = match asked.fork_offset.as_deref() {
+                Some(text) => offset::parse(text).ok_or_else(|| {
+                    error(StatusCode::BAD_REQUEST, "malformed Stream-Fork-Offset")
+                })?,
+                None => 0,
+            };
+            return Ok(ForkPart {
+                inherited: Vec::new(),
+                lineage: Lineage {
+                    source: source.to_owned(),
+                    offset,
+                    sub_offset: asked.sub_offset,
+                },
+                registered: false,
+            });
+        }
+        let fork = self
+            .fork_prefix(
+                source,
+                asked.fork_offset.as_deref(),
+                asked.sub_offset,
+                asked.explicit_type.as_deref(),
+            )
+            .await?;
+        settings.content_type = fork.state.config.content_type.clone();
+        if settings.ttl_seconds.is_none() && asked.expires.is_none() {
+            settings.ttl_seconds = fork.state.config.ttl_seconds;
+            settings.expires_at_ms = settings
+                .ttl_seconds
+                .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
+                .or(fork.state.config.expires_at_ms);
+        }
+        // The reference is taken before the fork exists: a crash
+        // between the two leaves the source with a reference to no
+        // fork, so a later soft delete keeps it (410) instead of a
+        // fork ever outliving its source's data.
+        let registering = StreamCommand::RegisterFork {
+            fork: path.to_owned(),
+            now_ms: now,
+        };
+        match self.execute(source, registering).await? {
+            StreamOutput::Registered => {}
+            StreamOutput::Gone => {
+                return Err(error(StatusCode::CONFLICT, "the source was deleted"))
+            }
+            StreamOutput::NotFound => {
+                return Err(error(StatusCode::NOT_FOUND, "no such source stream"))
+            }
+            _ => {
+                return Err(error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "unexpected output",
+                ))
+            }
+        }
+        Ok(ForkPart {
+            inherited: fork.messages,
+            lineage: Lineage {
+                source: source.to_owned(),
+                offset: fork.offset,
+                sub_offset: asked.sub_offset,
+            },
+            registered: true,
+        })
+    }
+
+    /// The answer to a create command's `output` at `path`.
+    async fn created(
+        &self,
+        output: StreamOutput,
+        path: &str,
+        host: Option<String>,
+    ) -> Result<Response<Body>, Response<Body>> {
         match output {
             StreamOutput::Created {
                 state,
@@ -213,7 +200,7 @@ impl Streams {
                 release,
             } => {
                 if let Some(old) = release {
-                    self.release(old, path.clone()).await;
+                    self.release(old, path.to_owned()).await;
                 }
                 let status = if created {
                     StatusCode::CREATED
@@ -227,7 +214,7 @@ impl Streams {
                 if let Some(host) = host {
                     set(headers, "location", format!("http://{host}{path}"));
                 }
-                self.published(&path, state.tail);
+                self.published(path, state.tail);
                 Ok(response)
             }
             StreamOutput::ConfigMismatch => Err(error(
@@ -260,4 +247,96 @@ impl Streams {
             self.release(source, path.to_owned()).await;
         }
     }
+}
+
+/// What a create request's headers ask for, checked (every refusal is a
+/// 400 with the message).
+struct CreateHeaders {
+    forked_from: Option<String>,
+    fork_offset: Option<String>,
+    sub_offset: u64,
+    explicit_type: Option<String>,
+    ttl_seconds: Option<u64>,
+    expires: Option<String>,
+    expires_at_ms: Option<i64>,
+    closed: bool,
+    host: Option<String>,
+}
+
+impl CreateHeaders {
+    fn parse(request: &Request<Incoming>, now: i64) -> Result<Self, &'static str> {
+        let forked_from = header(request, "stream-forked-from").map(str::to_owned);
+        let fork_offset = header(request, "stream-fork-offset").map(str::to_owned);
+        let sub_offset = match header(request, "stream-fork-sub-offset") {
+            None => 0,
+            Some(_) if forked_from.is_none() => {
+                return Err("Stream-Fork-Sub-Offset needs Stream-Forked-From")
+            }
+            Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text
+                .parse::<u64>()
+                .map_err(|_| "bad Stream-Fork-Sub-Offset")?,
+            Some(_) => return Err("Stream-Fork-Sub-Offset must be a non-negative integer"),
+        };
+        if sub_offset > 0 && fork_offset.is_none() {
+            return Err("Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset");
+        }
+        let explicit_type = header(request, "content-type").map(str::to_owned);
+        let ttl = header(request, "stream-ttl");
+        let expires = header(request, "stream-expires-at").map(str::to_owned);
+        let closed =
+            header(request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let host = header(request, "host").map(str::to_owned);
+        if ttl.is_some() && expires.is_some() {
+            return Err("give Stream-TTL or Stream-Expires-At, not both");
+        }
+        let ttl_seconds = match ttl {
+            Some(t)
+                if !t.is_empty()
+                    && t.bytes().all(|b| b.is_ascii_digit())
+                    && (t == "0" || !t.starts_with('0')) =>
+            {
+                Some(t.parse::<u64>().map_err(|_| "bad Stream-TTL")?)
+            }
+            Some(_) => return Err("Stream-TTL must be a non-negative integer"),
+            None => None,
+        };
+        let expires_at_ms = match (&expires, ttl_seconds) {
+            (Some(e), _) => Some(parse_time(e).ok_or("bad Stream-Expires-At")?),
+            (None, Some(t)) => Some(now.saturating_add((t as i64).saturating_mul(1000))),
+            (None, None) => None,
+        };
+        Ok(CreateHeaders {
+            forked_from,
+            fork_offset,
+            sub_offset,
+            explicit_type,
+            ttl_seconds,
+            expires,
+            expires_at_ms,
+            closed,
+            host,
+        })
+    }
+
+    /// The stream's content type: as given, else binary.
+    fn content_type(&self) -> String {
+        self.explicit_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".to_owned())
+    }
+}
+
+/// The settings a fork may fill from its source or the stored fork.
+struct Settings {
+    content_type: String,
+    ttl_seconds: Option<u64>,
+    expires_at_ms: Option<i64>,
+}
+
+/// A fork's part of its create: the source's messages it starts with, its
+/// lineage, and whether this request took a reference on the source.
+struct ForkPart {
+    inherited: Vec<Vec<u8>>,
+    lineage: Lineage,
+    registered: bool,
 }

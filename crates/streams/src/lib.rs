@@ -9,8 +9,9 @@
 //!
 //! *Invariant:* the server never answers a mutation before the runtime did.
 
-// Handlers return a ready HTTP response as their error value; it is built
-// once per request, so its size does not matter.
+// The stream handlers return `server::Error`; the subscriptions' control
+// API returns its JSON error responses ready-made as its error value. That
+// is built once per request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
 pub mod auth;

@@ -1,8 +1,7 @@
 //! POST: appending to a stream, with idempotent producers and closing.
 
-use super::http::{
-    encode, error, gone, header, is_json, json_messages, producer_headers, respond, set,
-};
+use super::error::Error;
+use super::http::{encode, error, header, is_json, json_messages, producer_headers, respond, set};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{StreamCommand, StreamOutput};
@@ -12,17 +11,17 @@ use hyper::{Request, Response, StatusCode};
 
 impl Streams {
     pub(super) async fn append(&self, request: Request<Incoming>) -> Response<Body> {
-        match self.try_append(request).await {
-            Ok(r) | Err(r) => r,
-        }
+        self.try_append(request)
+            .await
+            .unwrap_or_else(Response::from)
     }
 
     pub(super) async fn try_append(
         &self,
         request: Request<Incoming>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
-        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let bad = |m: &'static str| Error::bad(m);
         let content_type = header(&request, "content-type").map(str::to_owned);
         let close =
             header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
@@ -89,12 +88,14 @@ impl Streams {
                 set(headers, "producer-seq", producer.seq.to_string());
                 response
             }
-            StreamOutput::NotFound => error(StatusCode::NOT_FOUND, "no such stream"),
-            StreamOutput::Gone => gone(),
-            StreamOutput::ContentTypeMismatch => error(
-                StatusCode::CONFLICT,
-                "content type does not match the stream's",
-            ),
+            StreamOutput::NotFound => return Err(Error::NotFound),
+            StreamOutput::Gone => return Err(Error::Gone),
+            StreamOutput::ContentTypeMismatch => {
+                return Err(Error::status(
+                    StatusCode::CONFLICT,
+                    "content type does not match the stream's",
+                ))
+            }
             StreamOutput::Closed { state } => {
                 let mut response = error(StatusCode::CONFLICT, "stream is closed");
                 set(response.headers_mut(), "stream-closed", "true");
@@ -103,12 +104,14 @@ impl Streams {
                     "stream-next-offset",
                     offset::format(state.tail),
                 );
-                response
+                return Err(Error::response(response));
             }
-            StreamOutput::SeqConflict => error(
-                StatusCode::CONFLICT,
-                "Stream-Seq is not greater than the last",
-            ),
+            StreamOutput::SeqConflict => {
+                return Err(Error::status(
+                    StatusCode::CONFLICT,
+                    "Stream-Seq is not greater than the last",
+                ))
+            }
             StreamOutput::StaleEpoch { current_epoch } => {
                 let mut response = error(StatusCode::FORBIDDEN, "stale producer epoch");
                 set(
@@ -116,9 +119,11 @@ impl Streams {
                     "producer-epoch",
                     current_epoch.to_string(),
                 );
-                response
+                return Err(Error::response(response));
             }
-            StreamOutput::InvalidEpochSeq => bad("a new producer epoch must start at seq 0"),
+            StreamOutput::InvalidEpochSeq => {
+                return Err(bad("a new producer epoch must start at seq 0"))
+            }
             StreamOutput::SeqGap { expected, received } => {
                 let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
                 set(
@@ -131,9 +136,14 @@ impl Streams {
                     "producer-received-seq",
                     received.to_string(),
                 );
-                response
+                return Err(Error::response(response));
             }
-            _ => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
+            _ => {
+                return Err(Error::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "unexpected output",
+                ))
+            }
         };
         Ok(response)
     }

@@ -1,8 +1,8 @@
 //! PUT: creating a stream (or confirming an identical one), its first messages, TTL or expiry, closed state, and a fork's lineage.
 
+use super::error::Error;
 use super::http::{
-    deleted_path, encode, error, header, is_json, json_messages, parse_time, respond, set,
-    state_headers,
+    encode, header, is_json, json_messages, parse_time, respond, set, state_headers,
 };
 use super::{Body, Streams};
 use crate::clock::now_ms;
@@ -13,19 +13,18 @@ use hyper::{Request, Response, StatusCode};
 
 impl Streams {
     pub(super) async fn create(&self, request: Request<Incoming>) -> Response<Body> {
-        match self.try_create(request).await {
-            Ok(r) | Err(r) => r,
-        }
+        self.try_create(request)
+            .await
+            .unwrap_or_else(Response::from)
     }
 
     pub(super) async fn try_create(
         &self,
         request: Request<Incoming>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
         let now = now_ms();
-        let asked =
-            CreateHeaders::parse(&request, now).map_err(|m| error(StatusCode::BAD_REQUEST, m))?;
+        let asked = CreateHeaders::parse(&request, now).map_err(Error::bad)?;
         let body = self.body(request).await?;
         let mut settings = Settings {
             content_type: asked.content_type(),
@@ -44,15 +43,12 @@ impl Streams {
             lineage = Some(fork.lineage);
             registered = fork.registered.then(|| source.clone());
         } else if asked.fork_offset.is_some() {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "Stream-Fork-Offset needs Stream-Forked-From",
-            ));
+            return Err(Error::bad("Stream-Fork-Offset needs Stream-Forked-From"));
         }
         let mut messages = if body.is_empty() {
             Vec::new()
         } else if is_json(&settings.content_type) {
-            json_messages(&body, true).map_err(|m| error(StatusCode::BAD_REQUEST, m))?
+            json_messages(&body, true).map_err(Error::bad)?
         } else {
             vec![body.to_vec()]
         };
@@ -98,7 +94,7 @@ impl Streams {
         asked: &CreateHeaders,
         settings: &mut Settings,
         now: i64,
-    ) -> Result<ForkPart, Response<Body>> {
+    ) -> Result<ForkPart, Error> {
         let existing = match self
             .query(
                 path,
@@ -110,7 +106,7 @@ impl Streams {
             .await?
         {
             StreamOutput::Read { state, .. } => Some(state),
-            StreamOutput::Gone => return Err(deleted_path()),
+            StreamOutput::Gone => return Err(Error::DeletedPath),
             _ => None,
         };
         if let Some(existing) = existing {
@@ -121,9 +117,9 @@ impl Streams {
                 settings.ttl_seconds = existing.config.ttl_seconds;
             }
             let offset = match asked.fork_offset.as_deref() {
-                Some(text) => offset::parse(text).ok_or_else(|| {
-                    error(StatusCode::BAD_REQUEST, "malformed Stream-Fork-Offset")
-                })?,
+                Some(text) => {
+                    offset::parse(text).ok_or_else(|| Error::bad("malformed Stream-Fork-Offset"))?
+                }
                 None => 0,
             };
             return Ok(ForkPart {
@@ -163,13 +159,19 @@ impl Streams {
         match self.execute(source, registering).await? {
             StreamOutput::Registered => {}
             StreamOutput::Gone => {
-                return Err(error(StatusCode::CONFLICT, "the source was deleted"))
+                return Err(Error::status(
+                    StatusCode::CONFLICT,
+                    "the source was deleted",
+                ))
             }
             StreamOutput::NotFound => {
-                return Err(error(StatusCode::NOT_FOUND, "no such source stream"))
+                return Err(Error::status(
+                    StatusCode::NOT_FOUND,
+                    "no such source stream",
+                ))
             }
             _ => {
-                return Err(error(
+                return Err(Error::status(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "unexpected output",
                 ))
@@ -192,7 +194,7 @@ impl Streams {
         output: StreamOutput,
         path: &str,
         host: Option<String>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         match output {
             StreamOutput::Created {
                 state,
@@ -217,12 +219,12 @@ impl Streams {
                 self.published(path, state.tail);
                 Ok(response)
             }
-            StreamOutput::ConfigMismatch => Err(error(
+            StreamOutput::ConfigMismatch => Err(Error::status(
                 StatusCode::CONFLICT,
                 "stream exists with another configuration",
             )),
-            StreamOutput::Gone => Err(deleted_path()),
-            _ => Err(error(
+            StreamOutput::Gone => Err(Error::DeletedPath),
+            _ => Err(Error::status(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "unexpected output",
             )),

@@ -1,6 +1,7 @@
 //! DELETE: removing a stream, or marking a source with live forks deleted (410) until its last fork goes.
 
-use super::http::{error, gone, respond};
+use super::error::Error;
+use super::http::respond;
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{StreamCommand, StreamOutput};
@@ -26,10 +27,10 @@ impl Streams {
                 }
                 respond(StatusCode::NO_CONTENT, "")
             }
-            Ok(StreamOutput::NotFound) => error(StatusCode::NOT_FOUND, "no such stream"),
-            Ok(StreamOutput::Gone) => self.gone_at(&path),
-            Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
-            Err(r) => r,
+            Ok(StreamOutput::NotFound) => Error::NotFound.into(),
+            Ok(StreamOutput::Gone) => self.gone_at(&path).into(),
+            Ok(_) => Error::status(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output").into(),
+            Err(e) => e.into(),
         };
         self.notifier.changed(&path);
         response
@@ -42,10 +43,10 @@ impl Streams {
     /// no stream at all keeps its reference: it may be a fork being
     /// created, or one whose release was cut short by a crash (the source
     /// is then kept, 410, rather than removed too early).
-    pub(super) fn gone_at(&self, path: &str) -> Response<Body> {
+    pub(super) fn gone_at(&self, path: &str) -> Error {
         let service = self.clone();
         let path = path.to_owned();
         tokio::spawn(async move { service.sweep(path).await });
-        gone()
+        Error::Gone
     }
 }

@@ -1,13 +1,14 @@
 //! Forks: copying a source's prefix into a new stream, and the source's references to its forks (released when a fork is deleted, swept when forks expired).
 
-use super::http::{error, is_json};
-use super::{Body, Streams};
+use super::error::Error;
+use super::http::is_json;
+use super::Streams;
 use crate::clock::now_ms;
 use crate::kinds::stream::{media_type, StreamCommand, StreamOutput, StreamQuery, StreamState};
 use crate::offset;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use hyper::{Response, StatusCode};
+use hyper::StatusCode;
 
 /// What a fork inherits from its source.
 pub(super) struct Fork {
@@ -26,18 +27,15 @@ impl Streams {
         fork_offset: Option<&str>,
         sub_offset: u64,
         explicit_type: Option<&str>,
-    ) -> Result<Fork, Response<Body>> {
-        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
-        let (state, _, _, _) = self.read_at(source, None).await.map_err(|r| {
-            if r.status() == StatusCode::GONE {
-                error(StatusCode::CONFLICT, "the source was deleted")
-            } else {
-                r
-            }
+    ) -> Result<Fork, Error> {
+        let bad = |m: &'static str| Error::bad(m);
+        let (state, _, _, _) = self.read_at(source, None).await.map_err(|e| match e {
+            Error::Gone => Error::status(StatusCode::CONFLICT, "the source was deleted"),
+            other => other,
         })?;
         if let Some(ct) = explicit_type {
             if media_type(ct) != media_type(&state.config.content_type) {
-                return Err(error(
+                return Err(Error::status(
                     StatusCode::CONFLICT,
                     "content type differs from the source's",
                 ));
@@ -61,9 +59,9 @@ impl Streams {
                 if start >= end {
                     break;
                 }
-                let data = BASE64
-                    .decode(data)
-                    .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stored data"))?;
+                let data = BASE64.decode(data).map_err(|_| {
+                    Error::status(StatusCode::INTERNAL_SERVER_ERROR, "bad stored data")
+                })?;
                 if start + data.len() as u64 > end {
                     return Err(bad("Stream-Fork-Offset is not a message boundary"));
                 }

@@ -1,8 +1,8 @@
 //! The HTTP side of the server: the accept loop (TLS and plain, HTTP/1.1 and HTTP/2), the request helpers (headers, query parameters, JSON bodies) and the responses every handler shares (errors, stream headers, backend failures).
 
+use super::error::Error;
 use super::{Body, Streams};
 use crate::auth;
-use crate::backend::BackendError;
 use crate::kinds::stream::{media_type, Producer, StreamState};
 use crate::subscriptions;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -32,16 +32,6 @@ pub(super) fn refused(refusal: auth::Refusal) -> Response<Body> {
         "www-authenticate",
         refusal.challenge(),
     );
-    response
-}
-
-/// A live read past its bound: 503, try again in a second.
-pub(super) fn too_many(what: &str) -> Response<Body> {
-    let mut response = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("too many open {what} on this node"),
-    );
-    set(response.headers_mut(), "retry-after", "1");
     response
 }
 
@@ -193,8 +183,8 @@ pub(super) async fn refuse(mut stream: tokio::net::TcpStream) {
     .await;
 }
 
-pub(super) fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<Body>> {
-    let fail = || error(StatusCode::INTERNAL_SERVER_ERROR, "command does not encode");
+pub(super) fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Error> {
+    let fail = || Error::status(StatusCode::INTERNAL_SERVER_ERROR, "command does not encode");
     let Ok(Value::Object(mut map)) = serde_json::to_value(value) else {
         return Err(fail());
     };
@@ -205,50 +195,6 @@ pub(super) fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Response<
         .remove("args")
         .unwrap_or(Value::Object(Default::default()));
     Ok((name, args))
-}
-
-pub(super) fn backend_error(e: BackendError) -> Response<Body> {
-    let (status, message) = match &e {
-        BackendError::NotOwner(_) => (StatusCode::MISDIRECTED_REQUEST, e.to_string()),
-        BackendError::BadRequest(_) => (StatusCode::BAD_REQUEST, e.to_string()),
-        BackendError::UnknownOutcome(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "outcome unknown: the request may or may not have been applied \
-                 (the stream's owner stopped answering after it was sent: {reason}); \
-                 read the stream (or use an idempotent producer) before retrying"
-            ),
-        ),
-        BackendError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        BackendError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    let mut response = error(status, &message);
-    if let BackendError::Unavailable {
-        retry_after_ms: Some(retry_after_ms),
-        ..
-    } = e
-    {
-        set(
-            response.headers_mut(),
-            "retry-after",
-            retry_after_ms.div_ceil(1000).max(1).to_string(),
-        );
-    }
-    response
-}
-
-/// A soft-deleted stream (deleted while forks of it exist).
-pub(super) fn gone() -> Response<Body> {
-    error(StatusCode::GONE, "stream was deleted")
-}
-
-/// Creating at the path of a soft-deleted stream: taken until its forks
-/// are gone.
-pub(super) fn deleted_path() -> Response<Body> {
-    error(
-        StatusCode::CONFLICT,
-        "a deleted stream keeps this path until its forks are deleted",
-    )
 }
 
 pub(super) fn state_headers(headers: &mut HeaderMap, state: &StreamState) {

@@ -8,7 +8,8 @@
 //! Code map: this module holds the service ([`Streams`]: settings, the
 //! request's authorization and routing, and the command and query helpers
 //! every handler uses); one module per concern: [`http`] (the accept
-//! loop, request helpers and shared responses), [`create`] (PUT),
+//! loop, request helpers and shared responses), [`error`] (the handlers'
+//! one error type and its responses), [`create`] (PUT),
 //! [`fork`] (copying a prefix and the references between a source and its
 //! forks), [`append`] (POST), [`delete`] (DELETE), [`read`] (GET, HEAD,
 //! long-polls) and [`sse`] (server-sent events).
@@ -40,12 +41,14 @@ use crate::tail::SharedReads;
 mod append;
 mod create;
 mod delete;
+mod error;
 mod fork;
 mod http;
 mod read;
 mod sse;
 
-use http::{backend_error, drain, error, full, header, refused, respond, set, wire, EXPOSED};
+pub(crate) use error::Error;
+use http::{drain, error, full, header, refused, respond, set, wire, EXPOSED};
 
 /// The response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -202,11 +205,7 @@ impl Streams {
         }
     }
 
-    async fn execute(
-        &self,
-        path: &str,
-        command: StreamCommand,
-    ) -> Result<StreamOutput, Response<Body>> {
+    async fn execute(&self, path: &str, command: StreamCommand) -> Result<StreamOutput, Error> {
         self.execute_in(STREAM_KIND, path, &command).await
     }
 
@@ -216,30 +215,24 @@ impl Streams {
         kind: &str,
         key: &str,
         command: &C,
-    ) -> Result<O, Response<Body>> {
+    ) -> Result<O, Error> {
         let (name, args) = wire(command)?;
         let expires_at_ms = now_ms() + 60_000;
         let command = Command::new(rand::random::<[u8; 16]>(), name, args, expires_at_ms);
         let outcome = self.settled(kind, key, command).await?;
         match outcome {
             Outcome::Applied { result } => serde_json::from_value(result)
-                .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
-            Outcome::Rejected { rejection } => Err(error(
-                StatusCode::BAD_REQUEST,
-                &format!("rejected: {}", rejection.message),
-            )),
+                .map_err(|_| Error::status(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output")),
+            Outcome::Rejected { rejection } => {
+                Err(Error::bad(format!("rejected: {}", rejection.message)))
+            }
         }
     }
 
     /// Executes `command`, sending the same command again while its
     /// outcome is unknown (see [`crate::settle`]), so the HTTP client hears
     /// a definite outcome, a definite "not run", or an honest "unknown".
-    async fn settled(
-        &self,
-        kind: &str,
-        key: &str,
-        command: Command,
-    ) -> Result<Outcome, Response<Body>> {
+    async fn settled(&self, kind: &str, key: &str, command: Command) -> Result<Outcome, Error> {
         let started = tokio::time::Instant::now();
         let mut in_doubt = false;
         let mut attempt = 0;
@@ -252,14 +245,14 @@ impl Streams {
             let class = settle::classify(&result);
             in_doubt |= class == settle::Attempt::Unknown;
             match settle::next(attempt, started.elapsed(), class, in_doubt) {
-                settle::Next::Answer => return result.map_err(backend_error),
+                settle::Next::Answer => return result.map_err(Error::Backend),
                 settle::Next::RetryAfter(wait) => tokio::time::sleep(wait).await,
                 settle::Next::GiveUpUnknown => {
                     let reason = match result {
                         Err(error) => error.to_string(),
                         Ok(_) => "settled".to_owned(),
                     };
-                    return Err(backend_error(BackendError::UnknownOutcome(format!(
+                    return Err(Error::Backend(BackendError::UnknownOutcome(format!(
                         "still unknown after {attempt} attempts with the same command id: {reason}"
                     ))));
                 }
@@ -301,7 +294,7 @@ impl Streams {
         }
     }
 
-    async fn query(&self, path: &str, query: StreamQuery) -> Result<StreamOutput, Response<Body>> {
+    async fn query(&self, path: &str, query: StreamQuery) -> Result<StreamOutput, Error> {
         self.query_in(STREAM_KIND, path, &query).await
     }
 
@@ -311,18 +304,17 @@ impl Streams {
         kind: &str,
         key: &str,
         query: &Q,
-    ) -> Result<O, Response<Body>> {
+    ) -> Result<O, Error> {
         let (name, args) = wire(query)?;
         let value = self
             .backend
             .query(kind, key.as_bytes(), &name, args)
-            .await
-            .map_err(backend_error)?;
+            .await?;
         serde_json::from_value(value)
-            .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output"))
+            .map_err(|_| Error::status(StatusCode::INTERNAL_SERVER_ERROR, "bad stream output"))
     }
 
-    async fn body(&self, request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    async fn body(&self, request: Request<Incoming>) -> Result<Bytes, Error> {
         let limit = self.config.body_bytes_max;
         let declared = request
             .headers()
@@ -332,12 +324,15 @@ impl Streams {
             // Read the rest before refusing: a client still sending would
             // otherwise see its connection reset (EPIPE) instead of the 413.
             drain(request.into_body()).await;
-            return Err(error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"));
+            return Err(Error::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body too large",
+            ));
         }
         Limited::new(request.into_body(), limit)
             .collect()
             .await
             .map(|c| c.to_bytes())
-            .map_err(|_| error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"))
+            .map_err(|_| Error::status(StatusCode::PAYLOAD_TOO_LARGE, "body too large"))
     }
 }

@@ -1,6 +1,7 @@
 //! GET and HEAD: catch-up reads, long-polls and the stream's metadata.
 
-use super::http::{error, header, is_json, query_params, respond, set, state_headers, too_many};
+use super::error::Error;
+use super::http::{header, is_json, query_params, respond, set, state_headers};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{StreamOutput, StreamQuery, StreamState};
@@ -71,24 +72,22 @@ impl Streams {
                 set(headers, "stream-next-offset", offset::format(state.tail));
                 response
             }
-            Ok(StreamOutput::Gone) => self.gone_at(&path),
-            Ok(_) => error(StatusCode::NOT_FOUND, "no such stream"),
-            Err(r) => r,
+            Ok(StreamOutput::Gone) => self.gone_at(&path).into(),
+            Ok(_) => Error::NotFound.into(),
+            Err(e) => e.into(),
         }
     }
 
     pub(super) async fn read(&self, request: Request<Incoming>) -> Response<Body> {
-        match self.try_read(request).await {
-            Ok(r) | Err(r) => r,
-        }
+        self.try_read(request).await.unwrap_or_else(Response::from)
     }
 
     pub(super) async fn try_read(
         &self,
         request: Request<Incoming>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
-        let bad = |m: &str| error(StatusCode::BAD_REQUEST, m);
+        let bad = |m: &'static str| Error::bad(m);
         let params = query_params(&request);
         let get = |name: &str| {
             params
@@ -124,7 +123,7 @@ impl Streams {
         &self,
         path: &str,
         start: Option<u64>,
-    ) -> Result<(StreamState, Vec<(u64, String)>, u64, u64), Response<Body>> {
+    ) -> Result<(StreamState, Vec<(u64, String)>, u64, u64), Error> {
         match self
             .query(
                 path,
@@ -143,12 +142,9 @@ impl Streams {
                 let from = start.unwrap_or(state.tail);
                 Ok((state, messages, from, next))
             }
-            StreamOutput::BadOffset => Err(error(
-                StatusCode::BAD_REQUEST,
-                "offset is not in this stream",
-            )),
+            StreamOutput::BadOffset => Err(Error::bad("offset is not in this stream")),
             StreamOutput::Gone => Err(self.gone_at(path)),
-            _ => Err(error(StatusCode::NOT_FOUND, "no such stream")),
+            _ => Err(Error::NotFound),
         }
     }
 
@@ -160,7 +156,7 @@ impl Streams {
         path: &str,
         position: Option<u64>,
         woke: tokio::time::Instant,
-    ) -> Result<Arc<TailRead>, Response<Body>> {
+    ) -> Result<Arc<TailRead>, Error> {
         let own = |read| Arc::new(TailRead::new(read));
         let Some(at) = position else {
             return self.read_at(path, None).await.map(own);
@@ -183,7 +179,7 @@ impl Streams {
         path: &str,
         start: Option<u64>,
         if_none_match: Option<&str>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         let (state, messages, from, next) = self.read_at(path, start).await?;
         self.touch(path, &state).await;
         let up_to_date = next == state.tail;
@@ -218,10 +214,10 @@ impl Streams {
         path: &str,
         start: Option<u64>,
         client_cursor: Option<&str>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         // Held until the answer is ready; never waited for.
         let Ok(_permit) = self.live.long_polls.clone().try_acquire_owned() else {
-            return Err(too_many("long-polls"));
+            return Err(Error::TooMany("long-polls"));
         };
         let deadline = tokio::time::Instant::now() + self.config.long_poll_timeout;
         // Subscribe before the emptiness check, so an append between the

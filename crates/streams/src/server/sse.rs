@@ -1,6 +1,7 @@
 //! Server-sent events: a live read as an event stream, with its control events and the session that feeds it.
 
-use super::http::{is_text, set, too_many};
+use super::error::Error;
+use super::http::{is_text, set};
 use super::read::{cursor, join};
 use super::{Body, Streams};
 use crate::notify::{self};
@@ -142,10 +143,10 @@ impl Streams {
         path: &str,
         start: Option<u64>,
         client_cursor: Option<String>,
-    ) -> Result<Response<Body>, Response<Body>> {
+    ) -> Result<Response<Body>, Error> {
         // Held by the writer task until the connection ends.
         let Ok(permit) = self.live.sse.clone().try_acquire_owned() else {
-            return Err(too_many("SSE connections"));
+            return Err(Error::TooMany("SSE connections"));
         };
         let mut changes = self.notifier.subscribe(path);
         let first = self

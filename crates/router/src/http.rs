@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cellfleet_runtime::accept::accept_connections;
 use cellfleet_runtime::lease::ServingMode;
 use cellfleet_runtime::NodeHandle;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::service_admin::DrainState;
 
@@ -44,31 +45,13 @@ pub async fn serve(
 /// unanswered).
 pub(crate) async fn accept<F, Fut>(
     listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     connection: F,
 ) where
     F: Fn(TcpStream) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            continue;
-        };
-        let served = connection(stream);
-        tokio::spawn(async move {
-            let _permit = permit;
-            served.await;
-        });
-    }
+    accept_connections(listener, shutdown, CONNECTIONS_MAX, drop, connection).await
 }
 
 async fn answer(

@@ -41,6 +41,7 @@
 //! *Invariant:* SQLite runs only on the blocking pool, never on async worker
 //! threads.
 
+pub mod accept;
 pub mod activation;
 pub mod actor;
 mod config;

@@ -8,6 +8,7 @@ use crate::subscriptions;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
+use cellfleet_runtime::accept::accept_connections;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
@@ -15,10 +16,9 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 /// Longest a TLS handshake may take before the connection is dropped.
 pub(super) const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
@@ -247,62 +247,60 @@ pub(super) fn parse_time(text: &str) -> Option<i64> {
 impl Streams {
     /// Serves `listener` until `shutdown` turns true: HTTP/1.1, and
     /// HTTP/2 (by ALPN over TLS, by prior knowledge over plain TCP).
-    pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-        let permits = Arc::new(Semaphore::new(self.config.connections_max.max(1)));
+    pub async fn serve(self, listener: TcpListener, shutdown: watch::Receiver<bool>) {
         let tls = self.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         subscriptions::start(&self, shutdown.clone());
-        loop {
-            let accepted = tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                if tls.is_none() {
-                    tokio::spawn(refuse(stream));
-                }
-                continue;
-            };
-            let service = self.clone();
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                let handler = hyper::service::service_fn(move |request| {
-                    let service = service.clone();
-                    async move { Ok::<_, Infallible>(service.handle(request).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                );
-                match tls {
-                    None => {
-                        let io = hyper_util::rt::TokioIo::new(stream);
-                        let _ = builder.serve_connection(io, handler).await;
-                    }
-                    Some(acceptor) => {
-                        // A TLS connection opens with a handshake record
-                        // (0x16); anything else is plain HTTP to an HTTPS
-                        // port, which gets told so instead of garbage.
-                        let mut first = [0u8; 1];
-                        let peeked =
-                            tokio::time::timeout(TLS_HANDSHAKE, stream.peek(&mut first)).await;
-                        if matches!(peeked, Ok(Ok(1))) && first[0] != 0x16 {
-                            plain_http_to_tls(stream).await;
-                            return;
+        let plain = tls.is_none();
+        let connections_max = self.config.connections_max;
+        let refused = move |stream| {
+            if plain {
+                tokio::spawn(refuse(stream));
+            }
+        };
+        accept_connections(
+            listener,
+            shutdown,
+            connections_max,
+            refused,
+            move |stream| {
+                let service = self.clone();
+                let tls = tls.clone();
+                async move {
+                    let handler = hyper::service::service_fn(move |request| {
+                        let service = service.clone();
+                        async move { Ok::<_, Infallible>(service.handle(request).await) }
+                    });
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    match tls {
+                        None => {
+                            let io = hyper_util::rt::TokioIo::new(stream);
+                            let _ = builder.serve_connection(io, handler).await;
                         }
-                        let handshake =
-                            tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
-                        let Ok(Ok(stream)) = handshake.await else {
-                            return;
-                        };
-                        let io = hyper_util::rt::TokioIo::new(stream);
-                        let _ = builder.serve_connection(io, handler).await;
+                        Some(acceptor) => {
+                            // A TLS connection opens with a handshake record
+                            // (0x16); anything else is plain HTTP to an HTTPS
+                            // port, which gets told so instead of garbage.
+                            let mut first = [0u8; 1];
+                            let peeked =
+                                tokio::time::timeout(TLS_HANDSHAKE, stream.peek(&mut first)).await;
+                            if matches!(peeked, Ok(Ok(1))) && first[0] != 0x16 {
+                                plain_http_to_tls(stream).await;
+                                return;
+                            }
+                            let handshake =
+                                tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
+                            let Ok(Ok(stream)) = handshake.await else {
+                                return;
+                            };
+                            let io = hyper_util::rt::TokioIo::new(stream);
+                            let _ = builder.serve_connection(io, handler).await;
+                        }
                     }
                 }
-            });
-        }
+            },
+        )
+        .await
     }
 }

@@ -1,14 +1,13 @@
 //! PUT: creating a stream (or confirming an identical one), its first messages, TTL or expiry, closed state, and a fork's lineage.
 
 use super::error::Error;
-use super::http::{
-    encode, header, is_json, json_messages, parse_time, respond, set, state_headers,
-};
+use super::http::{encode, is_json, json_messages, parse_time, respond, set, state_headers};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{Lineage, StreamCommand, StreamConfig, StreamOutput, StreamQuery};
 use crate::offset;
 use hyper::body::Incoming;
+use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
 
 impl Streams {
@@ -24,7 +23,7 @@ impl Streams {
     ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
         let now = now_ms();
-        let asked = CreateHeaders::parse(&request, now).map_err(Error::bad)?;
+        let asked = CreateHeaders::parse(request.headers(), now).map_err(Error::bad)?;
         let body = self.body(request).await?;
         let mut settings = Settings {
             content_type: asked.content_type(),
@@ -266,10 +265,13 @@ struct CreateHeaders {
 }
 
 impl CreateHeaders {
-    fn parse(request: &Request<Incoming>, now: i64) -> Result<Self, &'static str> {
-        let forked_from = header(request, "stream-forked-from").map(str::to_owned);
-        let fork_offset = header(request, "stream-fork-offset").map(str::to_owned);
-        let sub_offset = match header(request, "stream-fork-sub-offset") {
+    /// Checks the headers of a create (PUT) at time `now`: fork source,
+    /// offset and sub-offset, content type, TTL or expiry, closed, host.
+    fn parse(headers: &HeaderMap, now: i64) -> Result<Self, &'static str> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let forked_from = header("stream-forked-from").map(str::to_owned);
+        let fork_offset = header("stream-fork-offset").map(str::to_owned);
+        let sub_offset = match header("stream-fork-sub-offset") {
             None => 0,
             Some(_) if forked_from.is_none() => {
                 return Err("Stream-Fork-Sub-Offset needs Stream-Forked-From")
@@ -282,12 +284,11 @@ impl CreateHeaders {
         if sub_offset > 0 && fork_offset.is_none() {
             return Err("Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset");
         }
-        let explicit_type = header(request, "content-type").map(str::to_owned);
-        let ttl = header(request, "stream-ttl");
-        let expires = header(request, "stream-expires-at").map(str::to_owned);
-        let closed =
-            header(request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let host = header(request, "host").map(str::to_owned);
+        let explicit_type = header("content-type").map(str::to_owned);
+        let ttl = header("stream-ttl");
+        let expires = header("stream-expires-at").map(str::to_owned);
+        let closed = header("stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let host = header("host").map(str::to_owned);
         if ttl.is_some() && expires.is_some() {
             return Err("give Stream-TTL or Stream-Expires-At, not both");
         }
@@ -341,4 +342,113 @@ struct ForkPart {
     inherited: Vec<Vec<u8>>,
     lineage: Lineage,
     registered: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+    use proptest::prelude::*;
+
+    /// A header's text: digits (to reach the accepted paths) or any
+    /// visible ASCII.
+    fn text() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(prop_oneof!["[0-9]{1,22}", "[ -~]{0,12}"])
+    }
+
+    fn headers(pairs: &[(&'static str, &Option<String>)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            if let Some(value) = value {
+                map.insert(*name, HeaderValue::from_str(value).unwrap());
+            }
+        }
+        map
+    }
+
+    proptest! {
+        /// Any create headers are either refused with a message or
+        /// accepted as the protocol reads them: a TTL only in canonical
+        /// digits and then the expiry it implies, never TTL and expiry
+        /// together, a sub-offset only with a source, a sub-offset past
+        /// zero only with an offset.
+        #[test]
+        fn create_headers_are_refused_or_read_as_the_protocol_says(
+            forked_from in text(),
+            fork_offset in text(),
+            sub_offset in text(),
+            ttl in text(),
+            expires in text(),
+            closed in text(),
+            now in 0i64..4_000_000_000_000,
+        ) {
+            let map = headers(&[
+                ("stream-forked-from", &forked_from),
+                ("stream-fork-offset", &fork_offset),
+                ("stream-fork-sub-offset", &sub_offset),
+                ("stream-ttl", &ttl),
+                ("stream-expires-at", &expires),
+                ("stream-closed", &closed),
+            ]);
+            let Ok(asked) = CreateHeaders::parse(&map, now) else {
+                return Ok(());
+            };
+            prop_assert!(ttl.is_none() || expires.is_none());
+            prop_assert_eq!(asked.ttl_seconds.map(|t| t.to_string()), ttl.clone());
+            if let Some(t) = asked.ttl_seconds {
+                prop_assert_eq!(
+                    asked.expires_at_ms,
+                    Some(now.saturating_add((t as i64).saturating_mul(1000)))
+                );
+            }
+            if expires.is_none() && ttl.is_none() {
+                prop_assert_eq!(asked.expires_at_ms, None);
+            }
+            if sub_offset.is_some() {
+                prop_assert!(forked_from.is_some());
+                prop_assert!(asked.sub_offset == 0 || fork_offset.is_some());
+            }
+            prop_assert_eq!(
+                asked.closed,
+                closed.is_some_and(|c| c.eq_ignore_ascii_case("true"))
+            );
+            prop_assert_eq!(asked.forked_from, forked_from);
+        }
+    }
+
+    #[test]
+    fn create_headers_refuse_what_the_protocol_forbids() {
+        let some = |t: &str| Some(t.to_owned());
+        let refused = |pairs: &[(&'static str, &Option<String>)]| {
+            CreateHeaders::parse(&headers(pairs), 0).err()
+        };
+        assert_eq!(
+            refused(&[
+                ("stream-ttl", &some("60")),
+                ("stream-expires-at", &some("2030-01-01T00:00:00Z"))
+            ]),
+            Some("give Stream-TTL or Stream-Expires-At, not both")
+        );
+        assert_eq!(
+            refused(&[("stream-ttl", &some("060"))]),
+            Some("Stream-TTL must be a non-negative integer")
+        );
+        assert_eq!(
+            refused(&[("stream-fork-sub-offset", &some("1"))]),
+            Some("Stream-Fork-Sub-Offset needs Stream-Forked-From")
+        );
+        assert_eq!(
+            refused(&[
+                ("stream-forked-from", &some("/s")),
+                ("stream-fork-sub-offset", &some("2"))
+            ]),
+            Some("Stream-Fork-Sub-Offset > 0 needs Stream-Fork-Offset")
+        );
+        assert_eq!(
+            refused(&[("stream-expires-at", &some("tomorrow"))]),
+            Some("bad Stream-Expires-At")
+        );
+        let asked = CreateHeaders::parse(&headers(&[("stream-ttl", &some("0"))]), 5).unwrap();
+        assert_eq!((asked.ttl_seconds, asked.expires_at_ms), (Some(0), Some(5)));
+    }
 }

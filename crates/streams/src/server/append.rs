@@ -1,12 +1,13 @@
 //! POST: appending to a stream, with idempotent producers and closing.
 
 use super::error::Error;
-use super::http::{encode, error, header, is_json, json_messages, producer_headers, respond, set};
+use super::http::{encode, error, header, is_json, json_messages, respond, set};
 use super::{Body, Streams};
 use crate::clock::now_ms;
-use crate::kinds::stream::{StreamCommand, StreamOutput};
+use crate::kinds::stream::{Producer, StreamCommand, StreamOutput};
 use crate::offset;
 use hyper::body::Incoming;
+use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
 
 impl Streams {
@@ -26,7 +27,7 @@ impl Streams {
         let close =
             header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let seq = header(&request, "stream-seq").map(str::to_owned);
-        let producer = producer_headers(&request).map_err(&bad)?;
+        let producer = producer_headers(request.headers()).map_err(&bad)?;
         let body = self.body(request).await?;
         if body.is_empty() && !close {
             return Err(bad("empty append"));
@@ -56,11 +57,22 @@ impl Streams {
                 },
             )
             .await?;
+        self.appended(output, &path, messages.is_empty())
+    }
+
+    /// The answer to an append command's `output` at `path` (`empty`: a
+    /// close-only request).
+    fn appended(
+        &self,
+        output: StreamOutput,
+        path: &str,
+        empty: bool,
+    ) -> Result<Response<Body>, Error> {
         let response = match output {
             StreamOutput::Appended { state, producer } => {
-                self.published(&path, state.tail);
+                self.published(path, state.tail);
                 // Close-only requests answer 204 even for producers.
-                let status = if producer.is_some() && !messages.is_empty() {
+                let status = if producer.is_some() && !empty {
                     StatusCode::OK
                 } else {
                     StatusCode::NO_CONTENT
@@ -122,7 +134,7 @@ impl Streams {
                 return Err(Error::response(response));
             }
             StreamOutput::InvalidEpochSeq => {
-                return Err(bad("a new producer epoch must start at seq 0"))
+                return Err(Error::bad("a new producer epoch must start at seq 0"))
             }
             StreamOutput::SeqGap { expected, received } => {
                 let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
@@ -146,5 +158,75 @@ impl Streams {
             }
         };
         Ok(response)
+    }
+}
+
+/// The idempotent producer a request names (`Producer-Id`, `-Epoch`,
+/// `-Seq`, all three or none), checked.
+fn producer_headers(headers: &HeaderMap) -> Result<Option<Producer>, &'static str> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let id = header("producer-id");
+    let epoch = header("producer-epoch");
+    let seq = header("producer-seq");
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => {
+            let number = |t: &str| {
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("producer epoch and seq must be non-negative integers");
+                }
+                t.parse::<u64>().map_err(|_| "producer number too large")
+            };
+            if id.is_empty() {
+                return Err("empty Producer-Id");
+            }
+            Ok(Some(Producer {
+                id: id.to_owned(),
+                epoch: number(epoch)?,
+                seq: number(seq)?,
+            }))
+        }
+        _ => Err("Producer-Id, Producer-Epoch and Producer-Seq go together"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(prop_oneof!["[0-9]{1,22}", "[ -~]{0,12}"])
+    }
+
+    proptest! {
+        /// A producer is all three headers or none; its numbers are
+        /// plain decimal digits that fit a u64, read as written.
+        #[test]
+        fn producer_headers_are_all_or_nothing_and_read_as_written(
+            id in text(),
+            epoch in text(),
+            seq in text(),
+        ) {
+            let mut map = HeaderMap::new();
+            for (name, value) in [("producer-id", &id), ("producer-epoch", &epoch), ("producer-seq", &seq)] {
+                if let Some(value) = value {
+                    map.insert(name, HeaderValue::from_str(value).unwrap());
+                }
+            }
+            match producer_headers(&map) {
+                Ok(None) => prop_assert!(id.is_none() && epoch.is_none() && seq.is_none()),
+                Ok(Some(producer)) => {
+                    prop_assert_eq!(Some(producer.id), id);
+                    prop_assert_eq!(epoch.as_deref().map(|e| e.parse::<u64>().unwrap()), Some(producer.epoch));
+                    prop_assert_eq!(seq.as_deref().map(|s| s.parse::<u64>().unwrap()), Some(producer.seq));
+                }
+                Err(_) => prop_assert!(
+                    id.is_some() || epoch.is_some() || seq.is_some(),
+                    "no headers refused"
+                ),
+            }
+        }
     }
 }

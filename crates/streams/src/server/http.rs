@@ -3,7 +3,7 @@
 use super::error::Error;
 use super::{Body, Streams};
 use crate::auth;
-use crate::kinds::stream::{media_type, Producer, StreamState};
+use crate::kinds::stream::{media_type, StreamState};
 use crate::subscriptions;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -207,34 +207,6 @@ pub(super) fn state_headers(headers: &mut HeaderMap, state: &StreamState) {
     }
     if state.closed {
         set(headers, "stream-closed", "true");
-    }
-}
-
-pub(super) fn producer_headers(
-    request: &Request<Incoming>,
-) -> Result<Option<Producer>, &'static str> {
-    let id = header(request, "producer-id");
-    let epoch = header(request, "producer-epoch");
-    let seq = header(request, "producer-seq");
-    match (id, epoch, seq) {
-        (None, None, None) => Ok(None),
-        (Some(id), Some(epoch), Some(seq)) => {
-            let number = |t: &str| {
-                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err("producer epoch and seq must be non-negative integers");
-                }
-                t.parse::<u64>().map_err(|_| "producer number too large")
-            };
-            if id.is_empty() {
-                return Err("empty Producer-Id");
-            }
-            Ok(Some(Producer {
-                id: id.to_owned(),
-                epoch: number(epoch)?,
-                seq: number(seq)?,
-            }))
-        }
-        _ => Err("Producer-Id, Producer-Epoch and Producer-Seq go together"),
     }
 }
 

@@ -455,6 +455,27 @@ fn current(sub: &Subscription, generation: u64, wake_id: Option<&str>) -> bool {
         && wake_id.is_none_or(|w| w == sub.wake.wake_id)
 }
 
+/// The answer to a claim-holder's request (done, release) that does not
+/// hold the current wake: `Fenced` from another generation or wake,
+/// `Unauthorized` with another token; `None` when it holds it.
+fn refuse_holder(
+    conn: &Connection,
+    sub: &Subscription,
+    generation: u64,
+    wake_id: &str,
+    presented: &str,
+) -> Result<Option<SubscriptionOutput>, KindError> {
+    if !current(sub, generation, Some(wake_id)) {
+        return Ok(Some(SubscriptionOutput::Fenced {
+            generation: sub.wake.generation,
+        }));
+    }
+    if token_hash(conn)?.as_deref() != Some(presented) {
+        return Ok(Some(SubscriptionOutput::Unauthorized));
+    }
+    Ok(None)
+}
+
 impl SubscriptionKind {
     fn run(
         conn: &Connection,
@@ -585,13 +606,9 @@ impl SubscriptionKind {
                 fresh,
                 now_ms,
             } => {
-                if !current(&sub, generation, Some(&wake_id)) {
-                    return Ok(Out::Fenced {
-                        generation: sub.wake.generation,
-                    });
-                }
-                if token_hash(conn)?.as_deref() != Some(presented.as_str()) {
-                    return Ok(Out::Unauthorized);
+                if let Some(refused) = refuse_holder(conn, &sub, generation, &wake_id, &presented)?
+                {
+                    return Ok(refused);
                 }
                 refresh_tails(conn, &mut sub, &tails)?;
                 if let Some(path) = apply_acks(conn, &mut sub, &acks)? {
@@ -649,13 +666,9 @@ impl SubscriptionKind {
                 fresh,
                 now_ms,
             } => {
-                if !current(&sub, generation, Some(&wake_id)) {
-                    return Ok(Out::Fenced {
-                        generation: sub.wake.generation,
-                    });
-                }
-                if token_hash(conn)?.as_deref() != Some(presented.as_str()) {
-                    return Ok(Out::Unauthorized);
+                if let Some(refused) = refuse_holder(conn, &sub, generation, &wake_id, &presented)?
+                {
+                    return Ok(refused);
                 }
                 if pending(&sub) {
                     // Handed back: a new generation for the next holder.

@@ -22,24 +22,23 @@ impl Streams {
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
-        let bad = |m: &'static str| Error::bad(m);
         let content_type = header(&request, "content-type").map(str::to_owned);
         let close =
             header(&request, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let seq = header(&request, "stream-seq").map(str::to_owned);
-        let producer = producer_headers(request.headers()).map_err(&bad)?;
+        let producer = producer_headers(request.headers()).map_err(Error::bad)?;
         let body = self.body(request).await?;
         if body.is_empty() && !close {
-            return Err(bad("empty append"));
+            return Err(Error::bad("empty append"));
         }
         let messages = if body.is_empty() {
             Vec::new()
         } else {
             let Some(ct) = &content_type else {
-                return Err(bad("Content-Type is required"));
+                return Err(Error::bad("Content-Type is required"));
             };
             if is_json(ct) {
-                json_messages(&body, false).map_err(&bad)?
+                json_messages(&body, false).map_err(Error::bad)?
             } else {
                 vec![body.to_vec()]
             }

@@ -28,7 +28,6 @@ impl Streams {
         sub_offset: u64,
         explicit_type: Option<&str>,
     ) -> Result<Fork, Error> {
-        let bad = |m: &'static str| Error::bad(m);
         let (state, _, _, _) = self.read_at(source, None).await.map_err(|e| match e {
             Error::Gone => Error::status(StatusCode::CONFLICT, "the source was deleted"),
             other => other,
@@ -43,10 +42,12 @@ impl Streams {
         }
         let end = match fork_offset {
             None => state.tail,
-            Some(text) => offset::parse(text).ok_or_else(|| bad("malformed Stream-Fork-Offset"))?,
+            Some(text) => {
+                offset::parse(text).ok_or_else(|| Error::bad("malformed Stream-Fork-Offset"))?
+            }
         };
         if end > state.tail {
-            return Err(bad("Stream-Fork-Offset is beyond the source's tail"));
+            return Err(Error::bad("Stream-Fork-Offset is beyond the source's tail"));
         }
         let mut messages = Vec::new();
         let mut position = 0;
@@ -63,7 +64,7 @@ impl Streams {
                     Error::status(StatusCode::INTERNAL_SERVER_ERROR, "bad stored data")
                 })?;
                 if start + data.len() as u64 > end {
-                    return Err(bad("Stream-Fork-Offset is not a message boundary"));
+                    return Err(Error::bad("Stream-Fork-Offset is not a message boundary"));
                 }
                 messages.push(data);
             }
@@ -79,15 +80,15 @@ impl Streams {
                 .collect();
             if is_json(&state.config.content_type) {
                 if sub_offset as usize > decoded.len() {
-                    return Err(bad("Stream-Fork-Sub-Offset overshoots the messages"));
+                    return Err(Error::bad("Stream-Fork-Sub-Offset overshoots the messages"));
                 }
                 messages.extend(decoded.into_iter().take(sub_offset as usize));
             } else {
                 let Some(first) = decoded.into_iter().next() else {
-                    return Err(bad("no message at Stream-Fork-Offset"));
+                    return Err(Error::bad("no message at Stream-Fork-Offset"));
                 };
                 if sub_offset as usize > first.len() {
-                    return Err(bad("Stream-Fork-Sub-Offset overshoots the message"));
+                    return Err(Error::bad("Stream-Fork-Sub-Offset overshoots the message"));
                 }
                 messages.push(first[..sub_offset as usize].to_vec());
             }

@@ -87,7 +87,6 @@ impl Streams {
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
-        let bad = |m: &'static str| Error::bad(m);
         let params = query_params(&request);
         let get = |name: &str| {
             params
@@ -99,16 +98,16 @@ impl Streams {
             None => Mode::CatchUp,
             Some("long-poll") => Mode::LongPoll,
             Some("sse") => Mode::Sse,
-            Some(_) => return Err(bad("live must be long-poll or sse")),
+            Some(_) => return Err(Error::bad("live must be long-poll or sse")),
         };
         let offset_param = get("offset");
         if !matches!(mode, Mode::CatchUp) && offset_param.is_none() {
-            return Err(bad("live reads need an offset"));
+            return Err(Error::bad("live reads need an offset"));
         }
         let start = match offset_param.as_deref() {
             None | Some("-1") => Some(0),
             Some("now") => None,
-            Some(text) => Some(offset::parse(text).ok_or_else(|| bad("malformed offset"))?),
+            Some(text) => Some(offset::parse(text).ok_or_else(|| Error::bad("malformed offset"))?),
         };
         let client_cursor = get("cursor");
         let if_none_match = header(&request, "if-none-match").map(str::to_owned);

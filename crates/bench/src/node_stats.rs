@@ -214,7 +214,7 @@ impl Phases {
             passivations: delta("cellfleet_runtime_passivations_total"),
             lease_renewals: delta("cellfleet_runtime_lease_renewal_seconds_count"),
             lease_renewals_over_1s: (delta("cellfleet_runtime_lease_renewal_seconds_count")
-                - delta("cellfleet_runtime_lease_renewal_seconds_bucket{le=\"1\"}"))
+                - delta("cellfleet_runtime_lease_renewal_seconds_bucket{le=\"1.0\"}"))
             .max(0.0),
             lease_lapses: delta("cellfleet_runtime_lease_lapses_total"),
             store_requests: cellfleet_store::Op::ALL

@@ -1,4 +1,4 @@
-//! The node's plain HTTP listener: `/metrics` (Prometheus text), `/healthz` (alive: not stopped for good by a replaced or retired lease) and `/readyz` (serving: lease live, not draining).
+//! The node's plain HTTP listener: `/metrics` (OpenMetrics text, which Prometheus reads), `/healthz` (alive: not stopped for good by a replaced or retired lease) and `/readyz` (serving: lease live, not draining).
 //!
 //! A deliberately small HTTP/1.1 responder: one request per connection,
 //! the request head bounded by [`REQUEST_HEAD_BYTES_MAX`] and
@@ -69,7 +69,11 @@ async fn answer(
         )
     } else {
         match path.as_str() {
-            "/metrics" => ("200 OK", "text/plain; version=0.0.4", node.metrics_text()),
+            "/metrics" => (
+                "200 OK",
+                cellfleet_runtime::EXPOSITION_CONTENT_TYPE,
+                node.metrics_text(),
+            ),
             "/healthz" => liveness(node),
             "/readyz" => readiness(node, drain),
             _ => (

@@ -60,6 +60,6 @@ pub mod testkit;
 pub use config::{GcSettings, LogSettings, NodeConfig, NodeLimits, PublicationMode};
 pub use error::{Error, Result};
 pub use kinds::{DuplicateKind, Kinds};
-pub use metrics::{HistogramSnapshot, Metrics, Snapshot};
+pub use metrics::{HistogramSnapshot, Metrics, Snapshot, EXPOSITION_CONTENT_TYPE};
 pub use node::{CellDescription, Executed, Node, NodeHandle, Queried, Receipt, Resolution};
 pub use publication::{PublishFailure, PublishRequest, Publisher, StorePublisher};

@@ -1,9 +1,18 @@
-//! Node metrics with units in their names, rendered in the Prometheus text format.
+//! Node metrics with units in their names; `prometheus-client` encodes them in the OpenMetrics text format.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// The content type of [`Metrics::render`]'s text.
+pub const EXPOSITION_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the latency histograms, in seconds.
 const SECONDS_BUCKETS: [f64; 12] = [
@@ -78,26 +87,22 @@ impl Histogram {
         }
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
-            );
+    /// The histogram for the exposition (per-bucket counts, `+Inf` last).
+    fn sample(&self) -> HistogramSample {
+        let mut buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(bound, count)| (*bound, count.load(Ordering::Relaxed)))
+            .collect();
+        let count = self.count();
+        let bounded: u64 = buckets.iter().map(|(_, n)| n).sum();
+        buckets.push((f64::INFINITY, count.saturating_sub(bounded)));
+        HistogramSample {
+            sum: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets,
         }
-        let total = self.count();
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {total}");
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {total}");
     }
 }
 
@@ -296,9 +301,82 @@ impl Default for Metrics {
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, labels: &str, value: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-    let _ = writeln!(out, "{name}{labels} {value}");
+/// A histogram read for the exposition: its sum, count and per-bucket
+/// counts (the last bucket is `+Inf`), encoded by `prometheus-client`.
+#[derive(Debug)]
+struct HistogramSample {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl EncodeMetric for HistogramSample {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// One metric's series told apart by one label (`phase`, `how`, `op`).
+#[derive(Debug)]
+struct ByLabel<M> {
+    label: &'static str,
+    metric_type: MetricType,
+    series: Vec<(String, M)>,
+}
+
+impl<M: EncodeMetric> EncodeMetric for ByLabel<M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        for (value, metric) in &self.series {
+            let labels = [(self.label, value.as_str())];
+            metric.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.metric_type
+    }
+}
+
+/// The exposition being built: every metric read once, registered under
+/// its name (`prometheus-client` adds `_total` to counters and the final
+/// period of each help text).
+struct Exposition(Registry);
+
+impl Exposition {
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.0.register(name, help, ConstCounter::new(value));
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: &AtomicI64) {
+        // A gauge that went below zero (a bug elsewhere) reads as zero.
+        let value = value.load(Ordering::Relaxed).max(0);
+        self.0.register(name, help, ConstGauge::new(value));
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, histogram: &Histogram) {
+        self.0.register(name, help, histogram.sample());
+    }
+
+    fn by_label<M: EncodeMetric + std::fmt::Debug + Send + Sync + 'static>(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &'static str,
+        metric_type: MetricType,
+        series: Vec<(String, M)>,
+    ) {
+        let metric = ByLabel {
+            label,
+            metric_type,
+            series,
+        };
+        self.0.register(name, help, metric);
+    }
 }
 
 impl Metrics {
@@ -321,284 +399,248 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The exposition of every metric in the OpenMetrics text format
+    /// (served as [`EXPOSITION_CONTENT_TYPE`]), each series labelled with
+    /// `node`.
     pub fn render(&self, node: &str) -> String {
-        let mut out = String::new();
+        let registry = Registry::with_labels(
+            [(
+                std::borrow::Cow::Borrowed("node"),
+                std::borrow::Cow::Owned(node.to_owned()),
+            )]
+            .into_iter(),
+        );
+        let mut out = Exposition(registry);
+        self.register_runtime(&mut out);
+        self.register_log(&mut out);
+        self.register_cells_and_lease(&mut out);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &out.0)
+            .expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Requests, publications and the store.
+    fn register_runtime(&self, out: &mut Exposition) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let node_label = format!("node=\"{node}\"");
-        let braces = format!("{{{node_label}}}");
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_queue_depth_commands Requests waiting in cell mailboxes and groups.\n# TYPE cellfleet_runtime_queue_depth_commands gauge\ncellfleet_runtime_queue_depth_commands{braces} {}",
-            self.queue_depth_commands.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_queue_depth_commands",
+            "Requests waiting in cell mailboxes and groups",
+            &self.queue_depth_commands,
         );
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_cells_open Cells open on this node.\n# TYPE cellfleet_runtime_cells_open gauge\ncellfleet_runtime_cells_open{braces} {}",
-            self.cells_open.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_cells_open",
+            "Cells open on this node",
+            &self.cells_open,
         );
-        let _ = writeln!(out, "# HELP cellfleet_runtime_group_commands Commands per published group.\n# TYPE cellfleet_runtime_group_commands histogram");
-        self.group_commands
-            .render(&mut out, "cellfleet_runtime_group_commands", &node_label);
-        let _ = writeln!(out, "# HELP cellfleet_runtime_publication_seconds Publication latency by phase.\n# TYPE cellfleet_runtime_publication_seconds histogram");
-        for (phase, histogram) in [
+        out.histogram(
+            "cellfleet_runtime_group_commands",
+            "Commands per published group",
+            &self.group_commands,
+        );
+        let phases = [
             ("execute", &self.publication_execute_seconds),
             ("upload", &self.publication_upload_seconds),
             ("cas", &self.publication_cas_seconds),
             ("total", &self.publication_total_seconds),
+        ];
+        out.by_label(
+            "cellfleet_runtime_publication_seconds",
+            "Publication latency by phase",
+            "phase",
+            MetricType::Histogram,
+            phases
+                .into_iter()
+                .map(|(phase, histogram)| (phase.to_owned(), histogram.sample()))
+                .collect(),
+        );
+        for (name, help, value) in [
+            ("cellfleet_runtime_publications", "Publications committed", &self.publications_total),
+            ("cellfleet_runtime_commands", "Commands acknowledged", &self.commands_total),
+            ("cellfleet_runtime_queries", "Queries answered", &self.queries_total),
+            (
+                "cellfleet_router_signatures_verified",
+                "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it",
+                &self.signatures_verified_total,
+            ),
+            ("cellfleet_runtime_fences", "Publications refused because another owner exists", &self.fences_total),
+            (
+                "cellfleet_runtime_publications_unknown",
+                "Publications whose fate could not be proven",
+                &self.publications_unknown_total,
+            ),
+            ("cellfleet_runtime_compactions", "Compactions published with a delta", &self.compactions_total),
         ] {
-            histogram.render(
-                &mut out,
-                "cellfleet_runtime_publication_seconds",
-                &format!("{node_label},phase=\"{phase}\""),
-            );
+            out.counter(name, help, load(value));
         }
-        counter(
-            &mut out,
-            "cellfleet_runtime_publications_total",
-            "Publications committed.",
-            &braces,
-            load(&self.publications_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_commands_total",
-            "Commands acknowledged.",
-            &braces,
-            load(&self.commands_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_queries_total",
-            "Queries answered.",
-            &braces,
-            load(&self.queries_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_router_signatures_verified_total",
-            "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it.",
-            &braces,
-            load(&self.signatures_verified_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_fences_total",
-            "Publications refused because another owner exists.",
-            &braces,
-            load(&self.fences_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_publications_unknown_total",
-            "Publications whose fate could not be proven.",
-            &braces,
-            load(&self.publications_unknown_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_compactions_total",
-            "Compactions published with a delta.",
-            &braces,
-            load(&self.compactions_total),
-        );
         if let Some(store) = self.store.get() {
             let (calls, failures) = (store.calls(), store.failures());
             for (name, help, counts) in [
                 (
-                    "cellfleet_runtime_store_requests_total",
-                    "Requests to the object store by operation.",
+                    "cellfleet_runtime_store_requests",
+                    "Requests to the object store by operation",
                     &calls,
                 ),
                 (
-                    "cellfleet_runtime_store_failures_total",
-                    "Store requests that failed (not a refused precondition or a missing key), by operation.",
+                    "cellfleet_runtime_store_failures",
+                    "Store requests that failed (not a refused precondition or a missing key), by operation",
                     &failures,
                 ),
             ] {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                for op in cellfleet_store::Op::ALL {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{{node_label},op=\"{op}\"}} {}",
-                        counts.get(op)
-                    );
-                }
+                let series = cellfleet_store::Op::ALL
+                    .iter()
+                    .map(|op| (op.to_string(), ConstCounter::new(counts.get(*op))))
+                    .collect();
+                out.by_label(name, help, "op", MetricType::Counter, series);
             }
         }
-        let _ = writeln!(out, "# HELP cellfleet_runtime_activations_total Cell activations by how ownership was obtained.\n# TYPE cellfleet_runtime_activations_total counter");
-        for (how, value) in [
+        let activations = [
             ("created", &self.activations_created_total),
             ("adopted", &self.activations_adopted_total),
             ("took_over", &self.activations_took_over_total),
             ("recovered", &self.activations_recovered_total),
-        ] {
-            let _ = writeln!(
-                out,
-                "cellfleet_runtime_activations_total{{{node_label},how=\"{how}\"}} {}",
-                load(value)
-            );
-        }
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_segments_total",
-            "Node-log segments written.",
-            &braces,
+        ];
+        out.by_label(
+            "cellfleet_runtime_activations",
+            "Cell activations by how ownership was obtained",
+            "how",
+            MetricType::Counter,
+            activations
+                .into_iter()
+                .map(|(how, value)| (how.to_owned(), ConstCounter::new(load(value))))
+                .collect(),
+        );
+    }
+
+    /// The node log, checkpoints and garbage collection.
+    fn register_log(&self, out: &mut Exposition) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.counter(
+            "cellfleet_runtime_log_segments",
+            "Node-log segments written",
             load(&self.log_segments_total),
         );
-        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_records Cell groups per node-log segment.\n# TYPE cellfleet_runtime_log_segment_records histogram");
-        self.log_segment_records.render(
-            &mut out,
+        out.histogram(
             "cellfleet_runtime_log_segment_records",
-            &node_label,
+            "Cell groups per node-log segment",
+            &self.log_segment_records,
         );
-        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_bytes Encoded bytes per node-log segment.\n# TYPE cellfleet_runtime_log_segment_bytes histogram");
-        self.log_segment_bytes
-            .render(&mut out, "cellfleet_runtime_log_segment_bytes", &node_label);
-        let _ = writeln!(out, "# HELP cellfleet_runtime_log_segment_put_seconds From a segment's first PUT until its slot is decided.\n# TYPE cellfleet_runtime_log_segment_put_seconds histogram");
-        self.log_segment_put_seconds.render(
-            &mut out,
+        out.histogram(
+            "cellfleet_runtime_log_segment_bytes",
+            "Encoded bytes per node-log segment",
+            &self.log_segment_bytes,
+        );
+        out.histogram(
             "cellfleet_runtime_log_segment_put_seconds",
-            &node_label,
+            "From a segment's first PUT until its slot is decided",
+            &self.log_segment_put_seconds,
         );
-        counter(
-            &mut out,
-            "cellfleet_runtime_checkpoints_total",
-            "Checkpoints: a Cell's log records merged into its root's chain.",
-            &braces,
+        out.counter(
+            "cellfleet_runtime_checkpoints",
+            "Checkpoints: a Cell's log records merged into its root's chain",
             load(&self.checkpoints_total),
         );
-        let _ = writeln!(out, "# HELP cellfleet_runtime_checkpoint_records Records one checkpoint moved into the chain.\n# TYPE cellfleet_runtime_checkpoint_records histogram");
-        self.checkpoint_records.render(
-            &mut out,
+        out.histogram(
             "cellfleet_runtime_checkpoint_records",
-            &node_label,
+            "Records one checkpoint moved into the chain",
+            &self.checkpoint_records,
         );
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_log_lane_pending_records Cell groups waiting in the node log's lanes for a segment.\n# TYPE cellfleet_runtime_log_lane_pending_records gauge\ncellfleet_runtime_log_lane_pending_records{braces} {}",
-            self.log_lane_pending_records.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_log_lane_pending_records",
+            "Cell groups waiting in the node log's lanes for a segment",
+            &self.log_lane_pending_records,
         );
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_log_lane_held_segments Acknowledged node-log segments still held for records not yet checkpointed into their roots.\n# TYPE cellfleet_runtime_log_lane_held_segments gauge\ncellfleet_runtime_log_lane_held_segments{braces} {}",
-            self.log_lane_held_segments.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_log_lane_held_segments",
+            "Acknowledged node-log segments still held for records not yet checkpointed into their roots",
+            &self.log_lane_held_segments,
         );
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_checkpoint_lag_records Records past their roots on owned cells (open or parked).\n# TYPE cellfleet_runtime_checkpoint_lag_records gauge\ncellfleet_runtime_checkpoint_lag_records{braces} {}",
-            self.checkpoint_lag_records.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_checkpoint_lag_records",
+            "Records past their roots on owned cells (open or parked)",
+            &self.checkpoint_lag_records,
         );
-        let _ = writeln!(
-            out,
-            "# HELP cellfleet_runtime_parked_tail_bytes Bytes of acknowledged records passivated cells keep in memory past their roots.\n# TYPE cellfleet_runtime_parked_tail_bytes gauge\ncellfleet_runtime_parked_tail_bytes{braces} {}",
-            self.parked_tail_bytes.load(Ordering::Relaxed).max(0)
+        out.gauge(
+            "cellfleet_runtime_parked_tail_bytes",
+            "Bytes of acknowledged records passivated cells keep in memory past their roots",
+            &self.parked_tail_bytes,
         );
-        counter(
-            &mut out,
-            "cellfleet_runtime_parked_checkpoints_total",
-            "Checkpoints of passivated cells' parked records (a subset of cellfleet_runtime_checkpoints_total).",
-            &braces,
-            load(&self.parked_checkpoints_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_replayed_records_total",
-            "Cell records replayed from a node log at activation.",
-            &braces,
-            load(&self.log_replayed_records_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_seals_total",
-            "Lanes of dead sessions sealed (or found sealed) before a takeover.",
-            &braces,
-            load(&self.log_seals_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_flushes_total",
-            "Dead sessions whose log this node flushed into their cells' roots.",
-            &braces,
-            load(&self.log_flushes_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_chunk_indexes_read_total",
-            "Chunk indexes read while indexing dead sessions' lanes (each stands for 256 segments).",
-            &braces,
-            load(&self.log_chunk_indexes_read_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_log_slot_indexes_read_total",
-            "Segments whose own index was read while indexing dead sessions' lanes.",
-            &braces,
-            load(&self.log_slot_indexes_read_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_gc_segments_deleted_total",
-            "Log segments deleted by garbage collection.",
-            &braces,
-            load(&self.gc_segments_deleted_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_gc_ltx_deleted_total",
-            "LTX files deleted after a checkpoint or compaction replaced them.",
-            &braces,
-            load(&self.gc_ltx_deleted_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_gc_failures_total",
-            "Garbage-collection deletions that failed.",
-            &braces,
-            load(&self.gc_failures_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_passivations_total",
-            "Cells passivated.",
-            &braces,
-            load(&self.passivations_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_refusals_total",
-            "Requests refused over a bound.",
-            &braces,
-            load(&self.refusals_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_authority_reads_total",
-            "Root reads made while self-fenced.",
-            &braces,
-            load(&self.authority_reads_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_lease_renewals_total",
-            "Lease renewals committed.",
-            &braces,
-            load(&self.lease_renewals_total),
-        );
-        counter(
-            &mut out,
-            "cellfleet_runtime_lease_lapses_total",
-            "Lease renewals answered after the deadline lapsed (owned cells re-prove ownership).",
-            &braces,
-            load(&self.lease_lapses_total),
-        );
-        let _ = writeln!(out, "# HELP cellfleet_runtime_lease_renewal_seconds Lease renewal time from send to answer.\n# TYPE cellfleet_runtime_lease_renewal_seconds histogram");
-        self.lease_renewal_seconds.render(
-            &mut out,
+        for (name, help, value) in [
+            (
+                "cellfleet_runtime_parked_checkpoints",
+                "Checkpoints of passivated cells' parked records (a subset of cellfleet_runtime_checkpoints_total)",
+                &self.parked_checkpoints_total,
+            ),
+            (
+                "cellfleet_runtime_log_replayed_records",
+                "Cell records replayed from a node log at activation",
+                &self.log_replayed_records_total,
+            ),
+            (
+                "cellfleet_runtime_log_seals",
+                "Lanes of dead sessions sealed (or found sealed) before a takeover",
+                &self.log_seals_total,
+            ),
+            (
+                "cellfleet_runtime_log_flushes",
+                "Dead sessions whose log this node flushed into their cells' roots",
+                &self.log_flushes_total,
+            ),
+            (
+                "cellfleet_runtime_log_chunk_indexes_read",
+                "Chunk indexes read while indexing dead sessions' lanes (each stands for 256 segments)",
+                &self.log_chunk_indexes_read_total,
+            ),
+            (
+                "cellfleet_runtime_log_slot_indexes_read",
+                "Segments whose own index was read while indexing dead sessions' lanes",
+                &self.log_slot_indexes_read_total,
+            ),
+            (
+                "cellfleet_runtime_gc_segments_deleted",
+                "Log segments deleted by garbage collection",
+                &self.gc_segments_deleted_total,
+            ),
+            (
+                "cellfleet_runtime_gc_ltx_deleted",
+                "LTX files deleted after a checkpoint or compaction replaced them",
+                &self.gc_ltx_deleted_total,
+            ),
+            (
+                "cellfleet_runtime_gc_failures",
+                "Garbage-collection deletions that failed",
+                &self.gc_failures_total,
+            ),
+        ] {
+            out.counter(name, help, load(value));
+        }
+    }
+
+    /// Passivation, refusals and the lease.
+    fn register_cells_and_lease(&self, out: &mut Exposition) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, help, value) in [
+            ("cellfleet_runtime_passivations", "Cells passivated", &self.passivations_total),
+            ("cellfleet_runtime_refusals", "Requests refused over a bound", &self.refusals_total),
+            (
+                "cellfleet_runtime_authority_reads",
+                "Root reads made while self-fenced",
+                &self.authority_reads_total,
+            ),
+            ("cellfleet_runtime_lease_renewals", "Lease renewals committed", &self.lease_renewals_total),
+            (
+                "cellfleet_runtime_lease_lapses",
+                "Lease renewals answered after the deadline lapsed (owned cells re-prove ownership)",
+                &self.lease_lapses_total,
+            ),
+        ] {
+            out.counter(name, help, load(value));
+        }
+        out.histogram(
             "cellfleet_runtime_lease_renewal_seconds",
-            &node_label,
+            "Lease renewal time from send to answer",
+            &self.lease_renewal_seconds,
         );
-        out
     }
 }
 
@@ -613,7 +655,7 @@ mod tests {
         metrics.group_commands.observe(600.0);
         let text = metrics.render("n1");
         assert!(
-            text.contains("cellfleet_runtime_group_commands_bucket{node=\"n1\",le=\"4\"} 1"),
+            text.contains("cellfleet_runtime_group_commands_bucket{node=\"n1\",le=\"4.0\"} 1"),
             "{text}"
         );
         assert!(
@@ -654,5 +696,49 @@ mod tests {
             text.contains("cellfleet_runtime_queries_total{node=\"n1\"} 0"),
             "{text}"
         );
+    }
+
+    /// The exposition is well-formed OpenMetrics: one HELP and TYPE per
+    /// family (the help with one final period), every sample a name, its
+    /// labels and a number, `# EOF` last; an observation above the
+    /// largest bound counts in `+Inf` alone; the series operators read
+    /// keep their names.
+    #[test]
+    fn the_exposition_is_well_formed_and_keeps_its_names() {
+        let metrics = Metrics::default();
+        metrics.lease_renewal_seconds.observe(20.0);
+        metrics.lease_renewal_seconds.observe(0.2);
+        metrics.passivations_total.fetch_add(2, Ordering::Relaxed);
+        let text = metrics.render("n2");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let mut helps = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (family, help) = rest.split_once(' ').expect("a help text");
+                assert!(helps.insert(family.to_owned()), "{family} twice");
+                assert!(help.ends_with('.') && !help.ends_with(".."), "{line}");
+            } else if !line.starts_with('#') {
+                let (series, value) = line.rsplit_once(' ').expect("a value");
+                assert!(value.parse::<f64>().is_ok(), "{line}");
+                assert!(series.contains("{node=\"n2\""), "{line}");
+            }
+        }
+        for sample in [
+            "cellfleet_runtime_lease_renewal_seconds_bucket{node=\"n2\",le=\"0.25\"} 1",
+            "cellfleet_runtime_lease_renewal_seconds_bucket{node=\"n2\",le=\"10.0\"} 1",
+            "cellfleet_runtime_lease_renewal_seconds_bucket{node=\"n2\",le=\"+Inf\"} 2",
+            "cellfleet_runtime_lease_renewal_seconds_count{node=\"n2\"} 2",
+            "cellfleet_runtime_passivations_total{node=\"n2\"} 2",
+            "cellfleet_runtime_activations_total{node=\"n2\",how=\"took_over\"} 0",
+            "cellfleet_runtime_publication_seconds_count{node=\"n2\",phase=\"cas\"} 0",
+            "cellfleet_router_signatures_verified_total{node=\"n2\"} 0",
+            "cellfleet_runtime_gc_failures_total{node=\"n2\"} 0",
+            "cellfleet_runtime_log_lane_held_segments{node=\"n2\"} 0",
+        ] {
+            assert!(text.contains(&format!("{sample}\n")), "{sample}: {text}");
+        }
+        // Every family of the exposition before it moved to prometheus-client
+        // (the two store families need a store).
+        assert_eq!(helps.len(), 37, "{helps:?}");
     }
 }

@@ -994,7 +994,7 @@ impl NodeHandle {
         })
     }
 
-    /// Prometheus text of this node's metrics.
+    /// This node's metrics in the OpenMetrics text format ([`crate::EXPOSITION_CONTENT_TYPE`]).
     pub fn metrics_text(&self) -> String {
         self.shared.metrics.render(self.shared.me.node.as_str())
     }

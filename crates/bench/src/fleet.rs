@@ -12,10 +12,10 @@
 //! before and after for the per-phase breakdown (activations show Cells
 //! reopened after passivation: a node keeps a bounded number open).
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use serde::Serialize;
 
 use crate::client::BenchClient;
@@ -73,14 +73,62 @@ pub struct FleetRow {
     pub histogram: hdrhistogram::Histogram<u64>,
 }
 
-/// Prints `bench: fleet set-up N/M cells, R/s` (redrawn on a terminal).
-fn setup_progress(done: usize, target: usize, started: Instant, last: &mut Instant, live: bool) {
-    let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-3);
-    if live {
-        eprint!("\r\x1b[Kbench: fleet set-up {done}/{target} cells, {rate:.0}/s");
-    } else if last.elapsed() >= SETUP_LOG_EVERY {
-        eprintln!("bench: fleet set-up {done}/{target} cells, {rate:.0}/s");
-        *last = Instant::now();
+/// The set-up's progress: a bar drawn by `indicatif` on a terminal
+/// (`bench: fleet set-up N/M cells, R/s`); in a log, that line every
+/// [`SETUP_LOG_EVERY`].
+struct SetupProgress {
+    bar: ProgressBar,
+    first: u64,
+    last_log: Instant,
+}
+
+impl SetupProgress {
+    fn new(first: usize, target: usize) -> Self {
+        let style = ProgressStyle::with_template("bench: fleet set-up {pos}/{len} cells, {rate}")
+            .expect("the progress template is valid")
+            .with_key(
+                "rate",
+                move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                    let created = state.pos().saturating_sub(first as u64) as f64;
+                    let _ = write!(
+                        w,
+                        "{:.0}/s",
+                        created / state.elapsed().as_secs_f64().max(1e-3)
+                    );
+                },
+            );
+        let bar = ProgressBar::with_draw_target(Some(target as u64), ProgressDrawTarget::stderr())
+            .with_style(style)
+            .with_position(first as u64);
+        Self {
+            bar,
+            first: first as u64,
+            last_log: Instant::now(),
+        }
+    }
+
+    /// Clears the bar and prints the set-up's last line (also in a log).
+    fn finish(self, done: usize) {
+        self.bar.finish_and_clear();
+        eprintln!("{}", self.line(done));
+    }
+
+    /// `bench: fleet set-up N/M cells, R/s`, R over this size's new Cells.
+    fn line(&self, done: usize) -> String {
+        let created = (done as u64).saturating_sub(self.first) as f64;
+        format!(
+            "bench: fleet set-up {done}/{} cells, {:.0}/s",
+            self.bar.length().unwrap_or_default(),
+            created / self.bar.elapsed().as_secs_f64().max(1e-3)
+        )
+    }
+
+    fn set(&mut self, done: usize) {
+        self.bar.set_position(done as u64);
+        if self.bar.is_hidden() && self.last_log.elapsed() >= SETUP_LOG_EVERY {
+            eprintln!("{}", self.line(done));
+            self.last_log = Instant::now();
+        }
     }
 }
 
@@ -94,10 +142,8 @@ async fn grow(
     target: usize,
     deadline: Instant,
 ) -> anyhow::Result<()> {
-    let live = std::io::stderr().is_terminal();
-    let started = Instant::now();
     let first = cells.len();
-    let mut last_log = Instant::now();
+    let mut progress = SetupProgress::new(first, target);
     let mut next = first;
     let mut tasks = tokio::task::JoinSet::new();
     let mut created = Vec::new();
@@ -117,13 +163,9 @@ async fn grow(
             break;
         };
         created.push(done??);
-        if created.len() % 256 == 0 {
-            setup_progress(first + created.len(), target, started, &mut last_log, live);
-        }
+        progress.set(first + created.len());
     }
-    if live {
-        eprintln!();
-    }
+    progress.finish(first + created.len());
     // Keep key order (index i is Cell `bench-fl-i`) for readable reports.
     created.sort_by_key(|cell: &BenchCell| {
         cell.key

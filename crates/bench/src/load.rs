@@ -15,12 +15,12 @@
 //! sent and counts as dropped.
 
 use std::future::Future;
-use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use serde::Serialize;
 
 /// Largest latency a histogram holds (longer ones are clamped to it).
@@ -51,35 +51,53 @@ impl Progress {
     }
 }
 
-/// Redraws `label: elapsed/total s, N done, E errors, R/s` on stderr every
-/// [`PROGRESS_EVERY`] while the returned task runs (only when stderr is a
-/// terminal; a log gets the final line alone).
+/// Draws `label: elapsed/total s, N done, E errors, R/s` on stderr,
+/// redrawn every [`PROGRESS_EVERY`] by `indicatif` while the measurement
+/// runs (only when stderr is a terminal; a log gets the final line alone).
+/// The workers only count in `progress`; the bar reads the counts.
 fn progress_line(label: String, window: Window, progress: Arc<Progress>) -> ProgressTask {
-    let started = Instant::now();
-    let live = std::io::stderr().is_terminal();
-    let task = live.then(|| {
-        let progress = progress.clone();
-        let label = label.clone();
-        tokio::spawn(async move {
-            let total = (window.warmup + window.duration).as_secs_f64();
-            loop {
-                tokio::time::sleep(PROGRESS_EVERY).await;
-                let elapsed = started.elapsed().as_secs_f64();
-                let done = progress.done.load(Ordering::Relaxed);
-                let _ = write!(
-                    std::io::stderr(),
-                    "\r\x1b[Kbench: {label}: {elapsed:.1}/{total:.1} s, {done} done, {} errors, {:.0}/s",
-                    progress.errors.load(Ordering::Relaxed),
-                    done as f64 / elapsed.max(1e-3)
-                );
-            }
-        })
-    });
+    let total = (window.warmup + window.duration).as_secs_f64();
+    let done = progress.clone();
+    let errors = progress.clone();
+    let rate = progress.clone();
+    let style = ProgressStyle::with_template(
+        "bench: {prefix}: {seconds}, {done} done, {errors} errors, {rate}",
+    )
+    .expect("the progress template is valid")
+    .with_key(
+        "seconds",
+        move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1}/{total:.1} s", state.elapsed().as_secs_f64());
+        },
+    )
+    .with_key(
+        "done",
+        move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{}", done.done.load(Ordering::Relaxed));
+        },
+    )
+    .with_key(
+        "errors",
+        move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{}", errors.errors.load(Ordering::Relaxed));
+        },
+    )
+    .with_key(
+        "rate",
+        move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let done = rate.done.load(Ordering::Relaxed) as f64;
+            let _ = write!(w, "{:.0}/s", done / state.elapsed().as_secs_f64().max(1e-3));
+        },
+    );
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+        .with_style(style)
+        .with_prefix(label.clone());
+    bar.enable_steady_tick(PROGRESS_EVERY);
     ProgressTask {
         label,
-        started,
+        started: Instant::now(),
         progress,
-        task,
+        bar,
     }
 }
 
@@ -87,21 +105,16 @@ struct ProgressTask {
     label: String,
     started: Instant,
     progress: Arc<Progress>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    bar: ProgressBar,
 }
 
 impl ProgressTask {
     fn finish(self) {
-        let erase = if let Some(task) = self.task {
-            task.abort();
-            "\r\x1b[K"
-        } else {
-            ""
-        };
+        self.bar.finish_and_clear();
         let elapsed = self.started.elapsed().as_secs_f64();
         let done = self.progress.done.load(Ordering::Relaxed);
         eprintln!(
-            "{erase}bench: {}: {done} done, {} errors in {elapsed:.1} s (warm-up included)",
+            "bench: {}: {done} done, {} errors in {elapsed:.1} s (warm-up included)",
             self.label,
             self.progress.errors.load(Ordering::Relaxed),
         );

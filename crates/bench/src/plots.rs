@@ -1,26 +1,37 @@
-//! The report's plots, as hand-written SVG (no plotting crate): latency CDFs of every workload and floor, fleet throughput and p99 against the Cell count, and the capacity curve (achieved rate and p99 against the offered rate).
+//! The report's plots, drawn as SVG by `plotters`: latency CDFs of every workload and floor, fleet throughput and p99 against the Cell count, and the capacity curve (achieved rate and p99 against the offered rate).
 //!
 //! One chart shape serves all three: named series of (x, y) points on
-//! logarithmic or linear axes, with ticks at powers of ten (log) or at
-//! round steps (linear), and a legend.
+//! logarithmic or linear axes, and a legend to the right of the plot.
 
-use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
 
 use crate::report::Report;
 
-const WIDTH: f64 = 760.0;
-const HEIGHT: f64 = 440.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 220.0;
-const TOP: f64 = 40.0;
-const BOTTOM: f64 = 50.0;
-const COLOURS: [&str; 10] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
+const WIDTH: u32 = 760;
+const HEIGHT: u32 = 440;
+/// The font family (sizes are given as `plotters` scales them: 15 draws
+/// as about 12 px).
+const FONT: &str = "sans-serif";
+/// The legend's width, right of the plot.
+const LEGEND: u32 = 220;
+const COLOURS: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
 ];
 /// Quantiles at which a CDF is drawn (denser in the tail).
 const CDF_QUANTILES: [f64; 24] = [
@@ -42,13 +53,8 @@ pub struct Axis<'a> {
     pub log: bool,
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// The range an axis shows for `values` (positive only on a log axis).
+/// The range an axis shows for `values` (positive only on a log axis):
+/// whole decades on a log axis, from zero (or below) on a linear one.
 fn range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     let values: Vec<f64> = values
         .filter(|v| v.is_finite() && (!log || *v > 0.0))
@@ -75,32 +81,6 @@ fn range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     (low, high)
 }
 
-fn ticks(low: f64, high: f64, log: bool) -> Vec<f64> {
-    if log {
-        let mut ticks = Vec::new();
-        let mut tick = low;
-        while tick <= high * 1.0001 {
-            ticks.push(tick);
-            tick *= 10.0;
-        }
-        return ticks;
-    }
-    let raw = (high - low) / 5.0;
-    let magnitude = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * magnitude)
-        .find(|s| *s >= raw)
-        .unwrap_or(raw);
-    let mut ticks = Vec::new();
-    let mut tick = (low / step).ceil() * step;
-    while tick <= high {
-        ticks.push(tick);
-        tick += step;
-    }
-    ticks
-}
-
 fn tick_label(value: f64) -> String {
     if value == 0.0 {
         "0".into()
@@ -118,8 +98,20 @@ fn tick_label(value: f64) -> String {
     }
 }
 
+/// The points of `series` an axis can show (finite; positive on a log axis).
+fn drawable(series: &Series, x: Axis, y: Axis) -> Vec<(f64, f64)> {
+    series
+        .points
+        .iter()
+        .copied()
+        .filter(|(a, b)| {
+            a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
+        })
+        .collect()
+}
+
 /// An SVG line chart of `series`.
-pub fn chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
+pub fn chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> anyhow::Result<String> {
     let (x_low, x_high) = range(
         series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
         x.log,
@@ -128,109 +120,99 @@ pub fn chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
         series.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
         y.log,
     );
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let scale = |value: f64, low: f64, high: f64, log: bool| {
-        if log {
-            (value.max(low).log10() - low.log10()) / (high.log10() - low.log10())
-        } else {
-            (value - low) / (high - low)
-        }
-    };
-    let px = |v: f64| LEFT + scale(v, x_low, x_high, x.log) * plot_w;
-    let py = |v: f64| TOP + plot_h - scale(v, y_low, y_high, y.log) * plot_h;
     let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        LEFT + plot_w / 2.0,
-        escape(title)
-    );
-    for tick in ticks(x_low, x_high, x.log) {
-        let at = px(tick);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{at:.1}" y1="{TOP}" x2="{at:.1}" y2="{:.1}" stroke="#e0e0e0"/><text x="{at:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            TOP + plot_h,
-            TOP + plot_h + 16.0,
-            tick_label(tick)
-        );
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).context("drawing the chart")?;
+        let (plot, legend) = root.split_horizontally(WIDTH - LEGEND);
+        let (xs, ys) = (x_low..x_high, y_low..y_high);
+        match (x.log, y.log) {
+            (true, true) => draw(&plot, title, xs.log_scale(), ys.log_scale(), x, y, series),
+            (true, false) => draw(&plot, title, xs.log_scale(), ys, x, y, series),
+            (false, true) => draw(&plot, title, xs, ys.log_scale(), x, y, series),
+            (false, false) => draw(&plot, title, xs, ys, x, y, series),
+        }?;
+        draw_legend(&legend, series)?;
+        root.present().context("writing the chart")?;
     }
-    for tick in ticks(y_low, y_high, y.log) {
-        let at = py(tick);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{at:.1}" x2="{:.1}" y2="{at:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + plot_w,
-            LEFT - 6.0,
-            at + 4.0,
-            tick_label(tick)
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-        LEFT + plot_w / 2.0,
-        HEIGHT - 12.0,
-        escape(x.label)
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        TOP + plot_h / 2.0,
-        escape(y.label)
-    );
+    Ok(svg)
+}
+
+/// The plot: axes with their labels, a light grid and one line per series
+/// (with its points marked when it has few).
+fn draw<X, Y>(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    x_range: X,
+    y_range: Y,
+    x: Axis,
+    y: Axis,
+    series: &[Series],
+) -> anyhow::Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FONT, 19))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_range, y_range)
+        .context("laying out the chart")?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .bold_line_style(RGBColor(0xe0, 0xe0, 0xe0))
+        .light_line_style(WHITE)
+        .label_style((FONT, 15))
+        .axis_desc_style((FONT, 15))
+        .x_desc(x.label)
+        .y_desc(y.label)
+        .x_label_formatter(&|v| tick_label(*v))
+        .y_label_formatter(&|v| tick_label(*v))
+        .draw()
+        .context("drawing the axes")?;
     for (index, line) in series.iter().enumerate() {
-        let colour = COLOURS[index % COLOURS.len()];
-        let points: Vec<String> = line
-            .points
-            .iter()
-            .filter(|(a, b)| {
-                a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
-            })
-            .map(|(a, b)| format!("{:.1},{:.1}", px(*a), py(*b)))
-            .collect();
-        let dash = if line.dashed {
-            r#" stroke-dasharray="5 4""#
+        let style = COLOURS[index % COLOURS.len()].stroke_width(2);
+        let points = drawable(line, x, y);
+        if line.dashed {
+            chart.draw_series(DashedLineSeries::new(points.clone(), 5, 4, style))
         } else {
-            ""
-        };
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#,
-            points.join(" ")
-        );
-        if line.points.len() <= 16 {
-            for point in &points {
-                let (cx, cy) = point.split_once(',').expect("formatted as x,y");
-                let _ = writeln!(
-                    svg,
-                    r#"<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>"#
-                );
-            }
+            chart.draw_series(LineSeries::new(points.clone(), style))
         }
-        let legend_y = TOP + 10.0 + index as f64 * 18.0;
-        let legend_x = LEFT + plot_w + 12.0;
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{:.1}" y2="{legend_y}" stroke="{colour}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            legend_x + 22.0,
-            legend_x + 28.0,
-            legend_y + 4.0,
-            escape(&line.name)
-        );
+        .context("drawing a series")?;
+        if line.points.len() <= 16 {
+            chart
+                .draw_series(points.iter().map(|p| Circle::new(*p, 3, style.filled())))
+                .context("drawing a series' points")?;
+        }
     }
-    svg.push_str("</svg>\n");
-    svg
+    Ok(())
+}
+
+/// The legend: each series' name next to a sample of its line.
+fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, series: &[Series]) -> anyhow::Result<()> {
+    for (index, line) in series.iter().enumerate() {
+        let style = COLOURS[index % COLOURS.len()].stroke_width(2);
+        let y = 50 + index as i32 * 18;
+        let sample = vec![(12, y), (34, y)];
+        if line.dashed {
+            area.draw(&DashedPathElement::new(sample, 5, 4, style))
+        } else {
+            area.draw(&PathElement::new(sample, style))
+        }
+        .context("drawing the legend")?;
+        area.draw(&Text::new(
+            line.name.clone(),
+            (40, y - 6),
+            (FONT, 15).into_font(),
+        ))
+        .context("drawing the legend")?;
+    }
+    Ok(())
 }
 
 /// (latency ms, fraction) points of a histogram's CDF.
@@ -294,7 +276,7 @@ pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                     log: false,
                 },
                 &lines,
-            ),
+            )?,
         ));
     }
     if !report.fleet.is_empty() {
@@ -340,7 +322,7 @@ pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                     log: true,
                 },
                 &series,
-            ),
+            )?,
         ));
     }
     if let Some(capacity) = &report.capacity {
@@ -392,7 +374,7 @@ pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                     log: true,
                 },
                 &series,
-            ),
+            )?,
         ));
     }
     let mut written = Vec::new();
@@ -408,10 +390,24 @@ pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
 
+    fn two_series() -> Vec<Series> {
+        vec![
+            Series {
+                name: "a&b".into(),
+                points: vec![(0.5, 0.0), (5.0, 1.0)],
+                dashed: false,
+            },
+            Series {
+                name: "c".into(),
+                points: vec![(1.0, 0.5), (0.0, 0.7)],
+                dashed: true,
+            },
+        ]
+    }
+
     #[test]
-    fn a_chart_has_a_line_per_series_and_escapes_names() {
-        let svg = chart(
-            "t <1>",
+    fn a_chart_draws_each_series_and_escapes_names() {
+        let (x, y) = (
             Axis {
                 label: "x",
                 log: true,
@@ -420,31 +416,22 @@ mod tests {
                 label: "y",
                 log: false,
             },
-            &[
-                Series {
-                    name: "a&b".into(),
-                    points: vec![(0.5, 0.0), (5.0, 1.0)],
-                    dashed: false,
-                },
-                Series {
-                    name: "c".into(),
-                    points: vec![(1.0, 0.5), (0.0, 0.7)],
-                    dashed: true,
-                },
-            ],
         );
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        assert!(svg.contains("a&amp;b"));
-        assert!(svg.contains("t &lt;1&gt;"));
+        let svg = chart("t <1>", x, y, &two_series()).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+        assert!(svg.contains("a&amp;b"), "{svg}");
+        assert!(svg.contains("t &lt;1&gt;"), "{svg}");
+        // Each series' colour draws its line (solid or dashed).
+        for colour in ["#1F77B4", "#D62728"] {
+            assert!(
+                svg.contains(&format!("stroke=\"{colour}\"")),
+                "{colour}: {svg}"
+            );
+        }
         // The x = 0 point cannot sit on a log axis and is left out.
-        let second = svg
-            .lines()
-            .filter(|l| l.starts_with("<polyline"))
-            .nth(1)
-            .unwrap();
-        assert_eq!(second.matches(',').count(), 1, "{second}");
-        assert_eq!(ticks(0.1, 100.0, true), vec![0.1, 1.0, 10.0, 100.0]);
+        assert_eq!(drawable(&two_series()[1], x, y), vec![(1.0, 0.5)]);
+        assert_eq!(range([0.5, 5.0, 0.0].into_iter(), true), (0.1, 10.0));
+        assert_eq!(range([0.5, 5.0].into_iter(), false), (0.0, 5.25));
     }
 }

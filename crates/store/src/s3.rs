@@ -134,19 +134,19 @@ impl S3Store {
 
     async fn put_single(&self, key: &str, body: Bytes, condition: &PutCondition) -> Result<ETag> {
         let op = Op::of_put(condition);
-        let mut request = self
+        let (if_none_match, if_match) = precondition(condition);
+        let output = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
             .content_length(body.len() as i64)
-            .body(ByteStream::from(body));
-        match condition {
-            PutCondition::Overwrite => {}
-            PutCondition::IfNoneMatch => request = request.if_none_match("*"),
-            PutCondition::IfMatch(etag) => request = request.if_match(etag.quoted()),
-        }
-        let output = request.send().await.map_err(|e| map_error(op, key, e))?;
+            .body(ByteStream::from(body))
+            .set_if_none_match(if_none_match)
+            .set_if_match(if_match)
+            .send()
+            .await
+            .map_err(|e| map_error(op, key, e))?;
         reply_etag(key, output.e_tag())
     }
 
@@ -227,7 +227,8 @@ impl S3Store {
             );
             offset = end;
         }
-        let mut request = self
+        let (if_none_match, if_match) = precondition(condition);
+        let output = self
             .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
@@ -237,14 +238,23 @@ impl S3Store {
                 CompletedMultipartUpload::builder()
                     .set_parts(Some(parts))
                     .build(),
-            );
-        match condition {
-            PutCondition::Overwrite => {}
-            PutCondition::IfNoneMatch => request = request.if_none_match("*"),
-            PutCondition::IfMatch(etag) => request = request.if_match(etag.quoted()),
-        }
-        let output = request.send().await.map_err(|e| map_error(op, key, e))?;
+            )
+            .set_if_none_match(if_none_match)
+            .set_if_match(if_match)
+            .send()
+            .await
+            .map_err(|e| map_error(op, key, e))?;
         reply_etag(key, output.e_tag())
+    }
+}
+
+/// A put's precondition as the request's `If-None-Match` and `If-Match`
+/// headers (PutObject and CompleteMultipartUpload take the same two).
+fn precondition(condition: &PutCondition) -> (Option<String>, Option<String>) {
+    match condition {
+        PutCondition::Overwrite => (None, None),
+        PutCondition::IfNoneMatch => (Some("*".to_owned()), None),
+        PutCondition::IfMatch(etag) => (None, Some(etag.quoted())),
     }
 }
 

@@ -394,24 +394,13 @@ async fn measure_floors(
             window,
         )
         .await?;
-        rows.push(FloorRow::new(
-            floors::STORE_PUBLICATION,
-            phase,
-            concurrency,
-            &sample.total,
-        ));
-        rows.push(FloorRow::new(
-            floors::STORE_CREATE,
-            phase,
-            concurrency,
-            &sample.parts[0],
-        ));
-        rows.push(FloorRow::new(
-            floors::STORE_CAS,
-            phase,
-            concurrency,
-            &sample.parts[1],
-        ));
+        for (name, histogram) in [
+            (floors::STORE_PUBLICATION, &sample.total),
+            (floors::STORE_CREATE, &sample.parts[0]),
+            (floors::STORE_CAS, &sample.parts[1]),
+        ] {
+            rows.push(FloorRow::new(name, phase, concurrency, histogram));
+        }
         let sample = floors::store_get(
             store.clone(),
             &format!("{floor_prefix}/{}", phase.name()),

@@ -360,17 +360,20 @@ impl Shared {
         }
     }
 
-    /// Stops every actor at once (no further publication is attempted).
-    async fn fence_all(&self, reason: &str) {
-        let handles: Vec<ActorHandle> = self
-            .slots()
+    /// The actors running now (Cells still activating have none yet).
+    fn active_handles(&self) -> Vec<ActorHandle> {
+        self.slots()
             .values()
             .filter_map(|slot| match slot {
                 Slot::Active(handle) => Some(handle.clone()),
                 Slot::Activating(_) => None,
             })
-            .collect();
-        for handle in handles {
+            .collect()
+    }
+
+    /// Stops every actor at once (no further publication is attempted).
+    async fn fence_all(&self, reason: &str) {
+        for handle in self.active_handles() {
             let _ = handle
                 .tx
                 .send(Msg::Stop {
@@ -1172,16 +1175,7 @@ impl NodeHandle {
     pub async fn halt(&self) {
         self.shared.draining.store(true, Ordering::SeqCst);
         self.shared.lease.stop();
-        let handles: Vec<ActorHandle> = self
-            .shared
-            .slots()
-            .values()
-            .filter_map(|slot| match slot {
-                Slot::Active(handle) => Some(handle.clone()),
-                Slot::Activating(_) => None,
-            })
-            .collect();
-        for handle in handles {
+        for handle in self.shared.active_handles() {
             let (tx, rx) = oneshot::channel();
             if handle
                 .tx

@@ -52,6 +52,10 @@ use crate::offset;
 use crate::server::{Body, Streams};
 use crate::webhook::{self, Signer25519};
 
+mod error;
+
+use error::{json_response, ControlError};
+
 /// The reserved path segment.
 pub const CONTROL_SEGMENT: &str = "__ds";
 /// Longest a registry snapshot is reused for matching appends.
@@ -84,42 +88,10 @@ struct Snapshot {
     explicit: Vec<(String, String)>,
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
-    response
-}
-
 fn empty(status: StatusCode) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::new()).boxed());
     *response.status_mut() = status;
     response
-}
-
-fn fail(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    json_response(
-        status,
-        &json!({"error": {"code": code, "message": message}}),
-    )
-}
-
-fn bad(message: &str) -> Response<Body> {
-    fail(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
-}
-
-fn not_found() -> Response<Body> {
-    fail(StatusCode::NOT_FOUND, "NOT_FOUND", "no such subscription")
-}
-
-fn unexpected() -> Response<Body> {
-    fail(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "INTERNAL",
-        "unexpected output",
-    )
 }
 
 /// Whether `path` has the reserved segment (handled here, never a stream).
@@ -276,7 +248,7 @@ pub async fn handle(streams: &Streams, request: Request<Incoming>) -> Response<B
     }
     let path = request.uri().path().to_owned();
     let Some(route) = route(&path) else {
-        return not_found();
+        return ControlError::NotFound("no such subscription").into();
     };
     let rest: Vec<&str> = route.rest.iter().map(String::as_str).collect();
     let method = request.method().clone();
@@ -293,11 +265,12 @@ pub async fn handle(streams: &Streams, request: Request<Incoming>) -> Response<B
                     .insert("cache-control", HeaderValue::from_static("max-age=300"));
                 response
             }
-            Err(r) => r,
+            Err(e) => e.into(),
         },
         (method, ["subscriptions", id, tail @ ..]) => {
             if !valid_id(id) {
-                return bad("subscription id must be 1-128 of [A-Za-z0-9-_.~:]");
+                return ControlError::invalid("subscription id must be 1-128 of [A-Za-z0-9-_.~:]")
+                    .into();
             }
             let key = subscription_key(&route.prefix, id);
             let result = match (method, tail) {
@@ -313,36 +286,24 @@ pub async fn handle(streams: &Streams, request: Request<Incoming>) -> Response<B
                 (Method::POST, ["ack"]) => ack(streams, request, &key, "pull-wake").await,
                 (Method::POST, ["claim"]) => claim(streams, request, &key).await,
                 (Method::POST, ["release"]) => release(streams, request, &key).await,
-                _ => Err(fail(
-                    StatusCode::NOT_FOUND,
-                    "NOT_FOUND",
-                    "no such subscription route",
-                )),
+                _ => Err(ControlError::NotFound("no such subscription route")),
             };
-            match result {
-                Ok(r) | Err(r) => r,
-            }
+            result.unwrap_or_else(Response::from)
         }
-        _ => fail(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route"),
+        _ => ControlError::NotFound("no such route").into(),
     }
 }
 
-async fn body_json(request: Request<Incoming>) -> Result<Value, Response<Body>> {
+async fn body_json(request: Request<Incoming>) -> Result<Value, ControlError> {
     let bytes = Limited::new(request.into_body(), BODY_BYTES_MAX)
         .collect()
         .await
         .map(|c| c.to_bytes())
-        .map_err(|_| {
-            fail(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "INVALID_REQUEST",
-                "body too large",
-            )
-        })?;
+        .map_err(|_| ControlError::BodyTooLarge)?;
     if bytes.is_empty() {
         return Ok(json!({}));
     }
-    serde_json::from_slice(&bytes).map_err(|_| bad("body is not valid json"))
+    serde_json::from_slice(&bytes).map_err(|_| ControlError::invalid("body is not valid json"))
 }
 
 fn bearer(request: &Request<Incoming>) -> Option<String> {
@@ -380,58 +341,64 @@ async fn create(
     request: Request<Incoming>,
     prefix: &str,
     key: &str,
-) -> Result<Response<Body>, Response<Body>> {
+) -> Result<Response<Body>, ControlError> {
     let base = base_url(&request, prefix);
     let body: CreateBody = serde_json::from_value(body_json(request).await?)
-        .map_err(|e| bad(&format!("bad subscription: {e}")))?;
+        .map_err(|e| ControlError::invalid(format!("bad subscription: {e}")))?;
     let pattern = body.pattern.as_deref().map(relative);
     if let Some(p) = &pattern {
         if !valid_pattern(p) {
-            return Err(bad("bad pattern"));
+            return Err(ControlError::invalid("bad pattern"));
         }
     }
     let explicit: Vec<String> = body.streams.iter().map(|s| relative(s)).collect();
     if explicit.len() > STREAMS_PER_REQUEST_MAX {
-        return Err(bad("too many streams"));
+        return Err(ControlError::invalid("too many streams"));
     }
     if explicit.iter().any(|s| !valid_relative(s)) {
-        return Err(bad("bad stream path"));
+        return Err(ControlError::invalid("bad stream path"));
     }
     if pattern.is_none() && explicit.is_empty() {
-        return Err(bad("give a pattern or streams"));
+        return Err(ControlError::invalid("give a pattern or streams"));
     }
     let lease_ttl_ms = body.lease_ttl_ms.unwrap_or(LEASE_TTL_DEFAULT_MS);
     if !(LEASE_TTL_MIN_MS..=LEASE_TTL_MAX_MS).contains(&lease_ttl_ms) {
-        return Err(bad("lease_ttl_ms must be between 1000 and 600000"));
+        return Err(ControlError::invalid(
+            "lease_ttl_ms must be between 1000 and 600000",
+        ));
     }
     if body.description.as_ref().is_some_and(|d| d.len() > 1024) {
-        return Err(bad("description too long"));
+        return Err(ControlError::invalid("description too long"));
     }
     let (webhook_url, wake_stream) = match body.kind.as_str() {
         "webhook" => {
             let Some(hook) = body.webhook else {
-                return Err(bad("a webhook subscription needs webhook.url"));
+                return Err(ControlError::invalid(
+                    "a webhook subscription needs webhook.url",
+                ));
             };
             let allow = streams.config().allow_loopback_webhooks;
-            let target = webhook::parse_url(&hook.url, allow)
-                .map_err(|m| fail(StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED", &m))?;
+            let target =
+                webhook::parse_url(&hook.url, allow).map_err(ControlError::WebhookRejected)?;
             if target.host.parse::<std::net::IpAddr>().is_err() {
                 webhook::resolve(&target, allow)
                     .await
-                    .map_err(|m| fail(StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED", &m))?;
+                    .map_err(ControlError::WebhookRejected)?;
             }
             (Some(hook.url), None)
         }
         "pull-wake" => {
             let Some(wake) = body.wake_stream.as_deref().map(relative) else {
-                return Err(bad("a pull-wake subscription needs wake_stream"));
+                return Err(ControlError::invalid(
+                    "a pull-wake subscription needs wake_stream",
+                ));
             };
             if !valid_relative(&wake) {
-                return Err(bad("bad wake_stream"));
+                return Err(ControlError::invalid("bad wake_stream"));
             }
             (None, Some(wake))
         }
-        _ => return Err(bad("type must be webhook or pull-wake")),
+        _ => return Err(ControlError::invalid("type must be webhook or pull-wake")),
     };
     let config = SubscriptionConfig {
         kind: body.kind,
@@ -459,11 +426,10 @@ async fn create(
         )
         .await?;
     if registered == RegistryOutput::Full {
-        return Err(fail(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "TOO_MANY_SUBSCRIPTIONS",
-            "subscription limit reached",
-        ));
+        return Err(ControlError::Full {
+            code: "TOO_MANY_SUBSCRIPTIONS",
+            message: "subscription limit reached",
+        });
     }
     for rel in &explicit {
         registry_link(streams, key, &format!("{prefix}/{rel}"), true).await?;
@@ -489,12 +455,11 @@ async fn create(
             let view = view(streams, key, &subscription).await?;
             Ok(json_response(status, &view))
         }
-        SubscriptionOutput::Conflict => Err(fail(
-            StatusCode::CONFLICT,
-            "SUBSCRIPTION_EXISTS",
-            "subscription exists with another configuration",
-        )),
-        _ => Err(unexpected()),
+        SubscriptionOutput::Conflict => Err(ControlError::Conflict {
+            code: "SUBSCRIPTION_EXISTS",
+            message: "subscription exists with another configuration".into(),
+        }),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -503,7 +468,7 @@ async fn registry_link(
     key: &str,
     path: &str,
     link: bool,
-) -> Result<(), Response<Body>> {
+) -> Result<(), ControlError> {
     let command = if link {
         RegistryCommand::Link {
             key: key.to_owned(),
@@ -519,17 +484,16 @@ async fn registry_link(
         .execute_in(REGISTRY_KIND, REGISTRY_KEY, &command)
         .await?;
     if output == RegistryOutput::Full {
-        return Err(fail(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "TOO_MANY_LINKS",
-            "explicit link limit reached",
-        ));
+        return Err(ControlError::Full {
+            code: "TOO_MANY_LINKS",
+            message: "explicit link limit reached",
+        });
     }
     Ok(())
 }
 
 /// The subscription as the API shows it (never a secret).
-async fn view(streams: &Streams, key: &str, sub: &Subscription) -> Result<Value, Response<Body>> {
+async fn view(streams: &Streams, key: &str, sub: &Subscription) -> Result<Value, ControlError> {
     let c = &sub.config;
     let mut out = json!({
         "id": id_of(key),
@@ -581,18 +545,18 @@ fn stream_views(sub: &Subscription) -> Vec<Value> {
         .collect()
 }
 
-async fn load(streams: &Streams, key: &str) -> Result<Subscription, Response<Body>> {
+async fn load(streams: &Streams, key: &str) -> Result<Subscription, ControlError> {
     match streams
         .query_in(SUBSCRIPTION_KIND, key, &SubscriptionQuery::Get {})
         .await?
     {
         SubscriptionOutput::Found { subscription } => Ok(subscription),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
-async fn get(streams: &Streams, key: &str) -> Result<Response<Body>, Response<Body>> {
+async fn get(streams: &Streams, key: &str) -> Result<Response<Body>, ControlError> {
     let sub = load(streams, key).await?;
     Ok(json_response(
         StatusCode::OK,
@@ -600,7 +564,7 @@ async fn get(streams: &Streams, key: &str) -> Result<Response<Body>, Response<Bo
     ))
 }
 
-async fn delete(streams: &Streams, key: &str) -> Result<Response<Body>, Response<Body>> {
+async fn delete(streams: &Streams, key: &str) -> Result<Response<Body>, ControlError> {
     let output: SubscriptionOutput = streams
         .execute_in(SUBSCRIPTION_KIND, key, &SubscriptionCommand::Delete {})
         .await?;
@@ -617,8 +581,8 @@ async fn delete(streams: &Streams, key: &str) -> Result<Response<Body>, Response
     streams.subscriptions().invalidate();
     match output {
         SubscriptionOutput::Deleted => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -626,32 +590,31 @@ async fn add_streams(
     streams: &Streams,
     request: Request<Incoming>,
     key: &str,
-) -> Result<Response<Body>, Response<Body>> {
+) -> Result<Response<Body>, ControlError> {
     let body = body_json(request).await?;
     let paths: Vec<String> = body
         .get("streams")
         .and_then(Value::as_array)
-        .ok_or_else(|| bad("give streams: [paths]"))?
+        .ok_or_else(|| ControlError::invalid("give streams: [paths]"))?
         .iter()
         .map(|v| {
             v.as_str()
                 .map(relative)
-                .ok_or_else(|| bad("paths are strings"))
+                .ok_or_else(|| ControlError::invalid("paths are strings"))
         })
         .collect::<Result<_, _>>()?;
     if paths.is_empty() || paths.len() > STREAMS_PER_REQUEST_MAX {
-        return Err(bad("give 1 to 100 streams"));
+        return Err(ControlError::invalid("give 1 to 100 streams"));
     }
     if paths.iter().any(|p| !valid_relative(p)) {
-        return Err(bad("bad stream path"));
+        return Err(ControlError::invalid("bad stream path"));
     }
     let sub = load(streams, key).await?;
     if sub.links.len() + paths.len() > LINKS_MAX {
-        return Err(fail(
-            StatusCode::CONFLICT,
-            "TOO_MANY_LINKS",
-            "too many linked streams",
-        ));
+        return Err(ControlError::Conflict {
+            code: "TOO_MANY_LINKS",
+            message: "too many linked streams".into(),
+        });
     }
     let prefix = prefix_of(key).to_owned();
     for rel in &paths {
@@ -667,8 +630,8 @@ async fn add_streams(
         .await?
     {
         SubscriptionOutput::Done => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -676,10 +639,10 @@ async fn remove_stream(
     streams: &Streams,
     key: &str,
     rel: &str,
-) -> Result<Response<Body>, Response<Body>> {
+) -> Result<Response<Body>, ControlError> {
     let rel = relative(rel);
     if !valid_relative(&rel) {
-        return Err(bad("bad stream path"));
+        return Err(ControlError::invalid("bad stream path"));
     }
     let output: SubscriptionOutput = streams
         .execute_in(
@@ -692,8 +655,8 @@ async fn remove_stream(
     streams.subscriptions().invalidate();
     match output {
         SubscriptionOutput::Done => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -723,13 +686,15 @@ async fn tails(streams: &Streams, key: &str, sub: &Subscription) -> Vec<Ack> {
     out
 }
 
-fn parse_acks(body: &Value) -> Result<Vec<Ack>, Response<Body>> {
+fn parse_acks(body: &Value) -> Result<Vec<Ack>, ControlError> {
     let Some(list) = body.get("acks") else {
         return Ok(Vec::new());
     };
-    let list = list.as_array().ok_or_else(|| bad("acks is a list"))?;
+    let list = list
+        .as_array()
+        .ok_or_else(|| ControlError::invalid("acks is a list"))?;
     if list.len() > LINKS_MAX {
-        return Err(bad("too many acks"));
+        return Err(ControlError::invalid("too many acks"));
     }
     list.iter()
         .map(|a| {
@@ -737,12 +702,13 @@ fn parse_acks(body: &Value) -> Result<Vec<Ack>, Response<Body>> {
                 .get("stream")
                 .or_else(|| a.get("path"))
                 .and_then(Value::as_str)
-                .ok_or_else(|| bad("an ack names its stream"))?;
+                .ok_or_else(|| ControlError::invalid("an ack names its stream"))?;
             let text = a
                 .get("offset")
                 .and_then(Value::as_str)
-                .ok_or_else(|| bad("an ack gives an offset"))?;
-            let offset = parse_offset(text).ok_or_else(|| bad("malformed ack offset"))?;
+                .ok_or_else(|| ControlError::invalid("an ack gives an offset"))?;
+            let offset =
+                parse_offset(text).ok_or_else(|| ControlError::invalid("malformed ack offset"))?;
             Ok(Ack {
                 path: relative(path),
                 offset,
@@ -751,36 +717,17 @@ fn parse_acks(body: &Value) -> Result<Vec<Ack>, Response<Body>> {
         .collect()
 }
 
-fn wake_fields(body: &Value) -> Result<(u64, String), Response<Body>> {
+fn wake_fields(body: &Value) -> Result<(u64, String), ControlError> {
     let generation = body
         .get("generation")
         .and_then(Value::as_u64)
-        .ok_or_else(|| bad("give the wake generation"))?;
+        .ok_or_else(|| ControlError::invalid("give the wake generation"))?;
     let wake_id = body
         .get("wake_id")
         .and_then(Value::as_str)
-        .ok_or_else(|| bad("give the wake_id"))?
+        .ok_or_else(|| ControlError::invalid("give the wake_id"))?
         .to_owned();
     Ok((generation, wake_id))
-}
-
-fn fenced(generation: u64) -> Response<Body> {
-    json_response(
-        StatusCode::CONFLICT,
-        &json!({"error": {
-            "code": "FENCED",
-            "message": "this wake generation is not current",
-            "current_generation": generation,
-        }}),
-    )
-}
-
-fn unauthorized() -> Response<Body> {
-    fail(
-        StatusCode::UNAUTHORIZED,
-        "TOKEN_INVALID",
-        "the bearer token is not this wake's",
-    )
 }
 
 async fn ack(
@@ -788,15 +735,15 @@ async fn ack(
     request: Request<Incoming>,
     key: &str,
     kind: &str,
-) -> Result<Response<Body>, Response<Body>> {
-    let token = bearer(&request).ok_or_else(unauthorized)?;
+) -> Result<Response<Body>, ControlError> {
+    let token = bearer(&request).ok_or(ControlError::Unauthorized)?;
     let body = body_json(request).await?;
     let (generation, wake_id) = wake_fields(&body)?;
     let acks = parse_acks(&body)?;
     let done = body.get("done").and_then(Value::as_bool).unwrap_or(false);
     let sub = load(streams, key).await?;
     if sub.config.kind != kind {
-        return Err(bad(&format!("not a {kind} subscription")));
+        return Err(ControlError::invalid(format!("not a {kind} subscription")));
     }
     let tails = tails(streams, key, &sub).await;
     let (next, next_token) = fresh();
@@ -826,15 +773,14 @@ async fn ack(
                 &json!({"ok": true, "next_wake": next_wake}),
             ))
         }
-        SubscriptionOutput::Fenced { generation } => Err(fenced(generation)),
-        SubscriptionOutput::Unauthorized => Err(unauthorized()),
-        SubscriptionOutput::InvalidAck { path } => Err(fail(
-            StatusCode::CONFLICT,
-            "INVALID_OFFSET",
-            &format!("ack of {path} is past its tail or of a stream not linked"),
-        )),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::Fenced { generation } => Err(ControlError::Fenced { generation }),
+        SubscriptionOutput::Unauthorized => Err(ControlError::Unauthorized),
+        SubscriptionOutput::InvalidAck { path } => Err(ControlError::Conflict {
+            code: "INVALID_OFFSET",
+            message: format!("ack of {path} is past its tail or of a stream not linked").into(),
+        }),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -842,17 +788,17 @@ async fn claim(
     streams: &Streams,
     request: Request<Incoming>,
     key: &str,
-) -> Result<Response<Body>, Response<Body>> {
+) -> Result<Response<Body>, ControlError> {
     let body = body_json(request).await?;
     let worker = body
         .get("worker")
         .and_then(Value::as_str)
         .filter(|w| !w.is_empty() && w.len() <= 256)
-        .ok_or_else(|| bad("give worker (1-256 bytes)"))?
+        .ok_or_else(|| ControlError::invalid("give worker (1-256 bytes)"))?
         .to_owned();
     let sub = load(streams, key).await?;
     if sub.config.kind != "pull-wake" {
-        return Err(bad("not a pull-wake subscription"));
+        return Err(ControlError::invalid("not a pull-wake subscription"));
     }
     let tails = tails(streams, key, &sub).await;
     let (next, token) = fresh();
@@ -884,17 +830,12 @@ async fn claim(
                 }),
             ))
         }
-        SubscriptionOutput::AlreadyClaimed { holder } => Err(json_response(
-            StatusCode::CONFLICT,
-            &json!({"error": {
-                "code": "ALREADY_CLAIMED",
-                "message": "another worker holds this subscription's wake",
-                "current_holder": holder,
-            }}),
-        )),
+        SubscriptionOutput::AlreadyClaimed { holder } => {
+            Err(ControlError::AlreadyClaimed { holder })
+        }
         SubscriptionOutput::NothingToClaim => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -902,8 +843,8 @@ async fn release(
     streams: &Streams,
     request: Request<Incoming>,
     key: &str,
-) -> Result<Response<Body>, Response<Body>> {
-    let token = bearer(&request).ok_or_else(unauthorized)?;
+) -> Result<Response<Body>, ControlError> {
+    let token = bearer(&request).ok_or(ControlError::Unauthorized)?;
     let body = body_json(request).await?;
     let (generation, wake_id) = wake_fields(&body)?;
     let (next, next_token) = fresh();
@@ -927,10 +868,10 @@ async fn release(
             }
             Ok(empty(StatusCode::NO_CONTENT))
         }
-        SubscriptionOutput::Fenced { generation } => Err(fenced(generation)),
-        SubscriptionOutput::Unauthorized => Err(unauthorized()),
-        SubscriptionOutput::NotFound => Err(not_found()),
-        _ => Err(unexpected()),
+        SubscriptionOutput::Fenced { generation } => Err(ControlError::Fenced { generation }),
+        SubscriptionOutput::Unauthorized => Err(ControlError::Unauthorized),
+        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        _ => Err(ControlError::Unexpected),
     }
 }
 
@@ -941,7 +882,7 @@ async fn release(
 /// is replaced keeps signing verifiably. The first node to store a key wins
 /// (the command keeps an existing one); whoever can read the bucket can
 /// read the key, as it can read every stream.
-async fn signer(streams: &Streams) -> Result<Signer25519, Response<Body>> {
+async fn signer(streams: &Streams) -> Result<Signer25519, ControlError> {
     if let Some(signer) = streams.subscriptions().cached_signer() {
         return Ok(signer);
     }
@@ -961,7 +902,7 @@ async fn signer(streams: &Streams) -> Result<Signer25519, Response<Body>> {
                 .await?
             {
                 RegistryOutput::SigningKey { seed: Some(seed) } => seed,
-                _ => return Err(unexpected()),
+                _ => return Err(ControlError::Unexpected),
             }
         }
     };
@@ -969,7 +910,7 @@ async fn signer(streams: &Streams) -> Result<Signer25519, Response<Body>> {
         .decode(seed)
         .ok()
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(unexpected)?;
+        .ok_or(ControlError::Unexpected)?;
     let signer = Signer25519::from_seed(&bytes);
     streams.subscriptions().keep_signer(&signer);
     Ok(signer)

@@ -382,11 +382,9 @@ fn cycles(
 }
 
 /// No two modules of a crate need each other: the code map reads as a
-/// tree. `streams` keeps one circle until its reshaping (the streams
-/// issue): the server, its subscriptions and its auth.
+/// tree.
 #[test]
 fn no_module_cycles() {
-    let known: &[(&str, &[&str])] = &[("streams", &["auth", "server", "subscriptions"])];
     let mut found = Vec::new();
     for krate in std::fs::read_dir(crates_dir()).unwrap() {
         let name = krate.unwrap().file_name().to_string_lossy().into_owned();
@@ -394,12 +392,7 @@ fn no_module_cycles() {
             continue;
         }
         for cycle in cycles(&module_graph(&name)) {
-            let allowed = known.iter().any(|(k, modules)| {
-                *k == name && cycle.iter().map(String::as_str).eq(modules.iter().copied())
-            });
-            if !allowed {
-                found.push(format!("{name}: {}", cycle.join(" <-> ")));
-            }
+            found.push(format!("{name}: {}", cycle.join(" <-> ")));
         }
     }
     report("modules that depend on each other", &found);

@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use hyper::{Method, StatusCode};
 
-use crate::subscriptions::CONTROL_SEGMENT;
 use crate::token::{self, Denied, Grant, Op, TokenError, TokenKeys};
 
+/// The reserved path segment: `<prefix>/__ds/...` is the subscriptions'
+/// control API for the streams under `<prefix>/`, never a stream.
+pub const CONTROL_SEGMENT: &str = "__ds";
 /// The `realm` of the challenge.
 pub const REALM: &str = "cellfleet-streams";
 

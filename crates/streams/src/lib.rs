@@ -9,11 +9,6 @@
 //!
 //! *Invariant:* the server never answers a mutation before the runtime did.
 
-// The stream handlers return `server::Error`; the subscriptions' control
-// API returns its JSON error responses ready-made as its error value. That
-// is built once per request, so its size does not matter.
-#![allow(clippy::result_large_err)]
-
 pub mod auth;
 pub mod backend;
 pub mod clock;
@@ -22,7 +17,6 @@ pub mod notify;
 pub mod offset;
 pub mod server;
 pub mod settle;
-pub mod subscriptions;
 mod tail;
 pub mod token;
 pub mod webhook;

@@ -1,10 +1,10 @@
 //! The HTTP side of the server: the accept loop (TLS and plain, HTTP/1.1 and HTTP/2), the request helpers (headers, query parameters, JSON bodies) and the responses every handler shares (errors, stream headers, backend failures).
 
 use super::error::Error;
+use super::subscriptions;
 use super::{Body, Streams};
 use crate::auth;
 use crate::kinds::stream::{media_type, StreamState};
-use crate::subscriptions;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;

@@ -35,7 +35,6 @@ use crate::clock::now_ms;
 use crate::kinds::stream::{StreamCommand, StreamOutput, StreamQuery, StreamState, STREAM_KIND};
 use crate::notify::Notifier;
 use crate::settle;
-use crate::subscriptions::{self, Subscriptions};
 use crate::tail::SharedReads;
 
 mod append;
@@ -46,9 +45,11 @@ mod fork;
 mod http;
 mod read;
 mod sse;
+pub mod subscriptions;
 
 pub(crate) use error::Error;
 use http::{drain, error, full, header, refused, respond, set, wire, EXPOSED};
+use subscriptions::Subscriptions;
 
 /// The response body type.
 pub type Body = BoxBody<Bytes, Infallible>;

@@ -56,8 +56,7 @@ mod error;
 
 use error::{json_response, ControlError};
 
-/// The reserved path segment.
-pub const CONTROL_SEGMENT: &str = "__ds";
+pub use crate::auth::CONTROL_SEGMENT;
 /// Longest a registry snapshot is reused for matching appends.
 pub const REGISTRY_CACHE: Duration = Duration::from_secs(1);
 /// How often watched wake deadlines are checked.

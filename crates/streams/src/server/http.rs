@@ -109,24 +109,32 @@ pub(super) fn query_params(request: &Request<Incoming>) -> Vec<(String, String)>
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
+            (percent_decode(k, true), percent_decode(v, true))
         })
         .collect()
 }
 
-pub(super) fn percent_decode(text: &str) -> String {
+/// `text` with its `%XX` escapes decoded (one that is not two hex digits
+/// is kept as written; bytes that are not UTF-8 become U+FFFD). In a query
+/// string (`plus_is_space`), `+` is a space; in a path it is itself.
+pub(super) fn percent_decode(text: &str, plus_is_space: bool) -> String {
     let bytes = text.as_bytes();
+    let hex = |b: u8| (b as char).to_digit(16);
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(b);
+            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((hi * 16 + lo) as u8);
                 i += 3;
                 continue;
             }
         }
-        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        out.push(if plus_is_space && bytes[i] == b'+' {
+            b' '
+        } else {
+            bytes[i]
+        });
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()

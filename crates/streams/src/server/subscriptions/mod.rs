@@ -50,6 +50,8 @@ use crate::kinds::subscription::{
 };
 use crate::offset;
 use crate::server::{Body, Streams};
+
+use super::http::percent_decode;
 use crate::webhook::{self, Signer25519};
 
 mod error;
@@ -137,25 +139,6 @@ fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.~:".contains(&b))
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = |b: u8| (b as char).to_digit(16);
-            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn random_token() -> String {
@@ -278,7 +261,7 @@ pub async fn handle(streams: &Streams, request: Request<Incoming>) -> Response<B
                 (Method::DELETE, []) => delete(streams, &key).await,
                 (Method::POST, ["streams"]) => add_streams(streams, request, &key).await,
                 (Method::DELETE, ["streams", rel @ ..]) if !rel.is_empty() => {
-                    let rel = percent_decode(&rel.join("/"));
+                    let rel = percent_decode(&rel.join("/"), false);
                     remove_stream(streams, &key, &rel).await
                 }
                 (Method::POST, ["callback"]) => ack(streams, request, &key, "webhook").await,
@@ -1265,7 +1248,11 @@ mod tests {
         let r = route("/v1/stream/__ds/subscriptions/s1/streams/manual%2Fb").unwrap();
         assert_eq!(r.prefix, "/v1/stream");
         assert_eq!(r.rest, ["subscriptions", "s1", "streams", "manual%2Fb"]);
-        assert_eq!(percent_decode("manual%2Fb"), "manual/b");
+        assert_eq!(percent_decode("manual%2Fb", false), "manual/b");
+        // `+` is a space only in a query string; a broken escape stays.
+        assert_eq!(percent_decode("a+b%2B%zz%4", true), "a b+%zz%4");
+        assert_eq!(percent_decode("a+b%2B", false), "a+b+");
+        assert_eq!(percent_decode("%a\u{e9}", true), "%a\u{e9}");
         assert!(is_control_path("/v1/stream/__ds/jwks.json"));
         assert!(!is_control_path("/v1/stream/__dsx/a"));
         let key = subscription_key("/v1/stream", "s1");
@@ -1280,7 +1267,8 @@ mod tests {
         fn untrusted_text_never_panics(text in "\\PC{0,64}", other in "[a-z*/%2A]{0,24}") {
             let _ = route(&text);
             let _ = is_control_path(&text);
-            let _ = percent_decode(&text);
+            let _ = percent_decode(&text, false);
+            let _ = percent_decode(&text, true);
             let _ = glob_match(&other, &text);
             let _ = glob_match(&text, &other);
             let _ = valid_relative(&text);
@@ -1296,7 +1284,7 @@ mod tests {
                 .bytes()
                 .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
                 .collect();
-            proptest::prop_assert_eq!(percent_decode(&encoded), text);
+            proptest::prop_assert_eq!(percent_decode(&encoded, false), text);
         }
 
         #[test]

@@ -21,7 +21,7 @@ mod wal;
 
 pub use capture::Publication;
 pub use cell::{tidy_closed, CaptureStats, Cell, CellConfig, GroupResult, Opened, QueryAnswer};
-pub use cellfleet_ltx::{Checksum, Position, Txid};
+pub use cellfleet_ltx::{Checksum, Header, Position, Trailer, Txid};
 pub use command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection, RAW_SQL};
 pub use compaction::{compact, Compaction};
 pub use connection::set_soft_heap_limit;

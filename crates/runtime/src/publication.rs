@@ -51,6 +51,26 @@ pub struct LtxFile {
     pub post_apply_checksum: u64,
 }
 
+impl LtxFile {
+    /// `ltx` with what a chain records of it: its TXID range (`header`),
+    /// its own checksum (`trailer`) and the Cell's checksum after it
+    /// (`post`).
+    pub fn new(
+        ltx: Vec<u8>,
+        header: &cellfleet_cell::Header,
+        trailer: &cellfleet_cell::Trailer,
+        post: cellfleet_cell::Position,
+    ) -> Self {
+        LtxFile {
+            bytes: Arc::new(ltx),
+            min_txid: header.min_txid.0,
+            max_txid: header.max_txid.0,
+            file_checksum: trailer.file_checksum.0,
+            post_apply_checksum: post.checksum.0,
+        }
+    }
+}
+
 /// Log mode: a record acknowledged in the node log and not yet in its
 /// Cell's root chain (an open Cell's, or a parked one's).
 #[derive(Clone, Debug)]
@@ -260,13 +280,12 @@ pub(crate) async fn merge_files(
             .collect();
         let merged = cellfleet_cell::compact(&chain)
             .map_err(|e| PublishFailure::NotCommitted(format!("merging records: {e}")))?;
-        Ok(LtxFile {
-            min_txid: merged.header.min_txid.0,
-            max_txid: merged.post.txid.0,
-            file_checksum: merged.trailer.file_checksum.0,
-            post_apply_checksum: merged.post.checksum.0,
-            bytes: Arc::new(merged.ltx),
-        })
+        Ok(LtxFile::new(
+            merged.ltx,
+            &merged.header,
+            &merged.trailer,
+            merged.post,
+        ))
     })
     .await
     .map_err(|e| PublishFailure::NotCommitted(format!("merge task failed: {e}")))?

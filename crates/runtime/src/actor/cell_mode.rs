@@ -182,14 +182,8 @@ impl Actor {
                 if !merged.shrank {
                     return Err(PublishFailure::NotCommitted("merge does not shrink".into()));
                 }
-                let bytes = Arc::new(merged.ltx);
-                let file = LtxFile {
-                    bytes: bytes.clone(),
-                    min_txid: 1,
-                    max_txid: merged.post.txid.0,
-                    file_checksum: merged.trailer.file_checksum.0,
-                    post_apply_checksum: merged.post.checksum.0,
-                };
+                let file = LtxFile::new(merged.ltx, &merged.header, &merged.trailer, merged.post);
+                let bytes = file.bytes.clone();
                 Ok((publisher.upload(&cell_id, epoch, file).await?, bytes))
             }));
             // Next time, a merge that did not shrink falls back to a snapshot.
@@ -216,14 +210,13 @@ impl Actor {
                 return;
             }
         };
-        let bytes = Arc::new(snapshot.ltx);
-        let file = LtxFile {
-            bytes: bytes.clone(),
-            min_txid: 1,
-            max_txid: snapshot.post.txid.0,
-            file_checksum: snapshot.trailer.file_checksum.0,
-            post_apply_checksum: snapshot.post.checksum.0,
-        };
+        let file = LtxFile::new(
+            snapshot.ltx,
+            &snapshot.header,
+            &snapshot.trailer,
+            snapshot.post,
+        );
+        let bytes = file.bytes.clone();
         self.compaction = Some(tokio::spawn(async move {
             Ok((publisher.upload(&cell_id, epoch, file).await?, bytes))
         }));

@@ -124,14 +124,13 @@ impl Actor {
         commands: usize,
         ids: Vec<CommandId>,
     ) {
-        let bytes = Arc::new(publication.ltx);
-        let file = LtxFile {
-            bytes: bytes.clone(),
-            min_txid: publication.header.min_txid.0,
-            max_txid: publication.header.max_txid.0,
-            file_checksum: publication.trailer.file_checksum.0,
-            post_apply_checksum: publication.post.checksum.0,
-        };
+        let file = LtxFile::new(
+            publication.ltx,
+            &publication.header,
+            &publication.trailer,
+            publication.post,
+        );
+        let bytes = file.bytes.clone();
         if let Some(log) = &self.ctx.log {
             // Log mode: the group goes into the next segment of its lane.
             let slot = log.submit(Record {

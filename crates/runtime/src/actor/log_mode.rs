@@ -208,13 +208,12 @@ impl Actor {
             let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
             match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
                 Some(Ok(snapshot)) if snapshot.post.txid.0 == self.acked_txid => {
-                    files = vec![LtxFile {
-                        bytes: Arc::new(snapshot.ltx),
-                        min_txid: 1,
-                        max_txid: snapshot.post.txid.0,
-                        file_checksum: snapshot.trailer.file_checksum.0,
-                        post_apply_checksum: snapshot.post.checksum.0,
-                    }];
+                    files = vec![LtxFile::new(
+                        snapshot.ltx,
+                        &snapshot.header,
+                        &snapshot.trailer,
+                        snapshot.post,
+                    )];
                 }
                 Some(Ok(snapshot)) => {
                     tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");

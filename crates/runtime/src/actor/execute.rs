@@ -59,44 +59,61 @@ impl Actor {
                 return;
             }
             Some(Err(error)) => {
-                // Nothing ran: the state is intact unless the engine says
-                // it is poisoned.
-                let poisoned = matches!(error, cellfleet_cell::Error::Poisoned)
-                    || self
-                        .cell
-                        .as_ref()
-                        .is_some_and(|c| !c.can_execute() && c.pending_txid().is_none());
-                let reason = if error.is_disk_full() {
-                    if disk_full_warning_due(self.ctx.clock.now_wall_ms()) {
-                        tracing::warn!(
-                            cell = %self.cell_id,
-                            %error,
-                            "the data directory is full: commands to the Cells here fail \
-                             (not committed) until space is freed (logged at most every 10 s)"
-                        );
-                    }
-                    format!(
-                        "{error}: this node's data directory is out of space; free space \
-                         there (nothing of this group was committed: send the command again)"
-                    )
-                } else {
-                    error.to_string()
-                };
-                for queued in group {
-                    queued.reply.send(Err(Error::NotCommitted {
-                        reason: reason.clone(),
-                    }));
-                }
-                if poisoned {
-                    self.fail(error.to_string(), FailKind::NotCommitted).await;
-                }
+                self.refuse_group(group, error).await;
                 return;
             }
             Some(Ok(result)) => result,
         };
         let commands = group.len();
         let ids: Vec<CommandId> = group.iter().map(|q| q.command.id).collect();
-        for (queued, result) in group.into_iter().zip(result.results) {
+        self.answer_or_hold(group, result.results);
+        if let Some(publication) = result.publication {
+            self.start_publication(publication, commands, ids);
+        }
+    }
+
+    /// A group the engine refused before running any of it: every command
+    /// is answered NOT_COMMITTED (a full data directory says how to go on),
+    /// and the actor fails if the engine is poisoned.
+    async fn refuse_group(&mut self, group: Vec<Queued>, error: cellfleet_cell::Error) {
+        // Nothing ran: the state is intact unless the engine says
+        // it is poisoned.
+        let poisoned = matches!(error, cellfleet_cell::Error::Poisoned)
+            || self
+                .cell
+                .as_ref()
+                .is_some_and(|c| !c.can_execute() && c.pending_txid().is_none());
+        let reason = if error.is_disk_full() {
+            if disk_full_warning_due(self.ctx.clock.now_wall_ms()) {
+                tracing::warn!(
+                    cell = %self.cell_id,
+                    %error,
+                    "the data directory is full: commands to the Cells here fail \
+                     (not committed) until space is freed (logged at most every 10 s)"
+                );
+            }
+            format!(
+                "{error}: this node's data directory is out of space; free space \
+                 there (nothing of this group was committed: send the command again)"
+            )
+        } else {
+            error.to_string()
+        };
+        for queued in group {
+            queued.reply.send(Err(Error::NotCommitted {
+                reason: reason.clone(),
+            }));
+        }
+        if poisoned {
+            self.fail(error.to_string(), FailKind::NotCommitted).await;
+        }
+    }
+
+    /// Answers each command of an executed group whose outcome depends on
+    /// nothing unpublished (a duplicate or a refusal); holds the others
+    /// until the TXID they depend on is published.
+    fn answer_or_hold(&mut self, group: Vec<Queued>, results: Vec<CommandResult>) {
+        for (queued, result) in group.into_iter().zip(results) {
             match result.depends_on_txid {
                 None => {
                     let txid = result.txid.map_or(self.published_txid(), |t| t.0);
@@ -112,9 +129,6 @@ impl Actor {
                     reply: queued.reply,
                 }),
             }
-        }
-        if let Some(publication) = result.publication {
-            self.start_publication(publication, commands, ids);
         }
     }
 

@@ -158,26 +158,11 @@ impl Actor {
             self.move_idle_pointer();
             return;
         }
-        let settings = &self.ctx.log_settings;
-        let bytes: u64 = self.unckpt.iter().map(|u| u.file.bytes.len() as u64).sum();
         let Some(log) = self.ctx.log.clone() else {
             return;
         };
         let lane = log.lane_of(&self.cell_id);
-        // The replay budget: a successor reads the lane from the root's
-        // pointer on, so the pointer may not fall too far behind the lane.
-        let behind = self.root.record.log.as_ref().map_or(0, |pointer| {
-            lane.writer()
-                .verdict()
-                .borrow()
-                .acked_below
-                .saturating_sub(pointer.from_seq)
-        });
-        if !force
-            && self.unckpt.len() < settings.checkpoint_records.max(1)
-            && bytes < settings.checkpoint_bytes
-            && behind <= settings.replay_budget_of(&self.cell_id)
-        {
+        if !force && !self.checkpoint_due(lane) {
             return;
         }
         let last_seq = self.unckpt.last().map_or(0, |u| u.seq);
@@ -201,42 +186,83 @@ impl Actor {
             return;
         }
         let covered = self.unckpt.len();
-        let mut files: Vec<LtxFile> = self.unckpt.iter().map(|u| u.file.clone()).collect();
-        if at_bound && compaction.is_none() {
+        let files: Vec<LtxFile> = if at_bound && compaction.is_none() {
             // No merge of the chain is ready: a snapshot of the acknowledged
             // state is the checkpoint instead, and replaces the whole chain.
-            let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
-            match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
-                Some(Ok(snapshot)) if snapshot.post.txid.0 == self.acked_txid => {
-                    files = vec![LtxFile::new(
-                        snapshot.ltx,
-                        &snapshot.header,
-                        &snapshot.trailer,
-                        snapshot.post,
-                    )];
-                }
-                Some(Ok(snapshot)) => {
-                    tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");
-                    self.ckpt_due = Some(
-                        tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id),
-                    );
-                    return;
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(cell = %self.cell_id, %error, "snapshot for a checkpoint failed; postponed");
-                    self.ckpt_due = Some(
-                        tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id),
-                    );
-                    return;
-                }
-                None => {
-                    self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
-                        .await;
-                    return;
-                }
+            match self.snapshot_at_acked().await {
+                Some(snapshot) => vec![snapshot],
+                None => return,
             }
-        }
+        } else {
+            self.unckpt.iter().map(|u| u.file.clone()).collect()
+        };
         self.ckpt_due = None;
+        self.spawn_checkpoint(files, covered, compaction, pointer);
+    }
+
+    /// Whether a checkpoint trigger fired: records or bytes past the root,
+    /// or the replay budget (a successor reads `lane` from the root's
+    /// pointer on, so the pointer may not fall too far behind the lane).
+    fn checkpoint_due(&self, lane: &crate::log::Lane) -> bool {
+        let settings = &self.ctx.log_settings;
+        let bytes: u64 = self.unckpt.iter().map(|u| u.file.bytes.len() as u64).sum();
+        let behind = self.root.record.log.as_ref().map_or(0, |pointer| {
+            lane.writer()
+                .verdict()
+                .borrow()
+                .acked_below
+                .saturating_sub(pointer.from_seq)
+        });
+        self.unckpt.len() >= settings.checkpoint_records.max(1)
+            || bytes >= settings.checkpoint_bytes
+            || behind > settings.replay_budget_of(&self.cell_id)
+    }
+
+    /// A snapshot of the acknowledged state, for a checkpoint that must
+    /// replace the whole chain; `None` (the checkpoint postponed by the
+    /// idle time, or the actor failed) if there is none to take.
+    async fn snapshot_at_acked(&mut self) -> Option<LtxFile> {
+        let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        let postponed = match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
+            Some(Ok(snapshot)) if snapshot.post.txid.0 == self.acked_txid => {
+                return Some(LtxFile::new(
+                    snapshot.ltx,
+                    &snapshot.header,
+                    &snapshot.trailer,
+                    snapshot.post,
+                ));
+            }
+            Some(Ok(snapshot)) => {
+                tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");
+                true
+            }
+            Some(Err(error)) => {
+                tracing::warn!(cell = %self.cell_id, %error, "snapshot for a checkpoint failed; postponed");
+                true
+            }
+            None => false,
+        };
+        if postponed {
+            self.ckpt_due =
+                Some(tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id));
+        } else {
+            self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                .await;
+        }
+        None
+    }
+
+    /// Starts the checkpoint's task: merge `files` (the `covered` records,
+    /// or a snapshot), upload the result and CAS the root with it, the
+    /// ready `compaction` and `pointer`, under the node's bound on
+    /// checkpoints in flight.
+    fn spawn_checkpoint(
+        &mut self,
+        files: Vec<LtxFile>,
+        covered: usize,
+        compaction: Option<(LtxRef, Arc<Vec<u8>>)>,
+        pointer: LogPointer,
+    ) {
         let publisher = self.ctx.publisher.clone();
         let base = self.root.clone();
         let epoch = self.epoch;

@@ -476,6 +476,192 @@ fn refuse_holder(
     Ok(None)
 }
 
+/// Create: confirms an equal configuration, refuses another, or stores a
+/// new subscription (keeping a deleted one's generation count).
+fn create(conn: &Connection, config: &SubscriptionConfig) -> Result<SubscriptionOutput, KindError> {
+    use SubscriptionOutput as Out;
+    if let Some(sub) = load(conn)? {
+        return Ok(if same_settings(&sub.config, config) {
+            Out::Created {
+                subscription: sub,
+                created: false,
+            }
+        } else {
+            Out::Conflict
+        });
+    }
+    if config.streams.len() > LINKS_MAX {
+        return Ok(Out::TooManyLinks);
+    }
+    conn.execute_batch("DELETE FROM config; DELETE FROM links;")?;
+    let json = serde_json::to_string(config).map_err(|e| reject(e.to_string()))?;
+    conn.execute("INSERT INTO config (id, json) VALUES (1, ?1)", [json])?;
+    // A subscription created again under a deleted one's id keeps
+    // counting generations, so the old holders stay fenced.
+    conn.execute(
+        "INSERT INTO wake (id, generation, wake_id, state, holder, deadline_ms, failures, token_hash) \
+         VALUES (1, 0, '', 'idle', NULL, 0, 0, NULL) \
+         ON CONFLICT (id) DO UPDATE SET wake_id = '', state = 'idle', holder = NULL, \
+         deadline_ms = 0, failures = 0, token_hash = NULL",
+        [],
+    )?;
+    for path in &config.streams {
+        link(conn, path, "explicit")?;
+    }
+    let subscription = load(conn)?.ok_or_else(|| reject("not stored"))?;
+    Ok(Out::Created {
+        subscription,
+        created: true,
+    })
+}
+
+/// An acknowledged create or append of `path` up to `tail`: links it if
+/// the subscription's pattern matches (`glob`), and starts a wake if the
+/// subscription was idle with something now pending.
+fn observe(
+    conn: &Connection,
+    sub: &Subscription,
+    path: &str,
+    tail: u64,
+    glob: bool,
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    use SubscriptionOutput as Out;
+    // A subscription is never woken by its own wake events.
+    if sub.config.wake_stream.as_deref() == Some(path) {
+        return Ok(Out::Unchanged);
+    }
+    let linked = sub.links.iter().any(|l| l.path == path);
+    if !(linked || (glob && link(conn, path, "glob")?)) {
+        return Ok(Out::Unchanged);
+    }
+    set_tail(conn, path, tail)?;
+    let mut sub = load(conn)?.ok_or_else(|| reject("vanished"))?;
+    if sub.wake.state == "idle" && pending(&sub) {
+        start(conn, &mut sub, fresh, 0, now_ms)?;
+        return Ok(Out::Woke { subscription: sub });
+    }
+    Ok(Out::Unchanged)
+}
+
+/// Who a callback says it is: the wake it answers and its bearer token's
+/// digest.
+struct Holder<'a> {
+    generation: u64,
+    wake_id: &'a str,
+    presented: &'a str,
+}
+
+/// A holder's acknowledgements (webhook callback or pull-wake ack):
+/// checked against the current wake, applied, and either the wake finished
+/// (`done`) or its lease renewed.
+#[allow(clippy::too_many_arguments)]
+fn ack(
+    conn: &Connection,
+    mut sub: Subscription,
+    holder: Holder<'_>,
+    acks: &[Ack],
+    done: bool,
+    tails: &[Ack],
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    use SubscriptionOutput as Out;
+    let Holder {
+        generation,
+        wake_id,
+        presented,
+    } = holder;
+    if let Some(refused) = refuse_holder(conn, &sub, generation, wake_id, presented)? {
+        return Ok(refused);
+    }
+    refresh_tails(conn, &mut sub, tails)?;
+    if let Some(path) = apply_acks(conn, &mut sub, acks)? {
+        return Ok(Out::InvalidAck { path });
+    }
+    if done {
+        return finish(conn, sub, fresh, now_ms);
+    }
+    // Any callback from the holder renews its lease.
+    sub.wake.state = "live".into();
+    sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
+    save_wake(conn, &sub.wake, Some(presented))?;
+    Ok(Out::Acked {
+        next_wake: false,
+        woke: None,
+    })
+}
+
+/// A pull-wake worker's claim: refused while another's lease is live;
+/// otherwise the worker holds the waking wake, fences a lapsed holder, or
+/// starts a wake if something is pending.
+fn claim(
+    conn: &Connection,
+    mut sub: Subscription,
+    worker: String,
+    tails: &[Ack],
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    use SubscriptionOutput as Out;
+    refresh_tails(conn, &mut sub, tails)?;
+    let held = sub.wake.state == "live" && sub.wake.deadline_ms > now_ms;
+    if held {
+        return Ok(Out::AlreadyClaimed {
+            holder: sub.wake.holder.clone().unwrap_or_default(),
+        });
+    }
+    match sub.wake.state.as_str() {
+        // An unclaimed wake keeps its generation: its first holder.
+        "waking" => {}
+        // A lapsed lease: the next holder fences the last one.
+        "live" => {
+            sub.wake.generation += 1;
+            sub.wake.wake_id = fresh.wake_id.clone();
+        }
+        _ if pending(&sub) => {
+            start(conn, &mut sub, fresh, 0, now_ms)?;
+        }
+        _ => return Ok(Out::NothingToClaim),
+    }
+    sub.wake.state = "live".into();
+    sub.wake.holder = Some(worker);
+    sub.wake.failures = 0;
+    sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
+    save_wake(conn, &sub.wake, Some(&fresh.token_hash))?;
+    Ok(Out::Claimed { subscription: sub })
+}
+
+/// A wake's deadline passed: an untaken delivery is retried with backoff,
+/// a lapsed lease wakes again at once, and with nothing pending the
+/// subscription goes idle.
+fn expire(
+    conn: &Connection,
+    mut sub: Subscription,
+    generation: u64,
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    use SubscriptionOutput as Out;
+    if !current(&sub, generation, None) || sub.wake.deadline_ms > now_ms {
+        return Ok(Out::Unchanged);
+    }
+    if pending(&sub) {
+        // Untaken deliveries back off; a lapsed live lease wakes again at once.
+        let failures = if sub.wake.state == "waking" {
+            sub.wake.failures + 1
+        } else {
+            0
+        };
+        start(conn, &mut sub, fresh, failures, now_ms)?;
+        Ok(Out::Woke { subscription: sub })
+    } else {
+        go_idle(conn, &mut sub)?;
+        Ok(Out::Unchanged)
+    }
+}
+
 impl SubscriptionKind {
     fn run(
         conn: &Connection,
@@ -483,39 +669,7 @@ impl SubscriptionKind {
     ) -> Result<SubscriptionOutput, KindError> {
         use SubscriptionOutput as Out;
         if let SubscriptionCommand::Create { config } = &command {
-            if let Some(sub) = load(conn)? {
-                return Ok(if same_settings(&sub.config, config) {
-                    Out::Created {
-                        subscription: sub,
-                        created: false,
-                    }
-                } else {
-                    Out::Conflict
-                });
-            }
-            if config.streams.len() > LINKS_MAX {
-                return Ok(Out::TooManyLinks);
-            }
-            conn.execute_batch("DELETE FROM config; DELETE FROM links;")?;
-            let json = serde_json::to_string(config).map_err(|e| reject(e.to_string()))?;
-            conn.execute("INSERT INTO config (id, json) VALUES (1, ?1)", [json])?;
-            // A subscription created again under a deleted one's id keeps
-            // counting generations, so the old holders stay fenced.
-            conn.execute(
-                "INSERT INTO wake (id, generation, wake_id, state, holder, deadline_ms, failures, token_hash) \
-                 VALUES (1, 0, '', 'idle', NULL, 0, 0, NULL) \
-                 ON CONFLICT (id) DO UPDATE SET wake_id = '', state = 'idle', holder = NULL, \
-                 deadline_ms = 0, failures = 0, token_hash = NULL",
-                [],
-            )?;
-            for path in &config.streams {
-                link(conn, path, "explicit")?;
-            }
-            let subscription = load(conn)?.ok_or_else(|| reject("not stored"))?;
-            return Ok(Out::Created {
-                subscription,
-                created: true,
-            });
+            return create(conn, config);
         }
         let Some(mut sub) = load(conn)? else {
             return Ok(Out::NotFound);
@@ -550,23 +704,7 @@ impl SubscriptionKind {
                 glob,
                 fresh,
                 now_ms,
-            } => {
-                // A subscription is never woken by its own wake events.
-                if sub.config.wake_stream.as_deref() == Some(path.as_str()) {
-                    return Ok(Out::Unchanged);
-                }
-                let linked = sub.links.iter().any(|l| l.path == path);
-                if !(linked || (glob && link(conn, &path, "glob")?)) {
-                    return Ok(Out::Unchanged);
-                }
-                set_tail(conn, &path, tail)?;
-                let mut sub = load(conn)?.ok_or_else(|| reject("vanished"))?;
-                if sub.wake.state == "idle" && pending(&sub) {
-                    start(conn, &mut sub, &fresh, 0, now_ms)?;
-                    return Ok(Out::Woke { subscription: sub });
-                }
-                Ok(Out::Unchanged)
-            }
+            } => observe(conn, &sub, &path, tail, glob, &fresh, now_ms),
             SubscriptionCommand::Delivered { generation, now_ms } => {
                 if current(&sub, generation, None) && sub.wake.state == "waking" {
                     sub.wake.state = "live".into();
@@ -605,60 +743,26 @@ impl SubscriptionKind {
                 tails,
                 fresh,
                 now_ms,
-            } => {
-                if let Some(refused) = refuse_holder(conn, &sub, generation, &wake_id, &presented)?
-                {
-                    return Ok(refused);
-                }
-                refresh_tails(conn, &mut sub, &tails)?;
-                if let Some(path) = apply_acks(conn, &mut sub, &acks)? {
-                    return Ok(Out::InvalidAck { path });
-                }
-                if done {
-                    return finish(conn, sub, &fresh, now_ms);
-                }
-                // Any callback from the holder renews its lease.
-                sub.wake.state = "live".into();
-                sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
-                save_wake(conn, &sub.wake, Some(&presented))?;
-                Ok(Out::Acked {
-                    next_wake: false,
-                    woke: None,
-                })
-            }
+            } => ack(
+                conn,
+                sub,
+                Holder {
+                    generation,
+                    wake_id: &wake_id,
+                    presented: &presented,
+                },
+                &acks,
+                done,
+                &tails,
+                &fresh,
+                now_ms,
+            ),
             SubscriptionCommand::Claim {
                 worker,
                 tails,
                 fresh,
                 now_ms,
-            } => {
-                refresh_tails(conn, &mut sub, &tails)?;
-                let held = sub.wake.state == "live" && sub.wake.deadline_ms > now_ms;
-                if held {
-                    return Ok(Out::AlreadyClaimed {
-                        holder: sub.wake.holder.clone().unwrap_or_default(),
-                    });
-                }
-                match sub.wake.state.as_str() {
-                    // An unclaimed wake keeps its generation: its first holder.
-                    "waking" => {}
-                    // A lapsed lease: the next holder fences the last one.
-                    "live" => {
-                        sub.wake.generation += 1;
-                        sub.wake.wake_id = fresh.wake_id.clone();
-                    }
-                    _ if pending(&sub) => {
-                        start(conn, &mut sub, &fresh, 0, now_ms)?;
-                    }
-                    _ => return Ok(Out::NothingToClaim),
-                }
-                sub.wake.state = "live".into();
-                sub.wake.holder = Some(worker);
-                sub.wake.failures = 0;
-                sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
-                save_wake(conn, &sub.wake, Some(&fresh.token_hash))?;
-                Ok(Out::Claimed { subscription: sub })
-            }
+            } => claim(conn, sub, worker, &tails, &fresh, now_ms),
             SubscriptionCommand::Release {
                 generation,
                 wake_id,
@@ -683,24 +787,7 @@ impl SubscriptionKind {
                 generation,
                 fresh,
                 now_ms,
-            } => {
-                if !current(&sub, generation, None) || sub.wake.deadline_ms > now_ms {
-                    return Ok(Out::Unchanged);
-                }
-                if pending(&sub) {
-                    // Untaken deliveries back off; a lapsed live lease wakes again at once.
-                    let failures = if sub.wake.state == "waking" {
-                        sub.wake.failures + 1
-                    } else {
-                        0
-                    };
-                    start(conn, &mut sub, &fresh, failures, now_ms)?;
-                    Ok(Out::Woke { subscription: sub })
-                } else {
-                    go_idle(conn, &mut sub)?;
-                    Ok(Out::Unchanged)
-                }
-            }
+            } => expire(conn, sub, generation, &fresh, now_ms),
         }
     }
 }

@@ -20,8 +20,8 @@ pub enum Error {
     /// since replaced the root: this node is fenced as for
     /// [`Error::Fenced`], yet what the proposal carried must be reported
     /// committed.
-    #[error("committed, then superseded: {reason}")]
-    Superseded {
+    #[error("committed, then fenced: {reason}")]
+    CommittedThenFenced {
         /// Who holds the root now.
         reason: String,
     },
@@ -89,9 +89,12 @@ impl Error {
     }
 
     /// Whether this node has lost the record to someone else (whether or
-    /// not its own proposal got in first: see [`Error::Superseded`]).
+    /// not its own proposal got in first: see [`Error::CommittedThenFenced`]).
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Fenced { .. } | Error::Superseded { .. })
+        matches!(
+            self,
+            Error::Fenced { .. } | Error::CommittedThenFenced { .. }
+        )
     }
 
     pub(crate) fn store(source: cellfleet_store::Error) -> Self {

@@ -18,7 +18,7 @@
 //!   can no longer match either). `Unknown`, a failed re-read, or resends
 //!   used up is [`Error::Unavailable`] with `ambiguous: true`: report the
 //!   fate as unknown, never replay. A proposal that committed and was then
-//!   replaced by a later owner is [`Error::Superseded`].
+//!   replaced by a later owner is [`Error::CommittedThenFenced`].
 //!
 //! Cancellation: a dropped `replace` future may leave the write applied or
 //! not; callers that must know (publication) run it in a spawned task.
@@ -279,9 +279,9 @@ impl Roots {
                 Some(observed) if observed.record == *proposal => {
                     Ok(Settled::Done(Box::new(observed)))
                 }
-                // Committed, then superseded by a later owner: we are fenced
+                // Committed, then replaced by a later owner: we are fenced
                 // now, but the proposal's content is durable.
-                _ => Err(Error::Superseded {
+                _ => Err(Error::CommittedThenFenced {
                     reason: format!(
                         "cell {} is now at epoch {} owned by {:?}",
                         proposal.cell_id,

@@ -17,7 +17,7 @@
 //! committed; the root still at the base → the same write is sent again
 //! (a timed-out PUT may still land, so that is never "not committed");
 //! provably absent for good → [`PublishFailure::NotCommitted`]; committed
-//! and then replaced by a later owner ([`cellfleet_authority::Error::Superseded`])
+//! and then replaced by a later owner ([`cellfleet_authority::Error::CommittedThenFenced`])
 //! → [`PublishFailure::CommittedThenFenced`]; else [`PublishFailure::Unknown`].
 //!
 //! [`Publisher`] is the interface the Cell actor sees, so node-level group
@@ -245,7 +245,7 @@ impl StorePublisher {
         result: cellfleet_authority::Result<Versioned<RootRecord>>,
     ) -> Result<Versioned<RootRecord>, PublishFailure> {
         result.map_err(|error| {
-            if let cellfleet_authority::Error::Superseded { .. } = error {
+            if let cellfleet_authority::Error::CommittedThenFenced { .. } = error {
                 return PublishFailure::CommittedThenFenced(error.to_string());
             }
             if error.is_fenced() {

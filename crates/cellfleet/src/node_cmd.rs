@@ -1110,19 +1110,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let node_id = NodeId::new(&file.node_id).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The store first: a bucket that does not honour conditional writes
     // must never hold a lease or a root.
-    let store_config = file.store_config();
-    let store = cellfleet_store::open(&store_config)
-        .await
-        .with_context(|| format!("cannot open the store {store_config:?}"))?;
-    let report = cellfleet_store::probe::run(store.clone(), &file.prefix, PROBE_WRITERS).await;
-    if let Some((check, observed)) = report.failure() {
-        bail!(
-            "the store failed the start-up probe at check {:?} ({}): {observed}; \
-             this node refuses to start (run `cellfleet store probe` for the full report)",
-            check.name(),
-            check.meaning()
-        );
-    }
+    let (store, report) = open_probed_store(&file).await?;
     let (manifest, kinds) = load_kinds(&file)?;
     // The page size every Cell is created with (NodeConfig::new uses the default).
     let page_size = cellfleet_cell::CellConfig::default().page_size;
@@ -1162,31 +1150,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.publication = file.publication.mode()?;
     config.log = file.publication.log_settings();
     config.gc = file.gc.settings();
-    let (open_files_before, open_files) = raise_open_files();
-    let (limits, note) = file.limits.limits(open_files);
-    if let Some(note) = note {
-        eprintln!("cellfleet node {}: {note}", file.node_id);
-    }
-    let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
-    let raised = if open_files_before == open_files {
-        String::new()
-    } else {
-        format!(" (raised from {})", show(open_files_before))
-    };
-    eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {} / {} per cell), owned at most {}",
-        file.node_id,
-        show(open_files),
-        limits.effective_cells_open_max(),
-        limits.cells_open_max,
-        limits.fds_max,
-        limits.fds_per_cell,
-        limits.fds_per_reader,
-        limits.memory_bytes_max,
-        limits.memory_bytes_per_cell,
-        limits.cells_owned_max
-    );
-    config.limits = limits;
+    config.limits = node_limits(&file);
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     // Two processes on one data_dir would write the same SQLite files.
@@ -1231,57 +1195,151 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     // Kept alive until this function returns; dropping it stops the listener.
     let (_streams_stop, streams_stopped) = tokio::sync::watch::channel(false);
     if let Some(address) = &file.listen.streams {
-        let listener = bind(address, "listen.streams").await?;
-        let mut config = cellfleet_streams::StreamsConfig::default();
-        if let Some(ms) = file.listen.streams_long_poll_ms {
-            config.long_poll_timeout = std::time::Duration::from_millis(ms);
-        }
-        config.allow_loopback_webhooks =
-            file.listen.streams_allow_loopback_webhooks.unwrap_or(false);
-        let address = listener.local_addr()?;
-        let scheme = match file.listen.streams_tls()? {
-            StreamsTls::None => {
-                eprintln!(
-                    "cellfleet node {}: warning: the streams listener {address} is plain HTTP \
-                     (listen.streams_tls = \"none\"); tokens and data cross the network unencrypted",
-                    file.node_id
-                );
-                "http"
-            }
-            StreamsTls::Node => {
-                config.tls = Some(
-                    tls::public_server_config(identity.chain.clone(), identity.key.clone_key())
-                        .context("streams listener certificate")?,
-                );
-                "https"
-            }
-            StreamsTls::Files { cert, key } => {
-                config.tls = Some(streams_tls_files(&cert, &key)?);
-                "https"
-            }
-        };
-        if file.listen.streams_tokens()? {
-            config.auth = cellfleet_streams::StreamsAuth::Tokens {
-                keys: Arc::new(crate::stream_route::RegistryTokens::new(registry.clone())),
-                skew_ms: i64::try_from(file.envelope.skew_ms).unwrap_or(i64::MAX),
-            };
-        } else {
+        start_streams(
+            &file,
+            address,
+            &identity,
+            &registry,
+            &router,
+            streams_stopped,
+        )
+        .await?;
+    }
+    announce_console_and_role(&file, server.console_addr)?;
+    // Listening from before the ready line: a SIGTERM sent as soon as a
+    // supervisor reads it drains the node (before, the handler was
+    // installed after the line, and such a signal killed the process).
+    let shutdown = crate::signals::shutdown_signal();
+    println!(
+        "cellfleet node {} ready client={} peer={} http={} store={}",
+        file.node_id, server.client_addr, server.peer_addr, server.http_addr, report.store
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    wait_then_drain(&file, &node, server, &drain, shutdown).await
+}
+
+/// Opens the node's store and runs the start-up probe on it: a store that
+/// fails a check is refused, naming it.
+async fn open_probed_store(
+    file: &NodeFile,
+) -> anyhow::Result<(
+    Arc<dyn cellfleet_store::ObjectStore>,
+    cellfleet_store::probe::ProbeReport,
+)> {
+    let store_config = file.store_config();
+    let store = cellfleet_store::open(&store_config)
+        .await
+        .with_context(|| format!("cannot open the store {store_config:?}"))?;
+    let report = cellfleet_store::probe::run(store.clone(), &file.prefix, PROBE_WRITERS).await;
+    if let Some((check, observed)) = report.failure() {
+        bail!(
+            "the store failed the start-up probe at check {:?} ({}): {observed}; \
+             this node refuses to start (run `cellfleet store probe` for the full report)",
+            check.name(),
+            check.meaning()
+        );
+    }
+    Ok((store, report))
+}
+
+/// The node's bounds from `[limits]` and the open-file limit (raised to
+/// its hard limit first), and a line on stderr that says them.
+fn node_limits(file: &NodeFile) -> NodeLimits {
+    let (open_files_before, open_files) = raise_open_files();
+    let (limits, note) = file.limits.limits(open_files);
+    if let Some(note) = note {
+        eprintln!("cellfleet node {}: {note}", file.node_id);
+    }
+    let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
+    let raised = if open_files_before == open_files {
+        String::new()
+    } else {
+        format!(" (raised from {})", show(open_files_before))
+    };
+    eprintln!(
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {} / {} per cell), owned at most {}",
+        file.node_id,
+        show(open_files),
+        limits.effective_cells_open_max(),
+        limits.cells_open_max,
+        limits.fds_max,
+        limits.fds_per_cell,
+        limits.fds_per_reader,
+        limits.memory_bytes_max,
+        limits.memory_bytes_per_cell,
+        limits.cells_owned_max
+    );
+    limits
+}
+
+/// Starts the Durable Streams listener on `address` (TLS and tokens as
+/// `[listen]` says, with a warning for each one turned off); streams owned
+/// elsewhere are routed to their owner. It stops when `stopped` changes.
+async fn start_streams(
+    file: &NodeFile,
+    address: &str,
+    identity: &TlsIdentity,
+    registry: &Arc<KeyRegistry>,
+    router: &Arc<Router>,
+    streams_stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = bind(address, "listen.streams").await?;
+    let mut config = cellfleet_streams::StreamsConfig::default();
+    if let Some(ms) = file.listen.streams_long_poll_ms {
+        config.long_poll_timeout = std::time::Duration::from_millis(ms);
+    }
+    config.allow_loopback_webhooks = file.listen.streams_allow_loopback_webhooks.unwrap_or(false);
+    let address = listener.local_addr()?;
+    let scheme = match file.listen.streams_tls()? {
+        StreamsTls::None => {
             eprintln!(
-                "cellfleet node {}: warning: streams_auth = \"none\": anyone who reaches {address} \
-                 may read, append to, create and delete every stream (local development only)",
+                "cellfleet node {}: warning: the streams listener {address} is plain HTTP \
+                 (listen.streams_tls = \"none\"); tokens and data cross the network unencrypted",
                 file.node_id
             );
+            "http"
         }
-        println!(
-            "cellfleet node {} streams={scheme}://{address}",
-            file.node_id,
+        StreamsTls::Node => {
+            config.tls = Some(
+                tls::public_server_config(identity.chain.clone(), identity.key.clone_key())
+                    .context("streams listener certificate")?,
+            );
+            "https"
+        }
+        StreamsTls::Files { cert, key } => {
+            config.tls = Some(streams_tls_files(&cert, &key)?);
+            "https"
+        }
+    };
+    if file.listen.streams_tokens()? {
+        config.auth = cellfleet_streams::StreamsAuth::Tokens {
+            keys: Arc::new(crate::stream_route::RegistryTokens::new(registry.clone())),
+            skew_ms: i64::try_from(file.envelope.skew_ms).unwrap_or(i64::MAX),
+        };
+    } else {
+        eprintln!(
+            "cellfleet node {}: warning: streams_auth = \"none\": anyone who reaches {address} \
+             may read, append to, create and delete every stream (local development only)",
+            file.node_id
         );
-        // Requests for streams owned elsewhere are routed to their owner.
-        let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));
-        let streams = cellfleet_streams::Streams::with_backend(backend, config);
-        tokio::spawn(streams.serve(listener, streams_stopped));
     }
-    if let Some(address) = server.console_addr {
+    println!(
+        "cellfleet node {} streams={scheme}://{address}",
+        file.node_id,
+    );
+    // Requests for streams owned elsewhere are routed to their owner.
+    let backend = Arc::new(crate::stream_route::RoutedBackend::new(router.clone()));
+    let streams = cellfleet_streams::Streams::with_backend(backend, config);
+    tokio::spawn(streams.serve(listener, streams_stopped));
+    Ok(())
+}
+
+/// Prints the console's address (warning when it is plain HTTP) and
+/// whether this node is ingress-only.
+fn announce_console_and_role(file: &NodeFile, console: Option<SocketAddr>) -> anyhow::Result<()> {
+    if let Some(address) = console {
         let mtls = file.listen.console_mtls()?;
         if !mtls {
             eprintln!(
@@ -1303,17 +1361,18 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
             file.node_id
         );
     }
-    // Listening from before the ready line: a SIGTERM sent as soon as a
-    // supervisor reads it drains the node (before, the handler was
-    // installed after the line, and such a signal killed the process).
-    let shutdown = crate::signals::shutdown_signal();
-    println!(
-        "cellfleet node {} ready client={} peer={} http={} store={}",
-        file.node_id, server.client_addr, server.peer_addr, server.http_addr, report.store
-    );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    Ok(())
+}
 
+/// Serves until a signal (drain the node, retire its lease; exit 1 if
+/// the session had already ended or the drain failed) or an admin drain.
+async fn wait_then_drain(
+    file: &NodeFile,
+    node: &cellfleet_runtime::NodeHandle,
+    server: NodeServer,
+    drain: &Arc<DrainState>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<ExitCode> {
     let drained_by_admin = drain.drained.notified();
     tokio::pin!(drained_by_admin);
     tokio::select! {

@@ -174,20 +174,7 @@ impl Node {
         let limits = &config.limits;
         let mut cell_config = config.cell.clone();
         cell_config.group_commands_max = limits.group_commands_max;
-        let mut publisher = StorePublisher::new(
-            store.clone(),
-            roots.clone(),
-            clock.clone(),
-            me.clone(),
-            limits.upload_attempts_max,
-        );
-        if config.gc.enabled {
-            publisher = publisher.with_ltx_gc(
-                std::time::Duration::from_millis(config.gc.min_age_ms),
-                metrics.clone(),
-            );
-        }
-        let publisher: Arc<dyn Publisher> = Arc::new(publisher);
+        let publisher = store_publisher(&config, &store, &roots, &clock, &me, &metrics);
         let log = match config.publication {
             PublicationMode::Log => Some(NodeLog::start(
                 store.clone(),
@@ -267,52 +254,91 @@ impl Node {
             generation: AtomicU64::new(0),
             flushed: Mutex::new(std::collections::HashSet::new()),
         });
-        if shared.config.publication == PublicationMode::Log {
-            // Earlier sessions of this node ended without a drain, or they
-            // would have left no log behind that a root needs.
-            let flusher = shared.clone();
-            tokio::spawn(async move {
-                if let Err(error) = flusher.flush_own_earlier_sessions().await {
-                    tracing::warn!(%error, "listing this node's earlier sessions failed; their logs are flushed when their cells are taken over");
-                }
-            });
-        }
-        if shared.config.publication == PublicationMode::Log {
-            tokio::spawn(Shared::sweep_parked(Arc::downgrade(&shared)));
-        }
-        tokio::spawn(Shared::make_room(Arc::downgrade(&shared), room_rx));
-        tokio::spawn(lease.clone().run());
-        // A sealed lane means a successor declared this session dead: it
-        // ends, so the node cannot keep taking Cells into a log that no
-        // longer counts (they would answer nobody until the lease ran out,
-        // and a revived lease never runs out).
-        if let Some(log) = shared.actor_context.log.clone() {
-            let lease = lease.clone();
-            tokio::spawn(async move {
-                log.wait_sealed().await;
-                let reason = "another node sealed this session's log (this node was paused or \
-                              cut off past its lease); restart it to join with a new session";
-                if !lease.begin_end(reason.into()) {
-                    return;
-                }
-                // Groups in flight learn their fate from their lanes first
-                // (acknowledged below the seal, not committed at or after
-                // it), so their replies are definite, not UNKNOWN.
-                log.settle(SESSION_END_SETTLE).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                lease.end_session().await;
-            });
-        }
-        // A replaced lease stops the node at once: every Cell is fenced.
-        let watcher = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            lease.wait_stopped().await;
-            if let Some(shared) = watcher.upgrade() {
-                shared.fence_all("the node lease was lost").await;
-            }
-        });
+        spawn_node_tasks(&shared, lease, room_rx);
         Ok(NodeHandle { shared })
     }
+}
+
+/// The publisher every Cell of the node commits through: uploads with
+/// `upload_attempts_max` tries, and deletes replaced LTX files when `[gc]`
+/// is on.
+fn store_publisher(
+    config: &NodeConfig,
+    store: &Arc<dyn ObjectStore>,
+    roots: &Roots,
+    clock: &Arc<dyn Clock>,
+    me: &Holder,
+    metrics: &Arc<Metrics>,
+) -> Arc<dyn Publisher> {
+    let mut publisher = StorePublisher::new(
+        store.clone(),
+        roots.clone(),
+        clock.clone(),
+        me.clone(),
+        config.limits.upload_attempts_max,
+    );
+    if config.gc.enabled {
+        publisher = publisher.with_ltx_gc(
+            std::time::Duration::from_millis(config.gc.min_age_ms),
+            metrics.clone(),
+        );
+    }
+    Arc::new(publisher)
+}
+
+/// The node's own tasks: flushing this node's earlier sessions' logs and
+/// sweeping parked tails (log mode), making room for activations, renewing
+/// the lease, ending the session when a successor seals its log, and
+/// fencing every Cell when the lease is lost.
+fn spawn_node_tasks(
+    shared: &Arc<Shared>,
+    lease: Arc<LeaseKeeper>,
+    room_rx: mpsc::Receiver<CellId>,
+) {
+    if shared.config.publication == PublicationMode::Log {
+        // Earlier sessions of this node ended without a drain, or they
+        // would have left no log behind that a root needs.
+        let flusher = shared.clone();
+        tokio::spawn(async move {
+            if let Err(error) = flusher.flush_own_earlier_sessions().await {
+                tracing::warn!(%error, "listing this node's earlier sessions failed; their logs are flushed when their cells are taken over");
+            }
+        });
+    }
+    if shared.config.publication == PublicationMode::Log {
+        tokio::spawn(Shared::sweep_parked(Arc::downgrade(shared)));
+    }
+    tokio::spawn(Shared::make_room(Arc::downgrade(shared), room_rx));
+    tokio::spawn(lease.clone().run());
+    // A sealed lane means a successor declared this session dead: it
+    // ends, so the node cannot keep taking Cells into a log that no
+    // longer counts (they would answer nobody until the lease ran out,
+    // and a revived lease never runs out).
+    if let Some(log) = shared.actor_context.log.clone() {
+        let lease = lease.clone();
+        tokio::spawn(async move {
+            log.wait_sealed().await;
+            let reason = "another node sealed this session's log (this node was paused or \
+                          cut off past its lease); restart it to join with a new session";
+            if !lease.begin_end(reason.into()) {
+                return;
+            }
+            // Groups in flight learn their fate from their lanes first
+            // (acknowledged below the seal, not committed at or after
+            // it), so their replies are definite, not UNKNOWN.
+            log.settle(SESSION_END_SETTLE).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            lease.end_session().await;
+        });
+    }
+    // A replaced lease stops the node at once: every Cell is fenced.
+    let watcher = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        lease.wait_stopped().await;
+        if let Some(shared) = watcher.upgrade() {
+            shared.fence_all("the node lease was lost").await;
+        }
+    });
 }
 
 /// Longest a node whose session was sealed waits for its lanes' groups in

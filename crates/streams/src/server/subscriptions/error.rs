@@ -53,6 +53,11 @@ impl ControlError {
         ControlError::Invalid(message.into())
     }
 
+    /// 404: the subscription this request names does not exist.
+    pub(crate) fn no_subscription() -> Self {
+        ControlError::NotFound("no such subscription")
+    }
+
     /// The status and JSON body this error is answered with (`None` for
     /// a stream-side error, which answers as the stream handlers do).
     fn status_and_body(&self) -> Option<(StatusCode, Value)> {

@@ -230,7 +230,7 @@ pub async fn handle(streams: &Streams, request: Request<Incoming>) -> Response<B
     }
     let path = request.uri().path().to_owned();
     let Some(route) = route(&path) else {
-        return ControlError::NotFound("no such subscription").into();
+        return ControlError::no_subscription().into();
     };
     let rest: Vec<&str> = route.rest.iter().map(String::as_str).collect();
     let method = request.method().clone();
@@ -533,7 +533,7 @@ async fn load(streams: &Streams, key: &str) -> Result<Subscription, ControlError
         .await?
     {
         SubscriptionOutput::Found { subscription } => Ok(subscription),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -563,7 +563,7 @@ async fn delete(streams: &Streams, key: &str) -> Result<Response<Body>, ControlE
     streams.subscriptions().invalidate();
     match output {
         SubscriptionOutput::Deleted => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -612,7 +612,7 @@ async fn add_streams(
         .await?
     {
         SubscriptionOutput::Done => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -637,7 +637,7 @@ async fn remove_stream(
     streams.subscriptions().invalidate();
     match output {
         SubscriptionOutput::Done => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -761,7 +761,7 @@ async fn ack(
             code: "INVALID_OFFSET",
             message: format!("ack of {path} is past its tail or of a stream not linked").into(),
         }),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -816,7 +816,7 @@ async fn claim(
             Err(ControlError::AlreadyClaimed { holder })
         }
         SubscriptionOutput::NothingToClaim => Ok(empty(StatusCode::NO_CONTENT)),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }
@@ -852,7 +852,7 @@ async fn release(
         }
         SubscriptionOutput::Fenced { generation } => Err(ControlError::Fenced { generation }),
         SubscriptionOutput::Unauthorized => Err(ControlError::Unauthorized),
-        SubscriptionOutput::NotFound => Err(ControlError::NotFound("no such subscription")),
+        SubscriptionOutput::NotFound => Err(ControlError::no_subscription()),
         _ => Err(ControlError::Unexpected),
     }
 }

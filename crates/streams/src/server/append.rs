@@ -11,16 +11,7 @@ use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
 
 impl Streams {
-    pub(super) async fn append(&self, request: Request<Incoming>) -> Response<Body> {
-        self.try_append(request)
-            .await
-            .unwrap_or_else(Response::from)
-    }
-
-    pub(super) async fn try_append(
-        &self,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Error> {
+    pub(super) async fn append(&self, request: Request<Incoming>) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
         let content_type = header(&request, "content-type").map(str::to_owned);
         let close =

@@ -11,16 +11,7 @@ use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
 
 impl Streams {
-    pub(super) async fn create(&self, request: Request<Incoming>) -> Response<Body> {
-        self.try_create(request)
-            .await
-            .unwrap_or_else(Response::from)
-    }
-
-    pub(super) async fn try_create(
-        &self,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Error> {
+    pub(super) async fn create(&self, request: Request<Incoming>) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
         let now = now_ms();
         let asked = CreateHeaders::parse(request.headers(), now).map_err(Error::bad)?;

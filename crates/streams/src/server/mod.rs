@@ -197,9 +197,10 @@ impl Streams {
                 subscriptions::handle(self, request).await
             }
             Method::OPTIONS => respond(StatusCode::NO_CONTENT, ""),
-            Method::PUT => self.create(request).await,
-            Method::POST => self.append(request).await,
-            Method::GET => self.read(request).await,
+            // The handlers that can refuse return an `Error`, answered here.
+            Method::PUT => self.create(request).await.unwrap_or_else(Response::from),
+            Method::POST => self.append(request).await.unwrap_or_else(Response::from),
+            Method::GET => self.read(request).await.unwrap_or_else(Response::from),
             Method::HEAD => self.head(request).await,
             Method::DELETE => self.delete(request).await,
             _ => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),

@@ -78,14 +78,7 @@ impl Streams {
         }
     }
 
-    pub(super) async fn read(&self, request: Request<Incoming>) -> Response<Body> {
-        self.try_read(request).await.unwrap_or_else(Response::from)
-    }
-
-    pub(super) async fn try_read(
-        &self,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Error> {
+    pub(super) async fn read(&self, request: Request<Incoming>) -> Result<Response<Body>, Error> {
         let path = request.uri().path().to_owned();
         let params = query_params(&request);
         let get = |name: &str| {

@@ -10,6 +10,8 @@
 //!
 //! Numbers are fixed-width lowercase hex so listings sort numerically.
 
+use cellfleet_ltx::Txid;
+
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
 
 /// One lane of a node session's log (DESIGN.md §9).
@@ -49,9 +51,9 @@ pub struct LtxKey {
     /// The epoch that uploaded it.
     pub epoch: Epoch,
     /// First TXID in the file.
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID in the file.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// Hex digest of the file's bytes.
     pub digest: String,
 }
@@ -140,14 +142,16 @@ impl Layout {
         &self,
         cell: &CellId,
         epoch: Epoch,
-        min_txid: u64,
-        max_txid: u64,
+        min_txid: Txid,
+        max_txid: Txid,
         digest: &str,
     ) -> String {
         format!(
-            "{}{:016x}/{min_txid:016x}-{max_txid:016x}-{digest}.ltx",
+            "{}{:016x}/{:016x}-{:016x}-{digest}.ltx",
             self.ltx_prefix(cell),
-            epoch.get()
+            epoch.get(),
+            min_txid.0,
+            max_txid.0
         )
     }
 
@@ -270,8 +274,8 @@ impl Layout {
         Some(LtxKey {
             cell_id: cell.parse().ok()?,
             epoch: Epoch::new(hex16(epoch)?)?,
-            min_txid: hex16(min)?,
-            max_txid: hex16(max)?,
+            min_txid: Txid(hex16(min)?),
+            max_txid: Txid(hex16(max)?),
             digest: digest.to_owned(),
         })
     }
@@ -303,7 +307,7 @@ mod tests {
         assert_eq!(layout.parse_root_key("prod/eu/cells/x/root.json"), None);
         assert_eq!(layout.parse_root_key(&layout.ltx_prefix(&cell)), None);
         let epoch = Epoch::new(2).unwrap();
-        let key = layout.ltx_key(&cell, epoch, 1, 0x1f, "ab12");
+        let key = layout.ltx_key(&cell, epoch, Txid(1), Txid(0x1f), "ab12");
         assert_eq!(
             key,
             format!("prod/eu/cells/{cell}/ltx/0000000000000002/0000000000000001-000000000000001f-ab12.ltx")
@@ -316,7 +320,7 @@ mod tests {
                 parsed.min_txid,
                 parsed.max_txid
             ),
-            (cell, epoch, 1, 0x1f)
+            (cell, epoch, Txid(1), Txid(0x1f))
         );
         assert!(layout
             .parse_ltx_key("prod/eu/cells/x/ltx/1/2-3-z.ltx")

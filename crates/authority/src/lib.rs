@@ -31,6 +31,7 @@ pub mod root;
 mod roots;
 pub mod transition;
 
+pub use cellfleet_ltx::Txid;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{check_cluster, ClusterCheck, ClusterRecord};
 pub use error::{Error, Result};

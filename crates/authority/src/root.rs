@@ -14,6 +14,7 @@
 //! means `txid` 0; every LTX key lies under this Cell's `ltx/`; page size is
 //! a power of two in 512..=65536; bounded strings and chain length.
 
+use cellfleet_ltx::Txid;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
@@ -48,9 +49,9 @@ pub struct LtxRef {
     /// Object key of the file (content-addressed, create-only).
     pub key: String,
     /// First TXID in the file.
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID in the file.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// File size in bytes.
     pub size: u64,
     /// The file's own checksum (LTX trailer).
@@ -99,7 +100,7 @@ pub struct RootRecord {
     /// LTX files from TXID 1 to `txid`, contiguous.
     pub chain: Vec<LtxRef>,
     /// The Cell's current TXID (0 before any publication).
-    pub txid: u64,
+    pub txid: Txid,
     /// Rolling database checksum at `txid`.
     #[serde(with = "hex_u64")]
     pub checksum: u64,
@@ -171,19 +172,19 @@ impl RootRecord {
             return invalid(format!("chain longer than {CHAIN_LEN_MAX} files"));
         }
         let Some(last) = self.chain.last() else {
-            return if self.txid == 0 {
+            return if self.txid == Txid::ZERO {
                 Ok(())
             } else {
-                invalid(format!("empty chain but txid {}", self.txid))
+                invalid(format!("empty chain but txid {}", self.txid.0))
             };
         };
         let ltx_dir = crate::layout::Layout::ltx_infix(&self.cell_id);
-        let mut next = 1_u64;
+        let mut next = Txid::FIRST;
         for file in &self.chain {
             if file.min_txid != next {
                 return invalid(format!(
-                    "chain not contiguous: expected a file starting at txid {next}, got {}",
-                    file.min_txid
+                    "chain not contiguous: expected a file starting at txid {}, got {}",
+                    next.0, file.min_txid.0
                 ));
             }
             if file.max_txid < file.min_txid {
@@ -195,7 +196,7 @@ impl RootRecord {
             {
                 return invalid(format!("LTX key {:?} is not under {ltx_dir}", file.key));
             }
-            next = match file.max_txid.checked_add(1) {
+            next = match file.max_txid.next() {
                 Some(next) => next,
                 None => return invalid("txid overflow"),
             };
@@ -203,7 +204,7 @@ impl RootRecord {
         if last.max_txid != self.txid {
             return invalid(format!(
                 "chain ends at txid {} but the root says {}",
-                last.max_txid, self.txid
+                last.max_txid.0, self.txid.0
             ));
         }
         if last.post_apply_checksum != self.checksum {
@@ -286,23 +287,23 @@ mod tests {
             chain: vec![
                 LtxRef {
                     key: format!("p/cells/{cell_id}/ltx/0000000000000001/a.ltx"),
-                    min_txid: 1,
-                    max_txid: 4,
+                    min_txid: Txid(1),
+                    max_txid: Txid(4),
                     size: 100,
                     file_checksum: 1,
                     post_apply_checksum: 0x10,
                 },
                 LtxRef {
                     key: format!("p/cells/{cell_id}/ltx/0000000000000001/b.ltx"),
-                    min_txid: 5,
-                    max_txid: 5,
+                    min_txid: Txid(5),
+                    max_txid: Txid(5),
                     size: 50,
                     file_checksum: 2,
                     post_apply_checksum: u64::MAX,
                 },
             ],
             cell_id,
-            txid: 5,
+            txid: Txid(5),
             checksum: u64::MAX,
             page_size: 4096,
             schema_version: 1,
@@ -323,8 +324,8 @@ mod tests {
     fn invalid_roots_are_refused_on_write_and_read() {
         type Breaks = Box<dyn Fn(&mut RootRecord)>;
         let broken: Vec<(&str, Breaks)> = vec![
-            ("gap", Box::new(|r| r.chain[1].min_txid = 6)),
-            ("txid", Box::new(|r| r.txid = 9)),
+            ("gap", Box::new(|r| r.chain[1].min_txid = Txid(6))),
+            ("txid", Box::new(|r| r.txid = Txid(9))),
             ("checksum", Box::new(|r| r.checksum = 1)),
             ("owner", Box::new(|r| r.owner = None)),
             (

@@ -12,6 +12,8 @@
 //! * takeover is refused with [`Error::LeaseLive`] while the owner's session
 //!   is live ([`Liveness`]), and allowed once it is dead or the root released.
 
+use cellfleet_ltx::Txid;
+
 use crate::error::{Error, Result};
 use crate::ids::{CellId, Epoch, NodeId, SessionId};
 use crate::lease::Liveness;
@@ -73,7 +75,7 @@ pub fn create(new: &NewCell, me: &Holder, now_ms: u64) -> RootRecord {
         revision: 1,
         state: RootState::Active,
         chain: Vec::new(),
-        txid: 0,
+        txid: Txid::ZERO,
         checksum: 0,
         page_size: new.page_size,
         schema_version: new.schema_version,
@@ -172,7 +174,7 @@ pub fn compact_and_publish(
     now_ms: u64,
 ) -> Result<RootRecord> {
     check_owner(current, me, epoch)?;
-    if compacted.min_txid != 1 {
+    if compacted.min_txid != Txid::FIRST {
         return Err(Error::invalid("a compacted file must start at txid 1"));
     }
     let Some(boundary) = current
@@ -228,7 +230,7 @@ pub fn propose(
         }
     }
     let mut next = match (delta, compaction) {
-        (Some(delta), _) if delta.min_txid == 1 && current.txid > 0 => {
+        (Some(delta), _) if delta.min_txid == Txid::FIRST && current.txid > Txid::ZERO => {
             // A snapshot holds the whole state: it replaces the chain.
             let mut next = successor(current, now_ms)?;
             next.txid = delta.max_txid;
@@ -322,12 +324,12 @@ fn successor(current: &RootRecord, now_ms: u64) -> Result<RootRecord> {
 fn append(next: &mut RootRecord, delta: LtxRef) -> Result<()> {
     let expected = next
         .txid
-        .checked_add(1)
+        .next()
         .ok_or_else(|| Error::invalid("txid overflow"))?;
     if delta.min_txid != expected || delta.max_txid < delta.min_txid {
         return Err(Error::invalid(format!(
             "delta covers txids {}..={} but the root is at {}",
-            delta.min_txid, delta.max_txid, next.txid
+            delta.min_txid.0, delta.max_txid.0, next.txid.0
         )));
     }
     if next.chain.len() >= CHAIN_LEN_MAX {

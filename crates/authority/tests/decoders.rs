@@ -3,7 +3,7 @@
 use cellfleet_authority::lease::acquire_record;
 use cellfleet_authority::transition::{self, Holder, NewCell};
 use cellfleet_authority::{
-    CellId, Endpoints, LeaseConfig, LeaseRecord, LtxRef, NodeId, RootRecord, SessionId,
+    CellId, Endpoints, LeaseConfig, LeaseRecord, LtxRef, NodeId, RootRecord, SessionId, Txid,
 };
 use proptest::prelude::*;
 
@@ -22,8 +22,8 @@ fn valid_root() -> RootRecord {
     let root = transition::create(&new, &me, 10);
     let delta = LtxRef {
         key: format!("p/cells/{}/ltx/0000000000000001/a.ltx", new.cell_id),
-        min_txid: 1,
-        max_txid: 3,
+        min_txid: Txid(1),
+        max_txid: Txid(3),
         size: 10,
         file_checksum: 1,
         post_apply_checksum: 2,

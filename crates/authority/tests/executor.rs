@@ -62,14 +62,14 @@ fn new_cell(key: &str) -> NewCell {
 }
 
 fn delta(layout: &Layout, root: &RootRecord, tag: &str) -> LtxRef {
-    let min = root.txid + 1;
+    let min = root.txid.next().unwrap();
     LtxRef {
         key: layout.ltx_key(&root.cell_id, root.epoch, min, min, tag),
         min_txid: min,
         max_txid: min,
         size: 64,
         file_checksum: 1,
-        post_apply_checksum: min * 1000,
+        post_apply_checksum: min.0 * 1000,
     }
 }
 
@@ -129,7 +129,7 @@ async fn activation_takeover_and_fencing(f: Fixture) {
     )
     .unwrap();
     let published = f.roots.replace(&root, proposal).await.unwrap();
-    assert_eq!((published.record.txid, published.record.revision), (1, 2));
+    assert_eq!((published.record.txid.0, published.record.revision), (1, 2));
 
     // A stops renewing; B keeps its lease and takes over after expiry + margin.
     f.clock.advance(Duration::from_millis(
@@ -138,7 +138,7 @@ async fn activation_takeover_and_fencing(f: Fixture) {
     let _b_lease = f.leases.renew(&b_lease).await.unwrap();
     let (taken, how) = owned(f.roots.activate(&cell, &b).await.unwrap());
     assert_eq!(how, OwnedHow::TookOver);
-    assert_eq!((taken.record.epoch.get(), taken.record.txid), (2, 1));
+    assert_eq!((taken.record.epoch.get(), taken.record.txid.0), (2, 1));
     assert_eq!(taken.record.owner.as_ref(), Some(&b.node));
 
     // A's next publication, built on its stale view, is fenced by the CAS.

@@ -6,7 +6,7 @@ use cellfleet_authority::lease::{self, acquire_record, renewal, session_liveness
 use cellfleet_authority::transition::{self, Activation, Holder, NewCell};
 use cellfleet_authority::{
     reconcile, CellId, Endpoints, Epoch, Error, LeaseRecord, Liveness, LtxRef, NodeId,
-    Reconciliation, RootRecord, RootState, SessionId,
+    Reconciliation, RootRecord, RootState, SessionId, Txid,
 };
 use proptest::prelude::*;
 
@@ -28,16 +28,16 @@ fn cell() -> NewCell {
 
 /// A delta LTX file continuing `root`, with a key unique to (epoch, txids, tag).
 fn delta(root: &RootRecord, files: u64, tag: u64) -> LtxRef {
-    let min = root.txid + 1;
-    let max = root.txid + files;
+    let min = root.txid.0 + 1;
+    let max = root.txid.0 + files;
     LtxRef {
         key: format!(
             "p/cells/{}/ltx/{:016x}/{min:016x}-{max:016x}-{tag:x}.ltx",
             root.cell_id,
             root.epoch.get()
         ),
-        min_txid: min,
-        max_txid: max,
+        min_txid: Txid(min),
+        max_txid: Txid(max),
         size: 100,
         file_checksum: tag,
         post_apply_checksum: tag.wrapping_mul(31).wrapping_add(max),
@@ -308,7 +308,7 @@ impl World {
                         view.cell_id,
                         view.epoch.get()
                     ),
-                    min_txid: 1,
+                    min_txid: Txid(1),
                     max_txid: last.max_txid,
                     size: 1,
                     file_checksum: tag,
@@ -326,7 +326,7 @@ impl World {
                 ) {
                     Ok(proposal) => {
                         assert_eq!(proposal.chain.len(), 2);
-                        assert_eq!(proposal.txid, view.txid + 1);
+                        assert_eq!(proposal.txid, Txid(view.txid.0 + 1));
                         self.commit(n, Some(etag), proposal, None);
                     }
                     Err(Error::Fenced { .. }) => {}

@@ -230,9 +230,10 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 }
                 if entry.min_txid != next {
                     bail!(
-                        "the node log holds txids {}..={} of this Cell where {next} was expected: the log is damaged",
-                        entry.min_txid,
-                        entry.max_txid
+                        "the node log holds txids {}..={} of this Cell where {} was expected: the log is damaged",
+                        entry.min_txid.0,
+                        entry.max_txid.0,
+                        next.0
                     );
                 }
                 next = entry.max_txid + 1;
@@ -248,14 +249,14 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         .map(|(entry, bytes)| ChainFile {
             ltx: bytes.as_ref(),
             post: Position {
-                txid: Txid(entry.max_txid),
+                txid: entry.max_txid,
                 checksum: Checksum(entry.post_apply_checksum),
             },
         })
         .chain(records.iter().map(|(entry, bytes)| ChainFile {
             ltx: bytes.as_ref(),
             post: Position {
-                txid: Txid(entry.max_txid),
+                txid: entry.max_txid,
                 checksum: Checksum(entry.post_apply_checksum),
             },
         }));
@@ -266,17 +267,19 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         .map_or((root.txid, root.checksum), |(entry, _)| {
             (entry.max_txid, entry.post_apply_checksum)
         });
-    if position.txid.0 != txid || (txid > 0 && position.checksum.0 != checksum) {
+    if position.txid != txid || (txid > Txid::ZERO && position.checksum.0 != checksum) {
         let _ = std::fs::remove_file(&args.out);
         bail!(
-            "the rebuilt database is at {position:?}, not at txid {txid} checksum {checksum:016x} (the root and its log records)"
+            "the rebuilt database is at {position:?}, not at txid {} checksum {checksum:016x} (the root and its log records)",
+            txid.0
         );
     }
     println!(
-        "exported {}/{} (cell {cell}, epoch {}, txid {txid}, {} LTX files, {} log records) to {}",
+        "exported {}/{} (cell {cell}, epoch {}, txid {}, {} LTX files, {} log records) to {}",
         args.kind,
         args.key,
         root.epoch,
+        txid.0,
         root.chain.len(),
         records.len(),
         args.out.display()

@@ -28,17 +28,34 @@ pub(crate) fn validate_page_size(page_size: u32) -> Result<()> {
     Ok(())
 }
 
-/// A transaction id; one per published group of changes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+/// A transaction id; one per published group of changes. The one TXID type
+/// of the workspace: roots, segments and the runtime carry it too, and its
+/// serde form is the bare number, so JSON records read `"txid": 5`.
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Txid(pub u64);
 
 impl Txid {
     /// The position of an empty database.
     pub const ZERO: Txid = Txid(0);
+    /// The first TXID: a file starting here holds the whole database.
+    pub const FIRST: Txid = Txid(1);
 
     /// The next TXID, or `None` on overflow.
     pub fn next(self) -> Option<Txid> {
         self.0.checked_add(1).map(Txid)
+    }
+}
+
+/// `txid + n`: `n` TXIDs later (as `u64` addition: it overflows only past
+/// `u64::MAX`, which no Cell reaches).
+impl std::ops::Add<u64> for Txid {
+    type Output = Txid;
+
+    fn add(self, n: u64) -> Txid {
+        Txid(self.0 + n)
     }
 }
 

@@ -32,7 +32,7 @@
 
 use std::ops::Range;
 
-use cellfleet_authority::{CellId, Epoch, Holder, LaneId, NodeId, SessionId};
+use cellfleet_authority::{CellId, Epoch, Holder, LaneId, NodeId, SessionId, Txid};
 
 /// The first bytes of every slot object (format 1).
 pub const MAGIC: &[u8; 8] = b"CFLOGSG1";
@@ -92,9 +92,9 @@ pub struct Entry {
     /// The owner's epoch that wrote it.
     pub epoch: Epoch,
     /// First TXID the bytes carry.
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID the bytes carry.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// Where the bytes lie in the body.
     pub body_range: Range<u64>,
     /// CRC-32C of the bytes.
@@ -162,9 +162,9 @@ pub struct Part<'a> {
     /// The owner's epoch.
     pub epoch: Epoch,
     /// First TXID in `bytes`.
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID in `bytes`.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// The LTX file's own checksum.
     pub file_checksum: u64,
     /// The rolling checksum after applying `bytes`.
@@ -241,10 +241,10 @@ pub fn encode_segment(header: &SegmentHeader, parts: &[Part<'_>]) -> Result<Vec<
     index.extend_from_slice(&count.to_be_bytes());
     let mut body = Vec::with_capacity(usize::try_from(body_len).unwrap_or(0));
     for part in parts {
-        if part.min_txid == 0 || part.min_txid > part.max_txid {
+        if part.min_txid == Txid::ZERO || part.min_txid > part.max_txid {
             return Err(Error::Malformed(format!(
                 "cell {} has TXIDs {}..={}",
-                part.cell_id, part.min_txid, part.max_txid
+                part.cell_id, part.min_txid.0, part.max_txid.0
             )));
         }
         let commands = u32::try_from(part.command_ids.len())
@@ -267,8 +267,8 @@ pub fn encode_segment(header: &SegmentHeader, parts: &[Part<'_>]) -> Result<Vec<
         index.extend_from_slice(cell);
         for value in [
             part.epoch.get(),
-            part.min_txid,
-            part.max_txid,
+            part.min_txid.0,
+            part.max_txid.0,
             start,
             part.bytes.len() as u64,
         ] {
@@ -502,10 +502,11 @@ pub fn decode_index(prefix: &[u8]) -> Result<Index> {
             .map_err(|_| Error::Malformed(format!("bad cell id {cell_text:?}")))?;
         let epoch = Epoch::new(reader.u64()?)
             .ok_or_else(|| Error::Malformed(format!("cell {cell_id} at epoch 0")))?;
-        let (min_txid, max_txid) = (reader.u64()?, reader.u64()?);
-        if min_txid == 0 || min_txid > max_txid {
+        let (min_txid, max_txid) = (Txid(reader.u64()?), Txid(reader.u64()?));
+        if min_txid == Txid::ZERO || min_txid > max_txid {
             return Err(Error::Malformed(format!(
-                "cell {cell_id} has TXIDs {min_txid}..={max_txid}"
+                "cell {cell_id} has TXIDs {}..={}",
+                min_txid.0, max_txid.0
             )));
         }
         let (offset, len) = (reader.u64()?, reader.u64()?);

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cellfleet_authority::{CellId, Holder, LaneId, Layout, NodeId};
+use cellfleet_authority::{CellId, Holder, LaneId, Layout, NodeId, Txid};
 use cellfleet_store::{ObjectStore, PutCondition};
 use tokio::sync::watch;
 
@@ -915,11 +915,15 @@ pub struct SealedIndex {
 
 impl SealedIndex {
     /// Every Cell with records in the lane, with the last TXID there.
-    pub fn cells(&self) -> impl Iterator<Item = (&CellId, u64)> {
+    pub fn cells(&self) -> impl Iterator<Item = (&CellId, Txid)> {
         self.by_cell.iter().map(|(cell, records)| {
             (
                 cell,
-                records.iter().map(|r| r.entry.max_txid).max().unwrap_or(0),
+                records
+                    .iter()
+                    .map(|r| r.entry.max_txid)
+                    .max()
+                    .unwrap_or(Txid::ZERO),
             )
         })
     }

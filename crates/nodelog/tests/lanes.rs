@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, SessionId};
+use cellfleet_authority::{CellId, Epoch, Holder, LaneId, Layout, NodeId, SessionId, Txid};
 use cellfleet_nodelog::lane::GroupFate;
 use cellfleet_nodelog::segment::{encode_seal, encode_segment, Part};
 use cellfleet_nodelog::store::{
@@ -55,8 +55,8 @@ fn segment(writer: &LaneWriter, seq: u64, cells: &[&str]) -> Vec<u8> {
         .map(|(c, bytes)| Part {
             cell_id: cell(c),
             epoch: Epoch::new(1).unwrap(),
-            min_txid: seq + 1,
-            max_txid: seq + 1,
+            min_txid: Txid(seq + 1),
+            max_txid: Txid(seq + 1),
             file_checksum: seq,
             post_apply_checksum: seq,
             command_ids: vec![[seq as u8; 16]],
@@ -426,8 +426,10 @@ async fn a_collected_prefix_is_no_gap_for_a_sealer_and_the_floor_only_rises() {
                 .await
                 .unwrap();
         assert_eq!((index.floor, index.end), (4, 6), "{backend}");
-        let mut cells: Vec<(String, u64)> =
-            index.cells().map(|(c, max)| (c.to_string(), max)).collect();
+        let mut cells: Vec<(String, u64)> = index
+            .cells()
+            .map(|(c, max)| (c.to_string(), max.0))
+            .collect();
         cells.sort();
         let mut expected = vec![(cell("a").to_string(), 6), (cell("b").to_string(), 6)];
         expected.sort();
@@ -496,8 +498,8 @@ fn index_view(index: &cellfleet_nodelog::store::SealedIndex) -> Vec<(String, Vec
                     let range = r.entry.object_range(r.index_len);
                     (
                         r.seq,
-                        r.entry.min_txid,
-                        r.entry.max_txid,
+                        r.entry.min_txid.0,
+                        r.entry.max_txid.0,
                         range.start,
                         range.end,
                     )

@@ -46,7 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cellfleet_authority::transition::{self, Holder, NewCell};
 use cellfleet_authority::{
     CellId, Epoch, LaneId, Layout, Liveness, LogPointer, LtxRef, NodeId, RootRecord, RootState,
-    SessionId,
+    SessionId, Txid,
 };
 use cellfleet_nodelog::lane::{verdict, GroupFate, SlotState};
 use cellfleet_nodelog::seal::{after_refused, log_end, plan, AfterRefused, Listed, Plan};
@@ -265,12 +265,12 @@ fn ltx_ref(file: &File) -> LtxRef {
         key: layout.ltx_key(
             &cell(),
             Epoch::new(file.epoch).expect("epochs start at 1"),
-            file.min,
-            file.max,
+            Txid(file.min),
+            Txid(file.max),
             &format!("{digest}00"),
         ),
-        min_txid: file.min,
-        max_txid: file.max,
+        min_txid: Txid(file.min),
+        max_txid: Txid(file.max),
         size: file.records.len() as u64,
         file_checksum: file.max,
         post_apply_checksum: file.max,
@@ -295,7 +295,7 @@ fn to_record(root: &Root) -> RootRecord {
     };
     record.epoch = Epoch::new(root.epoch).expect("epochs start at 1");
     record.revision = root.revision;
-    record.txid = root.txid;
+    record.txid = Txid(root.txid);
     record.checksum = root.chain.last().map_or(0, |file| file.max);
     record.chain = root.chain.iter().map(ltx_ref).collect();
     record.log = root.log.map(|(sid, from_seq)| LogPointer {
@@ -325,7 +325,7 @@ fn from_record(record: &RootRecord, known: &[File]) -> Root {
             .map(|session| u8::try_from(session.as_u128() - 1).expect("a model session")),
         epoch: record.epoch.get(),
         revision: record.revision,
-        txid: record.txid,
+        txid: record.txid.0,
         chain,
         log: record
             .log

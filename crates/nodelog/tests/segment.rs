@@ -1,6 +1,6 @@
 //! The segment codec on arbitrary input: round trips, every damaged or truncated object refused, ranged reads equal to whole reads, and no panic on any bytes.
 
-use cellfleet_authority::{CellId, Epoch, Holder, LaneId, NodeId, SessionId};
+use cellfleet_authority::{CellId, Epoch, Holder, LaneId, NodeId, SessionId, Txid};
 use cellfleet_nodelog::segment;
 use cellfleet_nodelog::segment::{
     check_entry_bytes, decode, decode_index, encode_seal, encode_segment, index_range, Index, Part,
@@ -41,8 +41,8 @@ fn parts(specs: &[PartSpec]) -> Vec<Part<'_>> {
         .map(|(i, (key, epoch, min, count, bytes, commands))| Part {
             cell_id: CellId::for_kind_key("kv", key),
             epoch: Epoch::new(*epoch).unwrap(),
-            min_txid: *min,
-            max_txid: min + count,
+            min_txid: Txid(*min),
+            max_txid: Txid(min + count),
             file_checksum: 0xf11e_0000 + i as u64,
             post_apply_checksum: 0xc4ec_0000 + i as u64,
             command_ids: (0..*commands).map(|c| [c as u8 ^ i as u8; 16]).collect(),
@@ -150,8 +150,8 @@ fn bounds_are_refused_before_anything_is_allocated() {
     let bad_txids = Part {
         cell_id: CellId::for_kind_key("kv", b"k"),
         epoch: Epoch::new(1).unwrap(),
-        min_txid: 5,
-        max_txid: 4,
+        min_txid: Txid(5),
+        max_txid: Txid(4),
         file_checksum: 0,
         post_apply_checksum: 0,
         command_ids: vec![],

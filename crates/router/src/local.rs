@@ -4,7 +4,7 @@
 //! target) and the peer service (a forwarded request) end here. The
 //! envelope was verified before any of these functions run.
 
-use cellfleet_authority::{CellId, Epoch};
+use cellfleet_authority::{CellId, Epoch, Txid};
 use cellfleet_cell::{Command, CommandId, Outcome, RejectCode};
 use cellfleet_proto::v1;
 use cellfleet_runtime::{Executed, NodeHandle, Receipt, Resolution};
@@ -17,7 +17,7 @@ pub fn receipt_to_proto(receipt: &Receipt) -> v1::Receipt {
     v1::Receipt {
         cell_id: receipt.cell.as_str().to_owned(),
         epoch: receipt.epoch.get(),
-        txid: receipt.txid,
+        txid: receipt.txid.0,
     }
 }
 
@@ -89,7 +89,7 @@ fn min_receipt(query: &VerifiedQuery) -> Result<Option<Receipt>> {
         cell,
         // The runtime fences on the cell and the TXID; the epoch is informational.
         epoch: Epoch::new(receipt.epoch).unwrap_or(Epoch::FIRST),
-        txid: receipt.txid,
+        txid: Txid(receipt.txid),
     }))
 }
 

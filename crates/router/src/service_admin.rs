@@ -120,7 +120,7 @@ impl AdminService {
             key: root.key.clone().unwrap_or_default().into_bytes(),
             owner_node_id: owner.unwrap_or_default(),
             epoch: root.epoch.get(),
-            txid: root.txid,
+            txid: root.txid.0,
             open,
         }
     }
@@ -231,8 +231,8 @@ impl v1::admin_server::Admin for AdminService {
                 .chain
                 .iter()
                 .map(|file| v1::LtxFile {
-                    min_txid: file.min_txid,
-                    max_txid: file.max_txid,
+                    min_txid: file.min_txid.0,
+                    max_txid: file.max_txid.0,
                     size_bytes: file.size,
                     object_key: file.key.clone(),
                     file_checksum: format!("{:016x}", file.file_checksum),

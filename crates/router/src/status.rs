@@ -212,9 +212,10 @@ impl From<cellfleet_runtime::Error> for Error {
             R::Draining => Error::Draining,
             R::LeaseLost { reason } => Error::LeaseLost(reason),
             R::BadRequest(message) => Error::BadRequest(message),
-            R::ReceiptNotReached { txid, waited_ms } => {
-                Error::ReceiptNotReached { txid, waited_ms }
-            }
+            R::ReceiptNotReached { txid, waited_ms } => Error::ReceiptNotReached {
+                txid: txid.0,
+                waited_ms,
+            },
             other @ (R::Store(_) | R::Authority(_) | R::Cell { .. } | R::Closed(_)) => {
                 Error::Internal {
                     retryable: other.is_retryable(),

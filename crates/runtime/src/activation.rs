@@ -106,11 +106,11 @@ pub struct Activator {
 
 /// The published position a root names.
 pub fn root_position(root: &RootRecord) -> Position {
-    if root.txid == 0 {
+    if root.txid == Txid::ZERO {
         return Position::EMPTY;
     }
     Position {
-        txid: Txid(root.txid),
+        txid: root.txid,
         checksum: Checksum(root.checksum),
     }
 }
@@ -182,11 +182,11 @@ impl Activator {
         };
         let position = match (tail.records.last(), parked_tail.last()) {
             (Some((entry, _)), _) => Position {
-                txid: Txid(entry.max_txid),
+                txid: entry.max_txid,
                 checksum: Checksum(entry.post_apply_checksum),
             },
             (None, Some(record)) => Position {
-                txid: Txid(record.file.max_txid),
+                txid: record.file.max_txid,
                 checksum: Checksum(record.file.post_apply_checksum),
             },
             (None, None) => root_position(&root.record),
@@ -217,7 +217,7 @@ impl Activator {
                     .map(|(entry, bytes)| {
                         (
                             Position {
-                                txid: Txid(entry.max_txid),
+                                txid: entry.max_txid,
                                 checksum: Checksum(entry.post_apply_checksum),
                             },
                             bytes.clone(),
@@ -226,7 +226,7 @@ impl Activator {
                     .chain(parked_tail.iter().map(|record| {
                         (
                             Position {
-                                txid: Txid(record.file.max_txid),
+                                txid: record.file.max_txid,
                                 checksum: Checksum(record.file.post_apply_checksum),
                             },
                             bytes::Bytes::from(record.file.bytes.as_ref().clone()),
@@ -241,7 +241,7 @@ impl Activator {
                         .map(|(entry, bytes)| ChainFile {
                             ltx: bytes.as_slice(),
                             post: Position {
-                                txid: Txid(entry.max_txid),
+                                txid: entry.max_txid,
                                 checksum: Checksum(entry.post_apply_checksum),
                             },
                         })

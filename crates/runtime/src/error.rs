@@ -1,6 +1,6 @@
 //! The runtime's one error type: what failed, whether a retry may help, and where to retry.
 
-use cellfleet_authority::{CellId, NodeId};
+use cellfleet_authority::{CellId, NodeId, Txid};
 
 /// Result of runtime operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,10 +62,10 @@ pub enum Error {
     #[error("bad request: {0}")]
     BadRequest(String),
     /// A query's minimum receipt was not published within the wait bound.
-    #[error("receipt txid {txid} not published within {waited_ms} ms")]
+    #[error("receipt txid {} not published within {waited_ms} ms", .txid.0)]
     ReceiptNotReached {
         /// The receipt's TXID.
-        txid: u64,
+        txid: Txid,
         /// How long the query waited.
         waited_ms: u64,
     },

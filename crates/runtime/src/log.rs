@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer};
+use cellfleet_authority::{CellId, Clock, Epoch, Holder, LaneId, Layout, LogPointer, Txid};
 use cellfleet_nodelog::batch::{LaneLoad, Next};
 use cellfleet_nodelog::segment::{encode_segment, Part};
 use cellfleet_nodelog::store::{index_sealed_lane, LaneWriter, SealedIndex, WriterConfig};
@@ -38,9 +38,9 @@ pub struct Record {
     /// The epoch that wrote it.
     pub epoch: Epoch,
     /// First TXID in the delta.
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID in the delta.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// The delta's own checksum (LTX trailer).
     pub file_checksum: u64,
     /// The Cell's rolling checksum after applying it.

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use cellfleet_authority::{
-    transition, CellId, Clock, Epoch, Holder, Layout, LogPointer, LtxRef, RootRecord, Roots,
+    transition, CellId, Clock, Epoch, Holder, Layout, LogPointer, LtxRef, RootRecord, Roots, Txid,
     Versioned,
 };
 use cellfleet_store::{ObjectStore, PutCondition};
@@ -42,9 +42,9 @@ pub struct LtxFile {
     /// The encoded file.
     pub bytes: Arc<Vec<u8>>,
     /// First TXID in the file (1 for a snapshot).
-    pub min_txid: u64,
+    pub min_txid: Txid,
     /// Last TXID in the file.
-    pub max_txid: u64,
+    pub max_txid: Txid,
     /// The file's own checksum (trailer).
     pub file_checksum: u64,
     /// The database's rolling checksum after applying it.
@@ -63,8 +63,8 @@ impl LtxFile {
     ) -> Self {
         LtxFile {
             bytes: Arc::new(ltx),
-            min_txid: header.min_txid.0,
-            max_txid: header.max_txid.0,
+            min_txid: header.min_txid,
+            max_txid: header.max_txid,
             file_checksum: trailer.file_checksum.0,
             post_apply_checksum: post.checksum.0,
         }
@@ -273,7 +273,7 @@ pub(crate) async fn merge_files(
             .map(|f| cellfleet_cell::ChainFile {
                 ltx: f.bytes.as_slice(),
                 post: cellfleet_cell::Position {
-                    txid: cellfleet_cell::Txid(f.max_txid),
+                    txid: f.max_txid,
                     checksum: cellfleet_cell::Checksum(f.post_apply_checksum),
                 },
             })
@@ -412,8 +412,8 @@ mod tests {
     fn file(cell: &CellId, min: u64, max: u64, post: u64) -> LtxRef {
         LtxRef {
             key: format!("p/cells/{cell}/ltx/0000000000000001/{min:016x}-{max:016x}-ab.ltx"),
-            min_txid: min,
-            max_txid: max,
+            min_txid: Txid(min),
+            max_txid: Txid(max),
             size: 10,
             file_checksum: 1,
             post_apply_checksum: post,
@@ -447,7 +447,7 @@ mod tests {
     #[test]
     fn deltas_append_and_advance_the_revision_once() {
         let root = root_with_chain(3);
-        assert_eq!((root.txid, root.chain.len(), root.revision), (3, 3, 4));
+        assert_eq!((root.txid.0, root.chain.len(), root.revision), (3, 3, 4));
         assert_eq!(root.checksum, 0x8003);
     }
 
@@ -456,7 +456,7 @@ mod tests {
         let root = root_with_chain(3);
         let snapshot = file(&root.cell_id, 1, 4, 0x9004);
         let next = propose(&root, &me(), Epoch::FIRST, snapshot, None, 2).unwrap();
-        assert_eq!((next.txid, next.chain.len(), next.revision), (4, 1, 5));
+        assert_eq!((next.txid.0, next.chain.len(), next.revision), (4, 1, 5));
     }
 
     #[test]
@@ -466,8 +466,8 @@ mod tests {
         let delta = file(&root.cell_id, 4, 4, 0x8004);
         let next = propose(&root, &me(), Epoch::FIRST, delta, Some(compacted), 2).unwrap();
         assert_eq!(next.chain.len(), 2);
-        assert_eq!((next.chain[0].min_txid, next.chain[0].max_txid), (1, 3));
-        assert_eq!((next.txid, next.revision), (4, root.revision + 1));
+        assert_eq!((next.chain[0].min_txid.0, next.chain[0].max_txid.0), (1, 3));
+        assert_eq!((next.txid.0, next.revision), (4, root.revision + 1));
         // A compaction that changed the state is refused.
         let wrong = file(&root.cell_id, 1, 3, 0x1);
         assert!(propose(

@@ -166,8 +166,8 @@ pub(crate) fn check_tail(
             return Err(Error::Store(cellfleet_store::Error::Corrupt {
                 key: format!("log of cell {}", root.cell_id),
                 reason: format!(
-                    "a record covers txids {}..={} where {next} was expected next",
-                    entry.min_txid, entry.max_txid
+                    "a record covers txids {}..={} where {} was expected next",
+                    entry.min_txid.0, entry.max_txid.0, next.0
                 ),
             }));
         }
@@ -193,7 +193,9 @@ pub(crate) fn log_error(error: cellfleet_nodelog::store::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellfleet_authority::{transition, CellId, Epoch, Liveness, NewCell, NodeId, SessionId};
+    use cellfleet_authority::{
+        transition, CellId, Epoch, Liveness, NewCell, NodeId, SessionId, Txid,
+    };
     use proptest::prelude::*;
 
     fn root_at(txid: u64) -> RootRecord {
@@ -213,7 +215,7 @@ mod tests {
             &me,
             1,
         );
-        root.txid = txid;
+        root.txid = Txid(txid);
         root
     }
 
@@ -222,8 +224,8 @@ mod tests {
             Entry {
                 cell_id: cell.clone(),
                 epoch: Epoch::FIRST,
-                min_txid: min,
-                max_txid: max,
+                min_txid: Txid(min),
+                max_txid: Txid(max),
                 body_range: 0..0,
                 bytes_crc: 0,
                 file_checksum: 0,
@@ -347,8 +349,8 @@ mod tests {
                     root.cell_id,
                     root.epoch.get()
                 ),
-                min_txid: min,
-                max_txid: max,
+                min_txid: Txid(min),
+                max_txid: Txid(max),
                 size: 1,
                 file_checksum: max,
                 post_apply_checksum: 0x1000 + max,
@@ -462,7 +464,7 @@ mod tests {
                         Step::Checkpoint if serving => {
                             let s = &sessions[cur];
                             let below = s.acked_below();
-                            let covered: Vec<(u64, u64, u64)> = s.groups.iter().filter(|g| g.0 < below && g.2 > root.txid).copied().collect();
+                            let covered: Vec<(u64, u64, u64)> = s.groups.iter().filter(|g| g.0 < below && g.2 > root.txid.0).copied().collect();
                             let Some(last) = covered.last().copied() else { continue };
                             for g in &covered {
                                 durable.insert((cur, g.1, g.2));
@@ -474,7 +476,7 @@ mod tests {
                             let hold = if nothing_after { None } else { Some(from_seq) };
                             sessions[cur].hold = hold;
                             let s = &sessions[cur];
-                            let delta = file(&root, root.txid + 1, last.2);
+                            let delta = file(&root, root.txid.0 + 1, last.2);
                             root = transition::propose(&root, &s.me, root.epoch, Some(delta), None,
                                 Some(LogPointer { lane: s.lane.clone(), from_seq }), 2).unwrap();
                         }
@@ -522,9 +524,9 @@ mod tests {
                             let tail = check_tail(&root, records);
                             prop_assert!(tail.is_ok(), "replay refused: {:?}", tail.err());
                             let tail = tail.unwrap();
-                            let recovered = tail.last().map_or(root.txid, |(e, _)| e.max_txid);
+                            let recovered = tail.last().map_or(root.txid, |(e, _)| e.max_txid).0;
                             for (e, _) in &tail {
-                                durable.insert((writer, e.min_txid, e.max_txid));
+                                durable.insert((writer, e.min_txid.0, e.max_txid.0));
                             }
                             prop_assert!(recovered >= acked_ever,
                                 "acknowledged txid {} lost: recovered {}", acked_ever, recovered);
@@ -536,8 +538,8 @@ mod tests {
                                 serving = false;
                                 continue;
                             }
-                            if recovered > root.txid {
-                                let delta = file(&root, root.txid + 1, recovered);
+                            if recovered > root.txid.0 {
+                                let delta = file(&root, root.txid.0 + 1, recovered);
                                 root = transition::propose(&root, &next.me, root.epoch, Some(delta), None,
                                     Some(LogPointer { lane: next.lane.clone(), from_seq: next.next_seq }), 4).unwrap();
                             } else {
@@ -593,14 +595,14 @@ mod tests {
             let mut next = root_txid + 1;
             let mut expected_ok = true;
             for (e, _) in &records {
-                if e.cell_id != root.cell_id || e.max_txid <= root_txid {
+                if e.cell_id != root.cell_id || e.max_txid.0 <= root_txid {
                     continue;
                 }
-                if e.min_txid != next {
+                if e.min_txid.0 != next {
                     expected_ok = false;
                     break;
                 }
-                next = e.max_txid + 1;
+                next = e.max_txid.0 + 1;
             }
             match check_tail(&root, records) {
                 Ok(kept) => {
@@ -608,8 +610,8 @@ mod tests {
                     let mut at = root_txid + 1;
                     for (e, _) in kept {
                         prop_assert_eq!(&e.cell_id, &root.cell_id);
-                        prop_assert_eq!(e.min_txid, at);
-                        at = e.max_txid + 1;
+                        prop_assert_eq!(e.min_txid.0, at);
+                        at = e.max_txid.0 + 1;
                     }
                 }
                 Err(_) => prop_assert!(!expected_ok),

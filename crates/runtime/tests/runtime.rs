@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use cellfleet_authority::{Clock, Layout};
+use cellfleet_authority::{Clock, Layout, Txid};
 use cellfleet_cell::CommandId;
 use cellfleet_runtime::{Error, Resolution};
 use cellfleet_store::{Fault, FaultStore, ObjectStore, Op};
@@ -42,7 +42,7 @@ async fn commands_queries_receipts_and_retries() {
         }
         let receipt = last.unwrap();
         assert_eq!(
-            receipt.txid, 6,
+            receipt.txid.0, 6,
             "{backend}: migration at txid 1, then one group per command"
         );
         // A retry with the same id returns the stored outcome, applied once.
@@ -51,7 +51,7 @@ async fn commands_queries_receipts_and_retries() {
             .await
             .unwrap();
         assert!(again.duplicate);
-        assert_eq!(again.receipt.txid, 6);
+        assert_eq!(again.receipt.txid.0, 6);
         // Read-your-writes: the receipt is published; a future one is refused.
         let queried = node
             .query(KIND, KEY, "all", json!({}), Some(&receipt))
@@ -66,10 +66,13 @@ async fn commands_queries_receipts_and_retries() {
             (receipt.clone(), queried.value)
         );
         let mut ahead = receipt.clone();
-        ahead.txid += 10;
+        ahead.txid = ahead.txid + 10;
         let refused = node.query(KIND, KEY, "all", json!({}), Some(&ahead)).await;
         assert!(
-            matches!(refused, Err(Error::ReceiptNotReached { txid: 16, .. })),
+            matches!(
+                refused,
+                Err(Error::ReceiptNotReached { txid: Txid(16), .. })
+            ),
             "{refused:?}"
         );
         // Resolve: absent (inside its window), expired, not provable
@@ -96,7 +99,7 @@ async fn commands_queries_receipts_and_retries() {
         );
         log.verify(&node, KEY).await;
         let described = node.describe_cell(KIND, KEY).await.unwrap();
-        assert_eq!((described.txid, described.open), (6, true));
+        assert_eq!((described.txid.0, described.open), (6, true));
         assert!(node
             .metrics_text()
             .contains("cellfleet_runtime_publications_total{node=\"n1\"} 6"));
@@ -132,7 +135,7 @@ async fn a_query_on_a_fresh_cell_waits_for_its_schema() {
         .await
         .unwrap();
     assert_eq!(queried.value, json!([]));
-    assert_eq!(queried.receipt.txid, 1, "the schema's publication");
+    assert_eq!(queried.receipt.txid.0, 1, "the schema's publication");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +279,7 @@ async fn a_lost_cas_reply_commits_exactly_once() {
             .await
             .unwrap();
         assert!(!executed.duplicate, "{backend}");
-        assert_eq!(executed.receipt.txid, 3);
+        assert_eq!(executed.receipt.txid.0, 3);
         log.ack(1, executed.outcome.clone());
         let retry = node
             .execute(KIND, KEY, append(clock.as_ref(), 1))
@@ -474,7 +477,7 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
     assert_eq!(journal(&a, b"cell-0").await, vec!["t0"]);
     assert_eq!(store.counts().reads(), 0, "{:?}", store.counts());
     let described = a.describe_cell(KIND, b"cell-5").await.unwrap();
-    assert_eq!(described.txid, 2);
+    assert_eq!(described.txid.0, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -159,7 +159,7 @@ impl Actor {
                     (
                         bytes.clone().expect("all cached"),
                         Position {
-                            txid: Txid(file.max_txid),
+                            txid: file.max_txid,
                             checksum: Checksum(file.post_apply_checksum),
                         },
                     )

@@ -116,7 +116,7 @@ impl Actor {
         for (queued, result) in group.into_iter().zip(results) {
             match result.depends_on_txid {
                 None => {
-                    let txid = result.txid.map_or(self.published_txid(), |t| t.0);
+                    let txid = result.txid.unwrap_or(self.published_txid());
                     queued.reply.send(Ok(Executed {
                         receipt: self.receipt(txid),
                         outcome: result.outcome,
@@ -124,7 +124,7 @@ impl Actor {
                     }));
                 }
                 Some(txid) => self.held.push(Held {
-                    txid: txid.0,
+                    txid,
                     result,
                     reply: queued.reply,
                 }),
@@ -158,7 +158,7 @@ impl Actor {
                 bytes: bytes.clone(),
             });
             self.inflight.push_back(InFlight {
-                txid: publication.txid.0,
+                txid: publication.txid,
                 upload: None,
                 bytes,
                 started: Instant::now(),
@@ -185,7 +185,7 @@ impl Actor {
             uploaded
         });
         self.inflight.push_back(InFlight {
-            txid: publication.txid.0,
+            txid: publication.txid,
             upload: Some(upload),
             bytes,
             started: Instant::now(),
@@ -225,7 +225,7 @@ impl Actor {
         );
         self.root = root;
         let txid = front.txid;
-        let confirmed = self.with_cell(move |cell| cell.confirm(Txid(txid))).await;
+        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
         // The root holds the group now: its replies are true whatever the
         // local engine does next.
         self.release_held(txid);
@@ -265,7 +265,7 @@ impl Actor {
             match replies::answer(end, held.txid) {
                 Answer::Hold => self.held.push(held),
                 Answer::Release => {
-                    let receipt = self.receipt(held.result.txid.map_or(held.txid, |t| t.0));
+                    let receipt = self.receipt(held.result.txid.unwrap_or(held.txid));
                     held.reply.send(Ok(Executed {
                         receipt,
                         outcome: held.result.outcome,
@@ -283,13 +283,13 @@ impl Actor {
     }
 
     /// Releases held replies published at or before `txid`.
-    pub(super) fn release_held(&mut self, txid: u64) {
+    pub(super) fn release_held(&mut self, txid: Txid) {
         self.settle_held(GroupEnd::Published { txid }, "", "");
     }
 
     /// Answers UNKNOWN to the held replies of the group at `txid`; later
     /// groups stay held.
-    pub(super) fn answer_unknown(&mut self, txid: u64, reason: &str) {
+    pub(super) fn answer_unknown(&mut self, txid: Txid, reason: &str) {
         self.settle_held(GroupEnd::Undecided { txid }, reason, "");
     }
 }

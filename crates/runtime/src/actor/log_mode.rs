@@ -114,7 +114,7 @@ impl Actor {
                         .metrics
                         .publications_unknown_total
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(cell = %self.cell_id, txid, "segment not decided within the reply bound; answering unknown and still waiting");
+                    tracing::warn!(cell = %self.cell_id, txid = txid.0, "segment not decided within the reply bound; answering unknown and still waiting");
                     self.answer_unknown(txid, "the node log's segment was not written within the reply bound; resolve the command later");
                 }
             }
@@ -128,7 +128,7 @@ impl Actor {
             .checkpoint_lag_records
             .fetch_add(1, Ordering::Relaxed);
         let txid = front.txid;
-        let confirmed = self.with_cell(move |cell| cell.confirm(Txid(txid))).await;
+        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
         // The log holds the group now: its replies are true whatever the
         // local engine does next.
         self.acked_txid = txid;
@@ -224,7 +224,7 @@ impl Actor {
     async fn snapshot_at_acked(&mut self) -> Option<LtxFile> {
         let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
         let postponed = match self.with_cell(move |cell| cell.snapshot(now_ms)).await {
-            Some(Ok(snapshot)) if snapshot.post.txid.0 == self.acked_txid => {
+            Some(Ok(snapshot)) if snapshot.post.txid == self.acked_txid => {
                 return Some(LtxFile::new(
                     snapshot.ltx,
                     &snapshot.header,
@@ -233,7 +233,7 @@ impl Actor {
                 ));
             }
             Some(Ok(snapshot)) => {
-                tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid, "snapshot not at the acknowledged state; checkpoint postponed");
+                tracing::warn!(cell = %self.cell_id, snapshot = snapshot.post.txid.0, acked = self.acked_txid.0, "snapshot not at the acknowledged state; checkpoint postponed");
                 true
             }
             Some(Err(error)) => {

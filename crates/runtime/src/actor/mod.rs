@@ -80,7 +80,7 @@ pub struct Receipt {
     /// The epoch that answered.
     pub epoch: Epoch,
     /// The TXID whose publication holds the outcome.
-    pub txid: u64,
+    pub txid: Txid,
 }
 
 /// The answer to a query: its value and the published state it read.
@@ -152,7 +152,7 @@ pub struct CellDescription {
     /// The epoch this node owns.
     pub epoch: Epoch,
     /// The published TXID.
-    pub txid: u64,
+    pub txid: Txid,
     /// The root's revision.
     pub revision: u64,
     /// Files in the root's chain.
@@ -224,7 +224,7 @@ pub(crate) enum Msg {
     Query {
         name: String,
         args: Value,
-        min_txid: Option<u64>,
+        min_txid: Option<Txid>,
         reply: Reply<Queried>,
     },
     Resolve {
@@ -298,14 +298,14 @@ struct Queued {
 
 #[derive(Debug)]
 struct Held {
-    txid: u64,
+    txid: Txid,
     result: CommandResult,
     reply: Reply<Executed>,
 }
 
 #[derive(Debug)]
 struct InFlight {
-    txid: u64,
+    txid: Txid,
     upload: Option<JoinHandle<std::result::Result<LtxRef, PublishFailure>>>,
     bytes: Arc<Vec<u8>>,
     started: Instant,
@@ -354,7 +354,7 @@ struct CkDone {
 
 #[derive(Debug)]
 struct QueryWaiter {
-    min_txid: u64,
+    min_txid: Txid,
     name: String,
     args: Value,
     reply: Reply<Queried>,
@@ -398,13 +398,13 @@ pub(crate) struct Actor {
     /// Queries wait until this TXID is published: the migration the Cell
     /// needed when it opened (a fresh Cell's schema), so no query ever
     /// reads a state without the kind's tables.
-    queries_from_txid: u64,
+    queries_from_txid: Txid,
     stopping: Option<StopHow>,
     stop_done: Vec<oneshot::Sender<Result<()>>>,
     failed: Option<String>,
     /// Log mode: the TXID acknowledged (durable in the log); the root's
     /// TXID trails it until the next checkpoint.
-    acked_txid: u64,
+    acked_txid: Txid,
     /// Log mode: acknowledged records past the root, oldest first.
     unckpt: Vec<Unckpt>,
     /// Log mode: the wait for the oldest in-flight group's slot.
@@ -464,11 +464,11 @@ impl Actor {
             compaction: None,
             snapshot_compaction: false,
             waiters: Vec::new(),
-            queries_from_txid: 0,
+            queries_from_txid: Txid::ZERO,
             stopping: None,
             stop_done: Vec::new(),
             failed: None,
-            acked_txid: 0,
+            acked_txid: Txid::ZERO,
             unckpt: Vec::new(),
             logwait: None,
             ckpt: None,
@@ -490,7 +490,7 @@ impl Actor {
 
     /// The TXID replies and queries may rely on: the root's in cell mode,
     /// the log's acknowledged one in log mode.
-    fn published_txid(&self) -> u64 {
+    fn published_txid(&self) -> Txid {
         if self.ctx.log.is_some() {
             self.acked_txid
         } else {
@@ -502,7 +502,7 @@ impl Actor {
         self.ctx.log.is_some()
     }
 
-    fn receipt(&self, txid: u64) -> Receipt {
+    fn receipt(&self, txid: Txid) -> Receipt {
         Receipt {
             cell: self.cell_id.clone(),
             epoch: self.epoch,
@@ -513,7 +513,7 @@ impl Actor {
     /// Runs until stopped; returns how it ended.
     pub(crate) async fn run(mut self, migration: Option<Publication>) -> Exit {
         if let Some(migration) = migration {
-            self.queries_from_txid = migration.txid.0;
+            self.queries_from_txid = migration.txid;
             self.start_publication(migration, 0, Vec::new());
         }
         // A chain left long by an earlier owner (or by compactions that

@@ -40,16 +40,19 @@ impl Actor {
         &mut self,
         name: String,
         args: Value,
-        min_txid: Option<u64>,
+        min_txid: Option<Txid>,
         reply: Reply<Queried>,
     ) {
         let min_txid = match (min_txid, self.queries_from_txid) {
-            (min, 0) => min,
-            (min, ready) => Some(min.unwrap_or(0).max(ready)),
+            (min, Txid::ZERO) => min,
+            (min, ready) => Some(min.unwrap_or(Txid::ZERO).max(ready)),
         };
         match min_txid {
             Some(min) if min > self.published_txid() => {
-                let executed = self.cell.as_ref().map_or(0, |cell| cell.position().txid.0);
+                let executed = self
+                    .cell
+                    .as_ref()
+                    .map_or(Txid::ZERO, |cell| cell.position().txid);
                 if min > executed || self.waiters.len() >= self.ctx.query_waiters_max {
                     reply.send(Err(Error::ReceiptNotReached {
                         txid: min,
@@ -92,7 +95,7 @@ impl Actor {
             .await
         {
             Some(Ok(answer)) => Ok(Queried {
-                receipt: self.receipt(answer.position.txid.0),
+                receipt: self.receipt(answer.position.txid),
                 value: answer.value,
             }),
             Some(Err(error)) => Err(Error::from(error)),
@@ -104,7 +107,7 @@ impl Actor {
     /// passes).
     pub(super) fn park_query(
         &mut self,
-        min_txid: u64,
+        min_txid: Txid,
         name: String,
         args: Value,
         reply: Reply<Queried>,
@@ -181,7 +184,7 @@ impl Actor {
             .ok_or_else(|| Error::Closed("the cell engine was lost".into()))??;
         if let Some((txid, outcome)) = found {
             return Ok(Resolution::Committed {
-                receipt: self.receipt(txid.0),
+                receipt: self.receipt(txid),
                 outcome,
             });
         }

@@ -7,21 +7,23 @@
 //! and never says "not committed" of a group whose publication may still
 //! count.
 
+use cellfleet_authority::Txid;
+
 /// How a group's publication ended, as the actor learns it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GroupEnd {
     /// The group at `txid` is published (its CAS landed, or its segment
     /// and every earlier one of its lane are written): it and every
     /// earlier group count.
-    Published { txid: u64 },
+    Published { txid: Txid },
     /// The group at `txid` may or may not count, and the actor keeps
     /// waiting for its fate (log mode past the reply bound): that group is
     /// answered UNKNOWN, later groups stay held.
-    Undecided { txid: u64 },
+    Undecided { txid: Txid },
     /// The group at `txid` may or may not count, and the actor stops
     /// (cell mode: an unknown CAS). Later groups' CASes never ran, so they
     /// never count.
-    UndecidedThenStopped { txid: u64 },
+    UndecidedThenStopped { txid: Txid },
     /// The actor stops with groups held. `may_land`: their publications
     /// may still count (log mode: a segment already handed to the lane
     /// counts whenever it lands), else none of them can (cell mode: their
@@ -43,7 +45,7 @@ pub(crate) enum Answer {
 }
 
 /// The answer `end` gives the held reply of the group at `held`.
-pub(crate) fn answer(end: GroupEnd, held: u64) -> Answer {
+pub(crate) fn answer(end: GroupEnd, held: Txid) -> Answer {
     match end {
         GroupEnd::Published { txid } if held <= txid => Answer::Release,
         GroupEnd::Published { .. } => Answer::Hold,
@@ -63,11 +65,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn txid() -> impl Strategy<Value = Txid> {
+        (0u64..50).prop_map(Txid)
+    }
+
     fn end() -> impl Strategy<Value = GroupEnd> {
         prop_oneof![
-            (0u64..50).prop_map(|txid| GroupEnd::Published { txid }),
-            (0u64..50).prop_map(|txid| GroupEnd::Undecided { txid }),
-            (0u64..50).prop_map(|txid| GroupEnd::UndecidedThenStopped { txid }),
+            txid().prop_map(|txid| GroupEnd::Published { txid }),
+            txid().prop_map(|txid| GroupEnd::Undecided { txid }),
+            txid().prop_map(|txid| GroupEnd::UndecidedThenStopped { txid }),
             any::<bool>().prop_map(|may_land| GroupEnd::Stopped { may_land }),
         ]
     }
@@ -86,7 +92,7 @@ mod tests {
         #[test]
         fn releases_are_a_prefix_up_to_the_published_group(
             end in end(),
-            mut held in proptest::collection::vec(0u64..50, 0..20),
+            mut held in proptest::collection::vec(txid(), 0..20),
         ) {
             held.sort_unstable();
             let answers: Vec<Answer> = held.iter().map(|&h| answer(end, h)).collect();
@@ -107,7 +113,7 @@ mod tests {
         /// said of a group that may still count: not of the undecided one,
         /// nor of any before it, nor of any group whose segment may land.
         #[test]
-        fn not_committed_only_where_the_group_can_never_count(end in end(), held in 0u64..60) {
+        fn not_committed_only_where_the_group_can_never_count(end in end(), held in (0u64..60).prop_map(Txid)) {
             if answer(end, held) == Answer::NotCommitted {
                 match end {
                     GroupEnd::UndecidedThenStopped { txid } => prop_assert!(held > txid),
@@ -121,7 +127,7 @@ mod tests {
         /// does not answers UNKNOWN only to its own group and holds the
         /// rest it does not release.
         #[test]
-        fn a_stopping_end_leaves_nothing_held(end in end(), held in 0u64..60) {
+        fn a_stopping_end_leaves_nothing_held(end in end(), held in (0u64..60).prop_map(Txid)) {
             let a = answer(end, held);
             if stops(end) {
                 prop_assert_ne!(a, Answer::Hold);

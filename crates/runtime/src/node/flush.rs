@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellfleet_authority::{CellId, Holder, LaneId, RootRecord};
+use cellfleet_authority::{CellId, Holder, LaneId, RootRecord, Txid};
 use cellfleet_nodelog::store as logstore;
 
 use super::{run_bounded, Shared};
@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 
 /// Whether `root` still needs records of `lane` up to `max_txid`: it
 /// points into that lane and its chain ends before them (pure).
-pub(crate) fn needs_lane(root: &RootRecord, lane: &LaneId, max_txid: u64) -> bool {
+pub(crate) fn needs_lane(root: &RootRecord, lane: &LaneId, max_txid: Txid) -> bool {
     root.log
         .as_ref()
         .is_some_and(|pointer| pointer.lane == *lane)
@@ -141,7 +141,7 @@ impl Shared {
                 .await
                 .map_err(crate::replay::log_error)?;
             // Each Cell found, with the last TXID the lane holds of it.
-            let found: HashMap<CellId, u64> = index
+            let found: HashMap<CellId, Txid> = index
                 .cells()
                 .map(|(cell, max_txid)| (cell.clone(), max_txid))
                 .collect();
@@ -204,7 +204,7 @@ impl Shared {
         self: &Arc<Self>,
         lane: &LaneId,
         cell: &CellId,
-        max_txid: u64,
+        max_txid: Txid,
     ) -> Result<bool> {
         let Some(root) = self.roots.read(cell).await? else {
             return Ok(false);
@@ -277,14 +277,14 @@ mod tests {
             &me,
             1,
         );
-        root.txid = 5;
-        assert!(!needs_lane(&root, &lane, 9), "no pointer");
+        root.txid = Txid(5);
+        assert!(!needs_lane(&root, &lane, Txid(9)), "no pointer");
         root.log = Some(LogPointer {
             lane: lane.clone(),
             from_seq: 3,
         });
-        assert!(needs_lane(&root, &lane, 9));
-        assert!(!needs_lane(&root, &lane, 5), "the chain has them");
-        assert!(!needs_lane(&root, &other, 9), "points elsewhere");
+        assert!(needs_lane(&root, &lane, Txid(9)));
+        assert!(!needs_lane(&root, &lane, Txid(5)), "the chain has them");
+        assert!(!needs_lane(&root, &other, Txid(9)), "points elsewhere");
     }
 }

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use cellfleet_authority::{CellId, RootRecord, Versioned};
+use cellfleet_authority::{CellId, RootRecord, Txid, Versioned};
 use tokio::sync::watch;
 
 use super::{run_bounded, Shared};
@@ -88,7 +88,7 @@ impl Parked {
     }
 
     /// The TXID acknowledged: the tail's last, else the root's.
-    pub fn txid(&self) -> u64 {
+    pub fn txid(&self) -> Txid {
         self.tail
             .last()
             .map_or(self.root.record.txid, |record| record.file.max_txid)

@@ -115,6 +115,14 @@ pub fn root_position(root: &RootRecord) -> Position {
     }
 }
 
+/// The position after a node-log record.
+fn entry_position(entry: &cellfleet_nodelog::Entry) -> Position {
+    Position {
+        txid: entry.max_txid,
+        checksum: Checksum(entry.post_apply_checksum),
+    }
+}
+
 /// Removes a closed Cell's files, its lock file last (the Cell's engine
 /// is gone, and the node runs one actor per Cell, so nobody holds it).
 fn remove_local_files(path: &Path) {
@@ -164,33 +172,12 @@ impl Activator {
         if how == OwnedHow::Created {
             remove_local_files(&path);
         }
-        // A parked root needs nothing from the bucket: the records past its
-        // chain are the parked tail, already in memory.
-        let tail = if parked_root {
-            Tail::default()
-        } else {
-            replay::records_past_chain(
-                &self.store,
-                self.roots.layout(),
-                &self.me,
-                self.log.as_deref(),
-                &root.record,
-                std::time::Duration::from_millis(self.settle_ms),
-                self.clock.now_wall_ms(),
-            )
-            .await?
-        };
-        let position = match (tail.records.last(), parked_tail.last()) {
-            (Some((entry, _)), _) => Position {
-                txid: entry.max_txid,
-                checksum: Checksum(entry.post_apply_checksum),
-            },
-            (None, Some(record)) => Position {
-                txid: record.file.max_txid,
-                checksum: Checksum(record.file.post_apply_checksum),
-            },
-            (None, None) => root_position(&root.record),
-        };
+        let (tail, past_chain) = self
+            .past_chain(&root.record, parked_root, &parked_tail)
+            .await?;
+        let position = past_chain
+            .last()
+            .map_or_else(|| root_position(&root.record), |(post, _)| *post);
         let now_ms = self.now_ms();
         let first = open_blocking(
             path.clone(),
@@ -207,62 +194,9 @@ impl Activator {
             Err(error) if error.is_out_of_files() => return Err(Error::cell(&error)),
             Err(error) => {
                 tracing::debug!(cell = %cell_id, %error, "local file not at the cell's position; recovering");
-                let chain = self.download(&root.record).await?;
-                let chain_bytes = chain.clone();
-                let target = path.clone();
-                let record = root.record.clone();
-                let records: Vec<(Position, bytes::Bytes)> = tail
-                    .records
-                    .iter()
-                    .map(|(entry, bytes)| {
-                        (
-                            Position {
-                                txid: entry.max_txid,
-                                checksum: Checksum(entry.post_apply_checksum),
-                            },
-                            bytes.clone(),
-                        )
-                    })
-                    .chain(parked_tail.iter().map(|record| {
-                        (
-                            Position {
-                                txid: record.file.max_txid,
-                                checksum: Checksum(record.file.post_apply_checksum),
-                            },
-                            bytes::Bytes::from(record.file.bytes.as_ref().clone()),
-                        )
-                    }))
-                    .collect();
-                tokio::task::spawn_blocking(move || {
-                    let files: Vec<ChainFile<&[u8]>> = record
-                        .chain
-                        .iter()
-                        .zip(&chain)
-                        .map(|(entry, bytes)| ChainFile {
-                            ltx: bytes.as_slice(),
-                            post: Position {
-                                txid: entry.max_txid,
-                                checksum: Checksum(entry.post_apply_checksum),
-                            },
-                        })
-                        .chain(records.iter().map(|(post, bytes)| ChainFile {
-                            ltx: bytes.as_ref(),
-                            post: *post,
-                        }))
-                        .collect();
-                    cellfleet_cell::recover(files, &target)
-                })
-                .await
-                .map_err(|e| Error::Closed(format!("recovery task failed: {e}")))??;
-                let opened = open_blocking(path, kind, self.cell_config.clone(), position, now_ms)
-                    .await?
-                    .map_err(|e| Error::cell(&e))?;
-                let total: u64 = chain_bytes.iter().map(|b| b.len() as u64).sum();
-                let cache = if total <= self.chain_cache_bytes_max {
-                    chain_bytes.into_iter().map(Some).collect()
-                } else {
-                    vec![None; root.record.chain.len()]
-                };
+                let (opened, cache) = self
+                    .rebuild(&root.record, past_chain, &path, kind, position, now_ms)
+                    .await?;
                 (opened, cache, true)
             }
         };
@@ -278,17 +212,8 @@ impl Activator {
             }
             None => root,
         };
-        if let (Some(log), Some(pointer), true) =
-            (&self.log, &root.record.log, parked_tail.is_empty())
-        {
-            // Every record of the Cell is in its chain now (replayed and
-            // checkpointed, or checkpointed at passivation): the lane
-            // holds nothing for it until its actor writes again. A parked
-            // tail keeps the hold its actor left.
-            let lane = log.lane_of(cell_id);
-            if pointer.lane == *lane.writer().lane() {
-                lane.set_hold(cell_id, None);
-            }
+        if parked_tail.is_empty() {
+            self.clear_lane_hold(&root.record);
         }
         Ok(Activation::Ready(Box::new(Ready {
             cell: opened.cell,
@@ -303,6 +228,121 @@ impl Activator {
             tail: parked_tail,
             tail_due,
         })))
+    }
+
+    /// The records past `record`'s chain, each with the position after
+    /// it: for a parked root, the tail its actor left (already in memory,
+    /// nothing read from the bucket); else those the node log holds, with
+    /// the replay's outcome (a lane it sealed).
+    async fn past_chain(
+        &self,
+        record: &RootRecord,
+        parked: bool,
+        parked_tail: &[Unckpt],
+    ) -> Result<(Tail, Vec<(Position, bytes::Bytes)>)> {
+        // A parked root needs nothing from the bucket: the records past its
+        // chain are the parked tail, already in memory.
+        let tail = if parked {
+            Tail::default()
+        } else {
+            replay::records_past_chain(
+                &self.store,
+                self.roots.layout(),
+                &self.me,
+                self.log.as_deref(),
+                record,
+                std::time::Duration::from_millis(self.settle_ms),
+                self.clock.now_wall_ms(),
+            )
+            .await?
+        };
+        let past_chain = tail
+            .records
+            .iter()
+            .map(|(entry, bytes)| (entry_position(entry), bytes.clone()))
+            .chain(parked_tail.iter().map(|record| {
+                (
+                    Position {
+                        txid: record.file.max_txid,
+                        checksum: Checksum(record.file.post_apply_checksum),
+                    },
+                    bytes::Bytes::from(record.file.bytes.as_ref().clone()),
+                )
+            }))
+            .collect();
+        Ok((tail, past_chain))
+    }
+
+    /// Rebuilds the Cell's local file from its chain and the records past
+    /// it (`past_chain`, each with the position after it), then opens it at
+    /// `position`; returns the engine and the chain's bytes to keep cached
+    /// (none past the cache bound).
+    async fn rebuild(
+        &self,
+        record: &RootRecord,
+        past_chain: Vec<(Position, bytes::Bytes)>,
+        path: &Path,
+        kind: Arc<dyn Kind>,
+        position: Position,
+        now_ms: i64,
+    ) -> Result<(cellfleet_cell::Opened, Vec<Option<Arc<Vec<u8>>>>)> {
+        let chain = self.download(record).await?;
+        let chain_bytes = chain.clone();
+        let target = path.to_path_buf();
+        let posts: Vec<Position> = record
+            .chain
+            .iter()
+            .map(|entry| Position {
+                txid: entry.max_txid,
+                checksum: Checksum(entry.post_apply_checksum),
+            })
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let files: Vec<ChainFile<&[u8]>> = posts
+                .iter()
+                .zip(&chain)
+                .map(|(post, bytes)| ChainFile {
+                    ltx: bytes.as_slice(),
+                    post: *post,
+                })
+                .chain(past_chain.iter().map(|(post, bytes)| ChainFile {
+                    ltx: bytes.as_ref(),
+                    post: *post,
+                }))
+                .collect();
+            cellfleet_cell::recover(files, &target)
+        })
+        .await
+        .map_err(|e| Error::Closed(format!("recovery task failed: {e}")))??;
+        let opened = open_blocking(
+            path.to_path_buf(),
+            kind,
+            self.cell_config.clone(),
+            position,
+            now_ms,
+        )
+        .await?
+        .map_err(|e| Error::cell(&e))?;
+        let total: u64 = chain_bytes.iter().map(|b| b.len() as u64).sum();
+        let cache = if total <= self.chain_cache_bytes_max {
+            chain_bytes.into_iter().map(Some).collect()
+        } else {
+            vec![None; record.chain.len()]
+        };
+        Ok((opened, cache))
+    }
+
+    /// Every record of the Cell is in its chain now (replayed and
+    /// checkpointed, or checkpointed at passivation): this session's lane
+    /// holds nothing for it until its actor writes again. (A parked tail
+    /// keeps the hold its actor left: the caller does not come here.)
+    fn clear_lane_hold(&self, record: &RootRecord) {
+        if let (Some(log), Some(pointer)) = (&self.log, &record.log) {
+            let lane = log.lane_of(&record.cell_id);
+            if pointer.lane == *lane.writer().lane() {
+                lane.set_hold(&record.cell_id, None);
+            }
+        }
     }
 
     /// The pointer this activation leaves in the root, and the CAS that

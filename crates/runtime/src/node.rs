@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::Instrument;
 
-use crate::activation::{Activation, Activator};
+use crate::activation::{Activation, Activator, Ready};
 use crate::actor::{Actor, ActorContext, ActorStart, Exit, Msg, OpenCharge, Reply, StopHow};
 pub use crate::actor::{CellDescription, Executed, Queried, Receipt, Resolution};
 use crate::config::NodeConfig;
@@ -569,6 +569,128 @@ impl Shared {
         victim
     }
 
+    /// Refuses a new Cell past `cells_owned_max` (a parked one is owned
+    /// already and comes back).
+    fn check_owned_room(&self, cell_id: &CellId) -> Result<()> {
+        let (is_parked, owned) = {
+            let parked = self.parked();
+            (
+                parked.contains_key(cell_id),
+                self.slots_count.load(Ordering::SeqCst) + parked.len(),
+            )
+        };
+        if !is_parked && owned >= self.config.limits.cells_owned_max {
+            self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::ResourceExhausted {
+                what: "cells_owned_max",
+                retry_after_ms: self.config.limits.retry_after_ms,
+            });
+        }
+        Ok(())
+    }
+
+    /// One of `activations_concurrent_max` permits, waited for at most
+    /// `activation_wait_ms_max`.
+    async fn activation_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
+        match tokio::time::timeout(wait, self.activation_permits.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => {
+                self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
+                Err(Error::ResourceExhausted {
+                    what: "activations_concurrent_max",
+                    retry_after_ms: self.config.limits.retry_after_ms,
+                })
+            }
+        }
+    }
+
+    /// Counts how an activation went, and starts flushing a lane it sealed.
+    fn count_activation(self: &Arc<Self>, ready: &Ready) {
+        let metrics = &self.metrics;
+        let counter = match ready.how {
+            cellfleet_authority::OwnedHow::Created => &metrics.activations_created_total,
+            cellfleet_authority::OwnedHow::Adopted => &metrics.activations_adopted_total,
+            cellfleet_authority::OwnedHow::TookOver => &metrics.activations_took_over_total,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if ready.recovered {
+            metrics
+                .activations_recovered_total
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        metrics
+            .log_replayed_records_total
+            .fetch_add(ready.replayed as u64, Ordering::Relaxed);
+        if let Some(lane) = &ready.sealed {
+            metrics.log_seals_total.fetch_add(1, Ordering::Relaxed);
+            self.start_flush(Holder {
+                node: lane.node.clone(),
+                session: lane.session,
+            });
+        }
+    }
+
+    /// Starts the actor of an activated Cell; it parks or removes its slot
+    /// when it exits.
+    fn start_actor(
+        self: &Arc<Self>,
+        cell_id: CellId,
+        ready: Ready,
+        term: u64,
+        charge: OpenCharge,
+    ) -> ActorHandle {
+        self.metrics.cells_open.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let handle = ActorHandle {
+            tx,
+            epoch: ready.epoch,
+            generation,
+            load: Arc::new(AtomicUsize::new(0)),
+            last_used: Arc::new(AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed))),
+            proven_term: Arc::new(AtomicU64::new(term)),
+            passivating: Arc::new(AtomicBool::new(false)),
+            exited: exited_rx,
+        };
+        let (actor, migration) = Actor::new(
+            self.actor_context.clone(),
+            ActorStart {
+                cell_id: cell_id.clone(),
+                epoch: ready.epoch,
+                cell: ready.cell,
+                root: ready.root,
+                chain_bytes: ready.chain_bytes,
+                migration: ready.migration,
+                rx,
+                load: handle.load.clone(),
+                charge,
+                tail: ready.tail,
+                tail_due: ready.tail_due,
+            },
+        );
+        let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
+        let shared = self.clone();
+        let proven_term = handle.proven_term.clone();
+        tokio::spawn(
+            async move {
+                let exit = actor.run(migration).await;
+                shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
+                if let Exit::Parked(parked) = exit {
+                    shared.park(
+                        cell_id.clone(),
+                        Parked::new(*parked, proven_term.load(Ordering::SeqCst)),
+                    );
+                }
+                shared.remove_slot(&cell_id, Some(generation));
+                let _ = exited_tx.send(true);
+            }
+            .instrument(span),
+        );
+        handle
+    }
+
     /// Activates a Cell and starts its actor (runs in a spawned task so a
     /// dropped request cannot cut a root write half-way).
     async fn activate(
@@ -585,34 +707,9 @@ impl Shared {
         // The term before anything is read: a lapse during activation makes
         // the first request re-prove.
         let (mode, term) = self.lease.mode_and_term();
-        let (is_parked, owned) = {
-            let parked = self.parked();
-            (
-                parked.contains_key(&cell_id),
-                self.slots_count.load(Ordering::SeqCst) + parked.len(),
-            )
-        };
-        if !is_parked && owned >= self.config.limits.cells_owned_max {
-            self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::ResourceExhausted {
-                what: "cells_owned_max",
-                retry_after_ms: self.config.limits.retry_after_ms,
-            });
-        }
+        self.check_owned_room(&cell_id)?;
         let charge = self.open_charge().await?;
-        let wait = Duration::from_millis(self.config.limits.activation_wait_ms_max);
-        let _slot =
-            match tokio::time::timeout(wait, self.activation_permits.clone().acquire_owned()).await
-            {
-                Ok(Ok(slot)) => slot,
-                _ => {
-                    self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
-                    return Err(Error::ResourceExhausted {
-                        what: "activations_concurrent_max",
-                        retry_after_ms: self.config.limits.retry_after_ms,
-                    });
-                }
-            };
+        let _slot = self.activation_slot().await?;
         let parked = self.take_parked(&cell_id).await;
         // A parked root is trusted only while the lease is live and has not
         // lapsed since it was proven ours: only then can nobody else have
@@ -648,77 +745,8 @@ impl Shared {
                 return Err(self.not_owner(&cell_id, Some(owner)).await)
             }
         };
-        let metrics = &self.metrics;
-        let counter = match ready.how {
-            cellfleet_authority::OwnedHow::Created => &metrics.activations_created_total,
-            cellfleet_authority::OwnedHow::Adopted => &metrics.activations_adopted_total,
-            cellfleet_authority::OwnedHow::TookOver => &metrics.activations_took_over_total,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if ready.recovered {
-            metrics
-                .activations_recovered_total
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        metrics
-            .log_replayed_records_total
-            .fetch_add(ready.replayed as u64, Ordering::Relaxed);
-        if let Some(lane) = &ready.sealed {
-            metrics.log_seals_total.fetch_add(1, Ordering::Relaxed);
-            self.start_flush(Holder {
-                node: lane.node.clone(),
-                session: lane.session,
-            });
-        }
-        metrics.cells_open.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(self.config.limits.mailbox_commands_max.max(1));
-        let (exited_tx, exited_rx) = watch::channel(false);
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
-        let handle = ActorHandle {
-            tx,
-            epoch: ready.epoch,
-            generation,
-            load: Arc::new(AtomicUsize::new(0)),
-            last_used: Arc::new(AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed))),
-            proven_term: Arc::new(AtomicU64::new(term)),
-            passivating: Arc::new(AtomicBool::new(false)),
-            exited: exited_rx,
-        };
-        let ready = *ready;
-        let (actor, migration) = Actor::new(
-            self.actor_context.clone(),
-            ActorStart {
-                cell_id: cell_id.clone(),
-                epoch: ready.epoch,
-                cell: ready.cell,
-                root: ready.root,
-                chain_bytes: ready.chain_bytes,
-                migration: ready.migration,
-                rx,
-                load: handle.load.clone(),
-                charge,
-                tail: ready.tail,
-                tail_due: ready.tail_due,
-            },
-        );
-        let span = tracing::info_span!("cell", cell = %cell_id, epoch = %ready.epoch, node = %self.me.node);
-        let shared = self.clone();
-        let proven_term = handle.proven_term.clone();
-        tokio::spawn(
-            async move {
-                let exit = actor.run(migration).await;
-                shared.metrics.cells_open.fetch_sub(1, Ordering::Relaxed);
-                if let Exit::Parked(parked) = exit {
-                    shared.park(
-                        cell_id.clone(),
-                        Parked::new(*parked, proven_term.load(Ordering::SeqCst)),
-                    );
-                }
-                shared.remove_slot(&cell_id, Some(generation));
-                let _ = exited_tx.send(true);
-            }
-            .instrument(span),
-        );
+        self.count_activation(&ready);
+        let handle = self.start_actor(cell_id, *ready, term, charge);
         Ok(handle)
     }
 

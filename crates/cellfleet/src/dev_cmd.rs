@@ -108,118 +108,20 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
         bail!("--nodes must be 1..=99");
     }
     let dir = &args.data;
-    let certs = dir.join("certs");
-    std::fs::create_dir_all(&certs).with_context(|| format!("creating {}", certs.display()))?;
-    let ca = if certs.join(CA_CERT_FILE).exists() {
-        ClusterCa::load(&certs).context("the existing dev CA")?
-    } else {
-        ClusterCa::init(&certs, "cellfleet-dev")?.0
-    };
-    for i in 1..=args.nodes {
-        let role = Role::Node(format!("n{i}"));
-        if !certs.join(format!("{}.pem", role.file_stem())).exists() {
-            ca.issue_to(&certs, &role, &[])?;
-        }
-    }
-    let client_role = Role::Client("dev".into());
-    if !certs
-        .join(format!("{}.pem", client_role.file_stem()))
-        .exists()
-    {
-        ca.issue_to(&certs, &client_role, &[])?;
-    }
-    let signing_path = dir.join("dev.ed25519.pem");
+    ensure_certs(&dir.join("certs"), args.nodes)?;
     let registry_path = dir.join("keys.toml");
-    if !signing_path.exists() || !registry_path.exists() {
-        let _ = std::fs::remove_file(&signing_path);
-        let key = generate_signing_key();
-        write_signing_key(&signing_path, &key)?;
-        let mut entry = KeyEntry::new(
-            "dev",
-            &key.verifying_key(),
-            vec!["*".into()],
-            vec!["*".into()],
-        );
-        entry.raw_sql = true;
-        entry.admin = true;
-        entry.stream_token_prefixes = vec!["/".into()];
-        write(&registry_path, &entry.to_toml())?;
-    }
+    ensure_dev_key(&dir.join("dev.ed25519.pem"), &registry_path)?;
     grant_dev_stream_tokens(&registry_path)?;
     KeyRegistry::load(&registry_path)?;
     let kinds_path = dir.join("kinds.toml");
     if !kinds_path.exists() {
         write(&kinds_path, EXAMPLE_KINDS)?;
     }
-    let store = match &args.s3 {
-        Some(endpoint) => {
-            let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
-            StoreFile {
-                kind: "s3".into(),
-                bucket: Some(var("CELLFLEET_S3_BUCKET").unwrap_or_else(|| "cellfleet-dev".into())),
-                endpoint: Some(endpoint.clone()),
-                region: Some(var("CELLFLEET_S3_REGION").unwrap_or_else(|| "us-east-1".into())),
-                access_key: var("CELLFLEET_S3_ACCESS_KEY"),
-                secret_key: var("CELLFLEET_S3_SECRET_KEY"),
-                path_style: Some(true),
-                dir: None,
-            }
-        }
-        None => StoreFile {
-            kind: "local".into(),
-            dir: Some("store".into()),
-            ..StoreFile::default()
-        },
-    };
+    let store = dev_store(args.s3.as_deref());
     let mut configs = Vec::new();
     let mut endpoints = Vec::new();
     for i in 1..=args.nodes {
-        let port = |offset: usize| usize::from(args.port_base) + offset + i;
-        let file = NodeFile {
-            node_id: format!("n{i}"),
-            data_dir: format!("n{i}").into(),
-            prefix: "cellfleet".into(),
-            listen: ListenFile {
-                client: format!("127.0.0.1:{}", port(0)),
-                peer: format!("127.0.0.1:{}", port(100)),
-                http: format!("127.0.0.1:{}", port(200)),
-                advertise_host: None,
-                // Durable Streams on by default in dev: BASE+301...
-                streams: Some(format!("127.0.0.1:{}", port(300))),
-                streams_long_poll_ms: None,
-                // Webhook receivers of a dev machine listen on loopback.
-                streams_allow_loopback_webhooks: Some(true),
-                streams_tls: (!args.streams_secure).then(|| "none".into()),
-                streams_cert: None,
-                streams_key: None,
-                streams_auth: (!args.streams_secure).then(|| "none".into()),
-                // The web console: BASE+401...
-                console: Some(format!("127.0.0.1:{}", port(400))),
-                console_tls: (!args.console_secure).then(|| "none".into()),
-            },
-            store: store.clone(),
-            tls: TlsFile {
-                ca: "certs/ca.pem".into(),
-                cert: format!("certs/node-n{i}.pem").into(),
-                key: format!("certs/node-n{i}.key").into(),
-            },
-            keys: KeysFile {
-                registry: "keys.toml".into(),
-            },
-            kinds: KindsFile {
-                manifest: Some("kinds.toml".into()),
-            },
-            lease: LeaseFile {
-                lease_ms: args.lease_ms,
-                renew_every_ms: (args.lease_ms / 3).max(1),
-                drift_margin_ms: 500.min(args.lease_ms / 4),
-            },
-            envelope: EnvelopeFile::default(),
-            publication: PublicationFile::default(),
-            limits: Default::default(),
-            gc: Default::default(),
-            ingress_only: false,
-        };
+        let file = node_file(args, i, store.clone());
         endpoints.push(file.listen.client.clone());
         let path = dir.join(format!("n{i}.toml"));
         write(&path, &toml::to_string(&file)?)?;
@@ -236,6 +138,121 @@ pub fn prepare(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     };
     write(&dir.join("client.toml"), &toml::to_string(&client)?)?;
     Ok(configs)
+}
+
+/// The dev CA and a certificate for every node and for the `dev` client,
+/// each made only if missing (a restart keeps what the browser trusts).
+fn ensure_certs(certs: &Path, nodes: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(certs).with_context(|| format!("creating {}", certs.display()))?;
+    let ca = if certs.join(CA_CERT_FILE).exists() {
+        ClusterCa::load(certs).context("the existing dev CA")?
+    } else {
+        ClusterCa::init(certs, "cellfleet-dev")?.0
+    };
+    let roles = (1..=nodes)
+        .map(|i| Role::Node(format!("n{i}")))
+        .chain([Role::Client("dev".into())]);
+    for role in roles {
+        if !certs.join(format!("{}.pem", role.file_stem())).exists() {
+            ca.issue_to(certs, &role, &[])?;
+        }
+    }
+    Ok(())
+}
+
+/// The `dev` signing key and a registry that lets it do everything,
+/// written together when either is missing.
+fn ensure_dev_key(signing_path: &Path, registry_path: &Path) -> anyhow::Result<()> {
+    if signing_path.exists() && registry_path.exists() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(signing_path);
+    let key = generate_signing_key();
+    write_signing_key(signing_path, &key)?;
+    let mut entry = KeyEntry::new(
+        "dev",
+        &key.verifying_key(),
+        vec!["*".into()],
+        vec!["*".into()],
+    );
+    entry.raw_sql = true;
+    entry.admin = true;
+    entry.stream_token_prefixes = vec!["/".into()];
+    write(registry_path, &entry.to_toml())
+}
+
+/// The embedded local store under the data directory, or the S3 endpoint
+/// `--s3` names (bucket, region and keys from `CELLFLEET_S3_*`).
+fn dev_store(s3: Option<&str>) -> StoreFile {
+    let Some(endpoint) = s3 else {
+        return StoreFile {
+            kind: "local".into(),
+            dir: Some("store".into()),
+            ..StoreFile::default()
+        };
+    };
+    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+    StoreFile {
+        kind: "s3".into(),
+        bucket: Some(var("CELLFLEET_S3_BUCKET").unwrap_or_else(|| "cellfleet-dev".into())),
+        endpoint: Some(endpoint.to_owned()),
+        region: Some(var("CELLFLEET_S3_REGION").unwrap_or_else(|| "us-east-1".into())),
+        access_key: var("CELLFLEET_S3_ACCESS_KEY"),
+        secret_key: var("CELLFLEET_S3_SECRET_KEY"),
+        path_style: Some(true),
+        dir: None,
+    }
+}
+
+/// Node `n{i}`'s configuration: ports BASE+i (client), +100+i (peer),
+/// +200+i (HTTP), +300+i (Durable Streams), +400+i (console).
+fn node_file(args: &DevArgs, i: usize, store: StoreFile) -> NodeFile {
+    let port = |offset: usize| usize::from(args.port_base) + offset + i;
+    NodeFile {
+        node_id: format!("n{i}"),
+        data_dir: format!("n{i}").into(),
+        prefix: "cellfleet".into(),
+        listen: ListenFile {
+            client: format!("127.0.0.1:{}", port(0)),
+            peer: format!("127.0.0.1:{}", port(100)),
+            http: format!("127.0.0.1:{}", port(200)),
+            advertise_host: None,
+            // Durable Streams on by default in dev: BASE+301...
+            streams: Some(format!("127.0.0.1:{}", port(300))),
+            streams_long_poll_ms: None,
+            // Webhook receivers of a dev machine listen on loopback.
+            streams_allow_loopback_webhooks: Some(true),
+            streams_tls: (!args.streams_secure).then(|| "none".into()),
+            streams_cert: None,
+            streams_key: None,
+            streams_auth: (!args.streams_secure).then(|| "none".into()),
+            // The web console: BASE+401...
+            console: Some(format!("127.0.0.1:{}", port(400))),
+            console_tls: (!args.console_secure).then(|| "none".into()),
+        },
+        store,
+        tls: TlsFile {
+            ca: "certs/ca.pem".into(),
+            cert: format!("certs/node-n{i}.pem").into(),
+            key: format!("certs/node-n{i}.key").into(),
+        },
+        keys: KeysFile {
+            registry: "keys.toml".into(),
+        },
+        kinds: KindsFile {
+            manifest: Some("kinds.toml".into()),
+        },
+        lease: LeaseFile {
+            lease_ms: args.lease_ms,
+            renew_every_ms: (args.lease_ms / 3).max(1),
+            drift_margin_ms: 500.min(args.lease_ms / 4),
+        },
+        envelope: EnvelopeFile::default(),
+        publication: PublicationFile::default(),
+        limits: Default::default(),
+        gc: Default::default(),
+        ingress_only: false,
+    }
 }
 
 /// Gives the `dev` key of a registry written before stream tokens existed
@@ -308,29 +325,17 @@ fn describe_holder(lock: &mut std::fs::File, nodes: &str) {
     let _ = write!(lock, "dev pid {}; node pids {nodes}", std::process::id());
 }
 
-pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let mut lock = lock_data_dir(&args.data)?;
-    describe_holder(&mut lock, "not started yet");
-    let configs = prepare(&args)?;
-    let client_config = args.data.join("client.toml");
-    if args.no_start {
-        println!("wrote {}", args.data.display());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
-    println!(
-        "starting {} nodes; a changed {} is accepted (a dev cluster: production nodes refuse \
-         one unless started with `cellfleet node --accept-kinds-change`)",
-        configs.len(),
-        args.data.join("kinds.toml").display()
-    );
+/// Starts one `cellfleet node` per config and waits until each prints its
+/// ready line (their output is passed through); stops them all if one is
+/// not ready in time.
+fn start_nodes(exe: &Path, configs: &[PathBuf]) -> anyhow::Result<Vec<Child>> {
     let (ready_tx, ready_rx) = mpsc::channel::<String>();
     let mut children = Vec::new();
-    for config in &configs {
+    for config in configs {
         // A dev cluster takes an edited kinds.toml on restart: every node
         // starts with the same new manifest, so the cluster record's digest
         // is replaced (production nodes need the flag said out loud).
-        let mut child = Command::new(&exe)
+        let mut child = Command::new(exe)
             .arg("node")
             .arg("--config")
             .arg(config)
@@ -366,13 +371,12 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let pids = children
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("n{}={}", i + 1, c.id()))
-        .collect::<Vec<_>>()
-        .join(" ");
-    describe_holder(&mut lock, &pids);
+    Ok(children)
+}
+
+/// What `cellfleet dev` prints once every node is ready.
+fn banner(args: &DevArgs, nodes: usize, pids: &str) -> String {
+    let client_config = args.data.join("client.toml");
     let default_config = Path::new(DEFAULT_CLIENT_CONFIG);
     let hint = if args.data == Path::new(".cellfleet-dev") || default_config.exists() {
         String::new()
@@ -405,29 +409,24 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             usize::from(args.port_base) + 401
         )
     };
-    // Listening from before the ready line (see `signals`).
-    let signal = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let shutdown = {
-        let _runtime = signal.enter();
-        crate::signals::shutdown_signal()
-    };
-    println!(
+    format!(
         "\ncluster ready: {} nodes; client config {}\n{streams}\n{console}\n\ntry (in another terminal):\n  {hint}cellfleet exec kv hello put --arg key=greeting --arg value='\"hi\"'\n  cellfleet query kv hello get --arg key=greeting\n  cellfleet leases\n  cellfleet cells\n  cellfleet cell show kv hello\n  kill -9 <pid of a node>   # its Cells move after the {} ms lease\n\nnode pids: {}\nCtrl-C drains every node.",
-        children.len(),
+        nodes,
         client_config.display(),
         args.lease_ms,
         pids
-    );
-    signal.block_on(shutdown);
-    eprintln!("draining {} nodes...", children.len());
-    for child in &children {
+    )
+}
+
+/// Asks every node to drain and waits up to the drain bound; returns how
+/// many did not exit cleanly (those still running are killed).
+fn drain_nodes(children: &mut [Child]) -> anyhow::Result<usize> {
+    for child in children.iter() {
         terminate(child);
     }
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let mut failed = 0;
-    for child in &mut children {
+    for child in children.iter_mut() {
         loop {
             match child.try_wait()? {
                 Some(status) => {
@@ -445,6 +444,44 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    Ok(failed)
+}
+
+pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let mut lock = lock_data_dir(&args.data)?;
+    describe_holder(&mut lock, "not started yet");
+    let configs = prepare(&args)?;
+    if args.no_start {
+        println!("wrote {}", args.data.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("cannot find the cellfleet executable")?;
+    println!(
+        "starting {} nodes; a changed {} is accepted (a dev cluster: production nodes refuse \
+         one unless started with `cellfleet node --accept-kinds-change`)",
+        configs.len(),
+        args.data.join("kinds.toml").display()
+    );
+    let mut children = start_nodes(&exe, &configs)?;
+    let pids = children
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("n{}={}", i + 1, c.id()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    describe_holder(&mut lock, &pids);
+    // Listening from before the ready line (see `signals`).
+    let signal = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let shutdown = {
+        let _runtime = signal.enter();
+        crate::signals::shutdown_signal()
+    };
+    println!("{}", banner(&args, children.len(), &pids));
+    signal.block_on(shutdown);
+    eprintln!("draining {} nodes...", children.len());
+    let failed = drain_nodes(&mut children)?;
     if failed > 0 {
         eprintln!("{failed} node(s) did not drain cleanly; their Cells move after lease expiry");
         return Ok(ExitCode::from(1));

@@ -439,6 +439,19 @@ impl Report {
             out,
             "latencies in ms, client-side, envelope signing excluded; one mTLS HTTP/2 connection per node\n"
         );
+        self.write_floors(&mut out);
+        self.write_workloads(&mut out);
+        self.write_against_sqlite(&mut out);
+        self.write_where_time_goes(&mut out);
+        self.write_fleet(&mut out);
+        self.write_capacity(&mut out);
+        self.write_goals(&mut out);
+        self.write_outcome(&mut out);
+        out
+    }
+
+    /// The floors: what the same machine does without Cellfleet.
+    fn write_floors(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "{:<18} {:>3} {:<7} {:>7} {:>9} {:>8} {:>8} {:>8}",
@@ -460,6 +473,10 @@ impl Report {
                 errors_note(s.errors)
             );
         }
+    }
+
+    /// The workloads, each against its floor.
+    fn write_workloads(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\n{:<18} {:>3} {:>7} {:>9} {:>8} {:>8} {:>8}  {:<18} {:>8} {:>8} {:>9}",
@@ -499,6 +516,10 @@ impl Report {
                 }
             );
         }
+    }
+
+    /// Commands against the bare SQLite transaction.
+    fn write_against_sqlite(&self, out: &mut String) {
         let commands: Vec<&WorkloadRow> = self
             .workloads
             .iter()
@@ -525,6 +546,10 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// Where the time goes: floor to local to forwarded, and the nodes' phases.
+    fn write_where_time_goes(&self, out: &mut String) {
         let _ = writeln!(out, "\nwhere the time goes (p50):");
         for concurrency in self.levels() {
             for line in self.breakdown(concurrency) {
@@ -555,6 +580,10 @@ impl Report {
                 row.phases.line()
             );
         }
+    }
+
+    /// The fleet rows (many Cells), with the nodes' RSS and open files.
+    fn write_fleet(&self, out: &mut String) {
         if !self.fleet.is_empty() {
             let _ = writeln!(
                 out,
@@ -597,6 +626,10 @@ impl Report {
                 "  (RSS and open files: the largest node's maximum during the measurement)"
             );
         }
+    }
+
+    /// The open-loop capacity steps.
+    fn write_capacity(&self, out: &mut String) {
         if let Some(capacity) = &self.capacity {
             let _ = writeln!(
                 out,
@@ -621,6 +654,10 @@ impl Report {
                 None => writeln!(out, "  capacity: below the lowest rate offered"),
             };
         }
+    }
+
+    /// Each goal with its verdict.
+    fn write_goals(&self, out: &mut String) {
         let _ = writeln!(out, "\ngoals:");
         for goal in self.goals() {
             let unit = goal.unit;
@@ -647,6 +684,10 @@ impl Report {
             };
             let _ = writeln!(out, "  {} at c={}: {verdict}", goal.goal, goal.concurrency);
         }
+    }
+
+    /// Exactness, drain and clean-up.
+    fn write_outcome(&self, out: &mut String) {
         let e = &self.exactness;
         let _ = writeln!(
             out,
@@ -679,7 +720,6 @@ impl Report {
                 .as_ref()
                 .map_or(String::new(), |note| format!(" ({note})"))
         );
-        out
     }
 
     /// Floor → local → forwarded, as p50 increments.

@@ -380,6 +380,119 @@ fn check_producer(state: Option<(u64, u64)>, p: &Producer) -> Result<bool, Strea
     }
 }
 
+/// PUT: creates the stream, or answers an existing one with the same
+/// configuration (idempotent) or a mismatch. A fork's expired predecessor
+/// at this path gives back its reference.
+fn create(
+    conn: &Connection,
+    config: StreamConfig,
+    closed: bool,
+    messages: Vec<String>,
+    now_ms: i64,
+    lineage: Option<Lineage>,
+    fork_offset_given: bool,
+) -> Result<StreamOutput, KindError> {
+    match load_live(conn, now_ms)? {
+        Ok(state) => {
+            let same = media_type(&state.config.content_type) == media_type(&config.content_type)
+                && state.config.ttl_seconds == config.ttl_seconds
+                && state.config.expires_at == config.expires_at
+                && state.closed == closed
+                && same_lineage(state.lineage.as_ref(), lineage.as_ref(), fork_offset_given);
+            return Ok(if same {
+                StreamOutput::Created {
+                    state,
+                    created: false,
+                    release: None,
+                }
+            } else {
+                StreamOutput::ConfigMismatch
+            });
+        }
+        // A soft-deleted stream keeps its path until its last
+        // fork is gone.
+        Err(StreamOutput::Gone) => return Ok(StreamOutput::Gone),
+        Err(_) => {}
+    }
+    // An expired fork stored here gives back its reference
+    // (unless the new stream is a fork of the same source: the
+    // reference is keyed by this path, so it is the new one's).
+    let release = load_any(conn)?
+        .and_then(|(old, _)| old.lineage)
+        .map(|old| old.source)
+        .filter(|old| lineage.as_ref().map(|l| &l.source) != Some(old));
+    wipe(conn)?;
+    let decoded = decode(&messages)?;
+    let tail = insert(conn, 0, &decoded)?;
+    conn.execute(
+        "INSERT INTO meta (id, content_type, ttl_seconds, expires_at, expires_at_ms, tail, closed, \
+         forked_from, fork_offset, fork_sub_offset) \
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        (
+            &config.content_type,
+            config.ttl_seconds.map(|t| t as i64),
+            &config.expires_at,
+            config.expires_at_ms,
+            tail as i64,
+            closed as i64,
+            lineage.as_ref().map(|l| &l.source),
+            lineage.as_ref().map(|l| l.offset as i64),
+            lineage.as_ref().map(|l| l.sub_offset as i64),
+        ),
+    )?;
+    Ok(StreamOutput::Created {
+        state: StreamState {
+            config,
+            tail,
+            closed,
+            lineage,
+        },
+        created: true,
+        release,
+    })
+}
+
+/// DELETE: removes the stream, or marks it deleted while forks still
+/// reference it (it answers 410 until its last fork is gone).
+fn delete(conn: &Connection, now_ms: i64) -> Result<StreamOutput, KindError> {
+    let state = match load_live(conn, now_ms)? {
+        Ok(state) => state,
+        Err(refusal) => return Ok(refusal),
+    };
+    if forks(conn)? > 0 {
+        // Forks still reference it: answer 410 from now on,
+        // remove it with its last fork.
+        conn.execute("UPDATE meta SET deleted = 1 WHERE id = 1", [])?;
+        return Ok(StreamOutput::Deleted { release: None });
+    }
+    wipe(conn)?;
+    Ok(StreamOutput::Deleted {
+        release: state.lineage.map(|l| l.source),
+    })
+}
+
+/// A fork at `fork` no longer references this stream; a deleted or
+/// expired stream with no fork left is collected.
+fn release_fork(conn: &Connection, fork: &str, now_ms: i64) -> Result<StreamOutput, KindError> {
+    let Some((state, deleted)) = load_any(conn)? else {
+        return Ok(StreamOutput::NotFound);
+    };
+    conn.execute("DELETE FROM forks WHERE path = ?1", [fork])?;
+    // Soft-deleted (or expired) and no fork left: nothing can
+    // reach it any more.
+    if forks(conn)? == 0 && (deleted || expired(&state, now_ms)) {
+        wipe(conn)?;
+        return Ok(StreamOutput::Released {
+            collected: true,
+            release: state.lineage.map(|l| l.source),
+        });
+    }
+    Ok(StreamOutput::Released {
+        collected: false,
+        release: None,
+    })
+}
+
 fn append(
     conn: &Connection,
     content_type: Option<String>,
@@ -567,71 +680,15 @@ impl RustKind for StreamKind {
                 now_ms,
                 lineage,
                 fork_offset_given,
-            } => {
-                match load_live(conn, now_ms)? {
-                    Ok(state) => {
-                        let same = media_type(&state.config.content_type)
-                            == media_type(&config.content_type)
-                            && state.config.ttl_seconds == config.ttl_seconds
-                            && state.config.expires_at == config.expires_at
-                            && state.closed == closed
-                            && same_lineage(
-                                state.lineage.as_ref(),
-                                lineage.as_ref(),
-                                fork_offset_given,
-                            );
-                        return Ok(if same {
-                            StreamOutput::Created {
-                                state,
-                                created: false,
-                                release: None,
-                            }
-                        } else {
-                            StreamOutput::ConfigMismatch
-                        });
-                    }
-                    // A soft-deleted stream keeps its path until its last
-                    // fork is gone.
-                    Err(StreamOutput::Gone) => return Ok(StreamOutput::Gone),
-                    Err(_) => {}
-                }
-                // An expired fork stored here gives back its reference
-                // (unless the new stream is a fork of the same source: the
-                // reference is keyed by this path, so it is the new one's).
-                let release = load_any(conn)?
-                    .and_then(|(old, _)| old.lineage)
-                    .map(|old| old.source)
-                    .filter(|old| lineage.as_ref().map(|l| &l.source) != Some(old));
-                wipe(conn)?;
-                let decoded = decode(&messages)?;
-                let tail = insert(conn, 0, &decoded)?;
-                conn.execute(
-                    "INSERT INTO meta (id, content_type, ttl_seconds, expires_at, expires_at_ms, tail, closed, \
-                     forked_from, fork_offset, fork_sub_offset) \
-                     VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                    (
-                        &config.content_type,
-                        config.ttl_seconds.map(|t| t as i64),
-                        &config.expires_at,
-                        config.expires_at_ms,
-                        tail as i64,
-                        closed as i64,
-                        lineage.as_ref().map(|l| &l.source),
-                        lineage.as_ref().map(|l| l.offset as i64),
-                        lineage.as_ref().map(|l| l.sub_offset as i64),
-                    ),
-                )?;
-                Ok(StreamOutput::Created {
-                    state: StreamState {
-                        config,
-                        tail,
-                        closed,
-                        lineage,
-                    },
-                    created: true,
-                    release,
-                })
-            }
+            } => create(
+                conn,
+                config,
+                closed,
+                messages,
+                now_ms,
+                lineage,
+                fork_offset_given,
+            ),
             StreamCommand::Append {
                 content_type,
                 messages,
@@ -647,22 +704,7 @@ impl RustKind for StreamKind {
                 }
                 Err(refusal) => Ok(refusal),
             },
-            StreamCommand::Delete { now_ms } => {
-                let state = match load_live(conn, now_ms)? {
-                    Ok(state) => state,
-                    Err(refusal) => return Ok(refusal),
-                };
-                if forks(conn)? > 0 {
-                    // Forks still reference it: answer 410 from now on,
-                    // remove it with its last fork.
-                    conn.execute("UPDATE meta SET deleted = 1 WHERE id = 1", [])?;
-                    return Ok(StreamOutput::Deleted { release: None });
-                }
-                wipe(conn)?;
-                Ok(StreamOutput::Deleted {
-                    release: state.lineage.map(|l| l.source),
-                })
-            }
+            StreamCommand::Delete { now_ms } => delete(conn, now_ms),
             StreamCommand::RegisterFork { fork, now_ms } => match load_live(conn, now_ms)? {
                 Ok(_) => {
                     conn.execute("INSERT OR IGNORE INTO forks (path) VALUES (?1)", [&fork])?;
@@ -670,25 +712,7 @@ impl RustKind for StreamKind {
                 }
                 Err(refusal) => Ok(refusal),
             },
-            StreamCommand::ReleaseFork { fork, now_ms } => {
-                let Some((state, deleted)) = load_any(conn)? else {
-                    return Ok(StreamOutput::NotFound);
-                };
-                conn.execute("DELETE FROM forks WHERE path = ?1", [&fork])?;
-                // Soft-deleted (or expired) and no fork left: nothing can
-                // reach it any more.
-                if forks(conn)? == 0 && (deleted || expired(&state, now_ms)) {
-                    wipe(conn)?;
-                    return Ok(StreamOutput::Released {
-                        collected: true,
-                        release: state.lineage.map(|l| l.source),
-                    });
-                }
-                Ok(StreamOutput::Released {
-                    collected: false,
-                    release: None,
-                })
-            }
+            StreamCommand::ReleaseFork { fork, now_ms } => release_fork(conn, &fork, now_ms),
         }
     }
 

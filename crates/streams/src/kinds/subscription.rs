@@ -662,6 +662,76 @@ fn expire(
     }
 }
 
+/// A webhook delivery of the current generation was accepted: the wake
+/// is live until the lease runs out.
+fn delivered(
+    conn: &Connection,
+    mut sub: Subscription,
+    generation: u64,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    if current(&sub, generation, None) && sub.wake.state == "waking" {
+        sub.wake.state = "live".into();
+        sub.wake.failures = 0;
+        sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
+        let token = token_hash(conn)?;
+        save_wake(conn, &sub.wake, token.as_deref())?;
+    }
+    Ok(SubscriptionOutput::Done)
+}
+
+/// A webhook handler finished: its acknowledgements (of streams still
+/// linked) apply, then the subscription wakes again or goes idle.
+fn sync_done(
+    conn: &Connection,
+    mut sub: Subscription,
+    generation: u64,
+    snapshot: Vec<Ack>,
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    if !current(&sub, generation, None) {
+        return Ok(SubscriptionOutput::Fenced {
+            generation: sub.wake.generation,
+        });
+    }
+    // Streams unlinked meanwhile are skipped, not refused.
+    let snapshot: Vec<Ack> = snapshot
+        .into_iter()
+        .filter(|a| sub.links.iter().any(|l| l.path == a.path))
+        .collect();
+    apply_acks(conn, &mut sub, &snapshot)?;
+    finish(conn, sub, fresh, now_ms)
+}
+
+/// The holder hands its wake back: a new generation for the next holder
+/// if work is pending, else idle.
+fn release(
+    conn: &Connection,
+    mut sub: Subscription,
+    holder: Holder<'_>,
+    fresh: &Fresh,
+    now_ms: i64,
+) -> Result<SubscriptionOutput, KindError> {
+    if let Some(refused) = refuse_holder(
+        conn,
+        &sub,
+        holder.generation,
+        holder.wake_id,
+        holder.presented,
+    )? {
+        return Ok(refused);
+    }
+    if pending(&sub) {
+        // Handed back: a new generation for the next holder.
+        start(conn, &mut sub, fresh, 0, now_ms)?;
+        Ok(SubscriptionOutput::Released { woke: Some(sub) })
+    } else {
+        go_idle(conn, &mut sub)?;
+        Ok(SubscriptionOutput::Released { woke: None })
+    }
+}
+
 impl SubscriptionKind {
     fn run(
         conn: &Connection,
@@ -671,7 +741,7 @@ impl SubscriptionKind {
         if let SubscriptionCommand::Create { config } = &command {
             return create(conn, config);
         }
-        let Some(mut sub) = load(conn)? else {
+        let Some(sub) = load(conn)? else {
             return Ok(Out::NotFound);
         };
         match command {
@@ -706,34 +776,14 @@ impl SubscriptionKind {
                 now_ms,
             } => observe(conn, &sub, &path, tail, glob, &fresh, now_ms),
             SubscriptionCommand::Delivered { generation, now_ms } => {
-                if current(&sub, generation, None) && sub.wake.state == "waking" {
-                    sub.wake.state = "live".into();
-                    sub.wake.failures = 0;
-                    sub.wake.deadline_ms = now_ms + sub.config.lease_ttl_ms as i64;
-                    let token = token_hash(conn)?;
-                    save_wake(conn, &sub.wake, token.as_deref())?;
-                }
-                Ok(Out::Done)
+                delivered(conn, sub, generation, now_ms)
             }
             SubscriptionCommand::SyncDone {
                 generation,
                 snapshot,
                 fresh,
                 now_ms,
-            } => {
-                if !current(&sub, generation, None) {
-                    return Ok(Out::Fenced {
-                        generation: sub.wake.generation,
-                    });
-                }
-                // Streams unlinked meanwhile are skipped, not refused.
-                let snapshot: Vec<Ack> = snapshot
-                    .into_iter()
-                    .filter(|a| sub.links.iter().any(|l| l.path == a.path))
-                    .collect();
-                apply_acks(conn, &mut sub, &snapshot)?;
-                finish(conn, sub, &fresh, now_ms)
-            }
+            } => sync_done(conn, sub, generation, snapshot, &fresh, now_ms),
             SubscriptionCommand::Ack {
                 generation,
                 wake_id,
@@ -769,20 +819,17 @@ impl SubscriptionKind {
                 token_hash: presented,
                 fresh,
                 now_ms,
-            } => {
-                if let Some(refused) = refuse_holder(conn, &sub, generation, &wake_id, &presented)?
-                {
-                    return Ok(refused);
-                }
-                if pending(&sub) {
-                    // Handed back: a new generation for the next holder.
-                    start(conn, &mut sub, &fresh, 0, now_ms)?;
-                    Ok(Out::Released { woke: Some(sub) })
-                } else {
-                    go_idle(conn, &mut sub)?;
-                    Ok(Out::Released { woke: None })
-                }
-            }
+            } => release(
+                conn,
+                sub,
+                Holder {
+                    generation,
+                    wake_id: &wake_id,
+                    presented: &presented,
+                },
+                &fresh,
+                now_ms,
+            ),
             SubscriptionCommand::Expire {
                 generation,
                 fresh,

@@ -318,15 +318,9 @@ fn relative(path: &str) -> String {
     path.trim_start_matches('/').to_owned()
 }
 
-async fn create(
-    streams: &Streams,
-    request: Request<Incoming>,
-    prefix: &str,
-    key: &str,
-) -> Result<Response<Body>, ControlError> {
-    let base = base_url(&request, prefix);
-    let body: CreateBody = serde_json::from_value(body_json(request).await?)
-        .map_err(|e| ControlError::invalid(format!("bad subscription: {e}")))?;
+/// The streams a new subscription names: its pattern and its explicit
+/// paths, relative and checked.
+fn targets(body: &CreateBody) -> Result<(Option<String>, Vec<String>), ControlError> {
     let pattern = body.pattern.as_deref().map(relative);
     if let Some(p) = &pattern {
         if !valid_pattern(p) {
@@ -343,18 +337,20 @@ async fn create(
     if pattern.is_none() && explicit.is_empty() {
         return Err(ControlError::invalid("give a pattern or streams"));
     }
-    let lease_ttl_ms = body.lease_ttl_ms.unwrap_or(LEASE_TTL_DEFAULT_MS);
-    if !(LEASE_TTL_MIN_MS..=LEASE_TTL_MAX_MS).contains(&lease_ttl_ms) {
-        return Err(ControlError::invalid(
-            "lease_ttl_ms must be between 1000 and 600000",
-        ));
-    }
-    if body.description.as_ref().is_some_and(|d| d.len() > 1024) {
-        return Err(ControlError::invalid("description too long"));
-    }
-    let (webhook_url, wake_stream) = match body.kind.as_str() {
+    Ok((pattern, explicit))
+}
+
+/// Where a new subscription delivers: a webhook URL (checked, and its host
+/// resolved to an address the server may call) or a wake stream.
+async fn delivery(
+    streams: &Streams,
+    kind: &str,
+    webhook: Option<WebhookBody>,
+    wake_stream: Option<&str>,
+) -> Result<(Option<String>, Option<String>), ControlError> {
+    match kind {
         "webhook" => {
-            let Some(hook) = body.webhook else {
+            let Some(hook) = webhook else {
                 return Err(ControlError::invalid(
                     "a webhook subscription needs webhook.url",
                 ));
@@ -367,10 +363,10 @@ async fn create(
                     .await
                     .map_err(ControlError::WebhookRejected)?;
             }
-            (Some(hook.url), None)
+            Ok((Some(hook.url), None))
         }
         "pull-wake" => {
-            let Some(wake) = body.wake_stream.as_deref().map(relative) else {
+            let Some(wake) = wake_stream.map(relative) else {
                 return Err(ControlError::invalid(
                     "a pull-wake subscription needs wake_stream",
                 ));
@@ -378,20 +374,21 @@ async fn create(
             if !valid_relative(&wake) {
                 return Err(ControlError::invalid("bad wake_stream"));
             }
-            (None, Some(wake))
+            Ok((None, Some(wake)))
         }
-        _ => return Err(ControlError::invalid("type must be webhook or pull-wake")),
-    };
-    let config = SubscriptionConfig {
-        kind: body.kind,
-        pattern: pattern.clone(),
-        streams: explicit.clone(),
-        webhook_url,
-        wake_stream,
-        lease_ttl_ms,
-        description: body.description,
-        base_url: base,
-    };
+        _ => Err(ControlError::invalid("type must be webhook or pull-wake")),
+    }
+}
+
+/// Enters a new subscription in the registry, and links its explicit
+/// streams to it.
+async fn register(
+    streams: &Streams,
+    key: &str,
+    prefix: &str,
+    pattern: Option<String>,
+    explicit: &[String],
+) -> Result<(), ControlError> {
     // Registered first: a subscription Cell is never left unfindable by
     // appends (a registry entry whose Cell is absent is skipped).
     let registered: RegistryOutput = streams
@@ -413,9 +410,49 @@ async fn create(
             message: "subscription limit reached",
         });
     }
-    for rel in &explicit {
+    for rel in explicit {
         registry_link(streams, key, &format!("{prefix}/{rel}"), true).await?;
     }
+    Ok(())
+}
+
+async fn create(
+    streams: &Streams,
+    request: Request<Incoming>,
+    prefix: &str,
+    key: &str,
+) -> Result<Response<Body>, ControlError> {
+    let base = base_url(&request, prefix);
+    let body: CreateBody = serde_json::from_value(body_json(request).await?)
+        .map_err(|e| ControlError::invalid(format!("bad subscription: {e}")))?;
+    let (pattern, explicit) = targets(&body)?;
+    let lease_ttl_ms = body.lease_ttl_ms.unwrap_or(LEASE_TTL_DEFAULT_MS);
+    if !(LEASE_TTL_MIN_MS..=LEASE_TTL_MAX_MS).contains(&lease_ttl_ms) {
+        return Err(ControlError::invalid(
+            "lease_ttl_ms must be between 1000 and 600000",
+        ));
+    }
+    if body.description.as_ref().is_some_and(|d| d.len() > 1024) {
+        return Err(ControlError::invalid("description too long"));
+    }
+    let (webhook_url, wake_stream) = delivery(
+        streams,
+        &body.kind,
+        body.webhook,
+        body.wake_stream.as_deref(),
+    )
+    .await?;
+    let config = SubscriptionConfig {
+        kind: body.kind,
+        pattern: pattern.clone(),
+        streams: explicit.clone(),
+        webhook_url,
+        wake_stream,
+        lease_ttl_ms,
+        description: body.description,
+        base_url: base,
+    };
+    register(streams, key, prefix, pattern, &explicit).await?;
     streams.subscriptions().invalidate();
     let output: SubscriptionOutput = streams
         .execute_in(

@@ -553,6 +553,16 @@ struct Holder<'a> {
     presented: &'a str,
 }
 
+impl<'a> Holder<'a> {
+    fn new(generation: u64, wake_id: &'a str, presented: &'a str) -> Self {
+        Holder {
+            generation,
+            wake_id,
+            presented,
+        }
+    }
+}
+
 /// A holder's acknowledgements (webhook callback or pull-wake ack):
 /// checked against the current wake, applied, and either the wake finished
 /// (`done`) or its lease renewed.
@@ -796,11 +806,7 @@ impl SubscriptionKind {
             } => ack(
                 conn,
                 sub,
-                Holder {
-                    generation,
-                    wake_id: &wake_id,
-                    presented: &presented,
-                },
+                Holder::new(generation, &wake_id, &presented),
                 &acks,
                 done,
                 &tails,
@@ -822,11 +828,7 @@ impl SubscriptionKind {
             } => release(
                 conn,
                 sub,
-                Holder {
-                    generation,
-                    wake_id: &wake_id,
-                    presented: &presented,
-                },
+                Holder::new(generation, &wake_id, &presented),
                 &fresh,
                 now_ms,
             ),

@@ -54,6 +54,7 @@
 //! checkpoint_idle_ms = 30000 # ... or this long without a new record (open or passivated)
 //! replay_segments_max = 32768 # ... or once its lane grew this many segments past its root (bounds a takeover's replay; at most 50000)
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
+//! cell_groups_inflight_max = 1  # groups of one Cell executed and not yet in the log at once
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
 //! parked_bytes_max = 67108864  # passivated Cells' records kept in memory (parked) at most, in bytes
@@ -335,6 +336,8 @@ pub struct PublicationFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments_inflight_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_groups_inflight_max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_commands_min: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linger_ms: Option<u64>,
@@ -368,6 +371,9 @@ impl PublicationFile {
         }
         if let Some(inflight) = self.segments_inflight_max {
             log.segments_inflight_max = inflight;
+        }
+        if let Some(groups) = self.cell_groups_inflight_max {
+            log.cell_groups_inflight_max = groups;
         }
         if let Some(commands) = self.batch_commands_min {
             log.batch_commands_min = commands;
@@ -764,6 +770,9 @@ impl NodeFile {
         if self.publication.segments_inflight_max == Some(0) {
             bail!("publication.segments_inflight_max must be at least 1");
         }
+        if self.publication.cell_groups_inflight_max == Some(0) {
+            bail!("publication.cell_groups_inflight_max must be at least 1");
+        }
         if self.publication.checkpoints_inflight_max == Some(0) {
             bail!("publication.checkpoints_inflight_max must be at least 1");
         }
@@ -1097,8 +1106,8 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
         PublicationMode::Log => {
             let log = file.publication.log_settings();
             format!(
-                "publication mode log: {} lane(s); a Cell checkpoints after {} records, {} ms without one, or {} segments of its lane past its root; at most {} checkpoints in flight",
-                log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max, log.checkpoints_inflight_max
+                "publication mode log: {} lane(s); a Cell checkpoints after {} records, {} ms without one, or {} segments of its lane past its root; at most {} checkpoints in flight; at most {} group(s) of a Cell in flight",
+                log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max, log.checkpoints_inflight_max, log.cell_groups_inflight_max
             )
         }
         PublicationMode::Cell => "publication mode cell: one root CAS per group".to_owned(),

@@ -315,7 +315,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     };
     let budgeted = with_publication(
         "n3-budget.toml",
-        "replay_segments_max = 512\ncheckpoints_inflight_max = 3\n",
+        "replay_segments_max = 512\ncheckpoints_inflight_max = 3\ncell_groups_inflight_max = 2\n",
     );
     for (config, env, shown) in [
         (&budgeted, None, "or 512 segments of its lane past its root"),
@@ -339,7 +339,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         );
         assert!(stdout.contains(shown), "{stdout}");
         assert!(
-            stdout.contains("past its root; at most 3 checkpoints in flight"),
+            stdout.contains("past its root; at most 3 checkpoints in flight; at most 2 group(s) of a Cell in flight"),
             "{stdout}"
         );
     }
@@ -351,6 +351,11 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
             "n3-no-checkpoints.toml",
             "checkpoints_inflight_max = 0\n",
             "publication.checkpoints_inflight_max must be at least 1",
+        ),
+        (
+            "n3-no-groups.toml",
+            "cell_groups_inflight_max = 0\n",
+            "publication.cell_groups_inflight_max must be at least 1",
         ),
         (
             "n3-wide-budget.toml",

@@ -130,6 +130,14 @@ pub struct LogSettings {
     pub segment_bytes_max: usize,
     /// Segment PUTs of one lane in flight at once (the pipeline).
     pub segments_inflight_max: u64,
+    /// Groups of one Cell executed and not yet durable at once (the
+    /// engine's pending publications). 1: a Cell's next group executes
+    /// once the segment holding the previous one is written, so a hot
+    /// Cell's groups grow instead of multiplying; on two shared cores that
+    /// measured about 1.10x `hot_cell`'s commands/s against 2 (six
+    /// interleaved pairs, BENCHMARKS.md). Many Cells still fill a lane's
+    /// pipeline together.
+    pub cell_groups_inflight_max: usize,
     /// While a lane's segments are in flight, a batch of this many
     /// commands (from any number of Cell groups) starts another at once.
     pub batch_commands_min: usize,
@@ -217,6 +225,7 @@ impl Default for LogSettings {
             lanes: 1,
             segment_bytes_max: 8 << 20,
             segments_inflight_max: 4,
+            cell_groups_inflight_max: 1,
             batch_commands_min: 16,
             batch_bytes_min: 1 << 20,
             linger_ms: 5,

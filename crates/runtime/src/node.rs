@@ -174,6 +174,9 @@ impl Node {
         let limits = &config.limits;
         let mut cell_config = config.cell.clone();
         cell_config.group_commands_max = limits.group_commands_max;
+        if config.publication == PublicationMode::Log {
+            cell_config.pending_publications_max = config.log.cell_groups_inflight_max.max(1);
+        }
         let publisher = store_publisher(&config, &store, &roots, &clock, &me, &metrics);
         let log = match config.publication {
             PublicationMode::Log => Some(NodeLog::start(

@@ -123,6 +123,45 @@ fn entry_position(entry: &cellfleet_nodelog::Entry) -> Position {
     }
 }
 
+/// The position a Cell opens at: after the last record past its chain
+/// (replayed from the log, or its parked tail: only one of them is ever
+/// non-empty), else the root's.
+fn start_position(
+    root: &RootRecord,
+    replayed: &[(cellfleet_nodelog::Entry, bytes::Bytes)],
+    parked: &[Unckpt],
+) -> Position {
+    match (replayed.last(), parked.last()) {
+        (Some((entry, _)), _) => entry_position(entry),
+        (None, Some(record)) => Position {
+            txid: record.file.max_txid,
+            checksum: Checksum(record.file.post_apply_checksum),
+        },
+        (None, None) => root_position(root),
+    }
+}
+
+/// The records past a chain, each with the position after it, for a
+/// rebuild (the parked tail's bytes are copied only here).
+fn past_chain(
+    replayed: &[(cellfleet_nodelog::Entry, bytes::Bytes)],
+    parked: &[Unckpt],
+) -> Vec<(Position, bytes::Bytes)> {
+    replayed
+        .iter()
+        .map(|(entry, bytes)| (entry_position(entry), bytes.clone()))
+        .chain(parked.iter().map(|record| {
+            (
+                Position {
+                    txid: record.file.max_txid,
+                    checksum: Checksum(record.file.post_apply_checksum),
+                },
+                bytes::Bytes::from(record.file.bytes.as_ref().clone()),
+            )
+        }))
+        .collect()
+}
+
 /// Removes a closed Cell's files, its lock file last (the Cell's engine
 /// is gone, and the node runs one actor per Cell, so nobody holds it).
 fn remove_local_files(path: &Path) {
@@ -172,12 +211,8 @@ impl Activator {
         if how == OwnedHow::Created {
             remove_local_files(&path);
         }
-        let (tail, past_chain) = self
-            .past_chain(&root.record, parked_root, &parked_tail)
-            .await?;
-        let position = past_chain
-            .last()
-            .map_or_else(|| root_position(&root.record), |(post, _)| *post);
+        let tail = self.tail(&root.record, parked_root).await?;
+        let position = start_position(&root.record, &tail.records, &parked_tail);
         let now_ms = self.now_ms();
         let first = open_blocking(
             path.clone(),
@@ -194,6 +229,7 @@ impl Activator {
             Err(error) if error.is_out_of_files() => return Err(Error::cell(&error)),
             Err(error) => {
                 tracing::debug!(cell = %cell_id, %error, "local file not at the cell's position; recovering");
+                let past_chain = past_chain(&tail.records, &parked_tail);
                 let (opened, cache) = self
                     .rebuild(&root.record, past_chain, &path, kind, position, now_ms)
                     .await?;
@@ -230,47 +266,23 @@ impl Activator {
         })))
     }
 
-    /// The records past `record`'s chain, each with the position after
-    /// it: for a parked root, the tail its actor left (already in memory,
-    /// nothing read from the bucket); else those the node log holds, with
-    /// the replay's outcome (a lane it sealed).
-    async fn past_chain(
-        &self,
-        record: &RootRecord,
-        parked: bool,
-        parked_tail: &[Unckpt],
-    ) -> Result<(Tail, Vec<(Position, bytes::Bytes)>)> {
-        // A parked root needs nothing from the bucket: the records past its
-        // chain are the parked tail, already in memory.
-        let tail = if parked {
-            Tail::default()
-        } else {
-            replay::records_past_chain(
-                &self.store,
-                self.roots.layout(),
-                &self.me,
-                self.log.as_deref(),
-                record,
-                std::time::Duration::from_millis(self.settle_ms),
-                self.clock.now_wall_ms(),
-            )
-            .await?
-        };
-        let past_chain = tail
-            .records
-            .iter()
-            .map(|(entry, bytes)| (entry_position(entry), bytes.clone()))
-            .chain(parked_tail.iter().map(|record| {
-                (
-                    Position {
-                        txid: record.file.max_txid,
-                        checksum: Checksum(record.file.post_apply_checksum),
-                    },
-                    bytes::Bytes::from(record.file.bytes.as_ref().clone()),
-                )
-            }))
-            .collect();
-        Ok((tail, past_chain))
+    /// The records the node log holds past `record`'s chain, with the
+    /// replay's outcome (a lane it sealed); none for a parked root, whose
+    /// records past its chain are the parked tail already in memory.
+    async fn tail(&self, record: &RootRecord, parked: bool) -> Result<Tail> {
+        if parked {
+            return Ok(Tail::default());
+        }
+        replay::records_past_chain(
+            &self.store,
+            self.roots.layout(),
+            &self.me,
+            self.log.as_deref(),
+            record,
+            std::time::Duration::from_millis(self.settle_ms),
+            self.clock.now_wall_ms(),
+        )
+        .await
     }
 
     /// Rebuilds the Cell's local file from its chain and the records past

@@ -294,7 +294,9 @@ pub struct NodeConfig {
     pub ingress_only: bool,
     /// Bounds.
     pub limits: NodeLimits,
-    /// Settings of each Cell engine (group size is taken from `limits`).
+    /// Settings of each Cell engine (group size is taken from `limits`; in
+    /// log mode, `pending_publications_max` from
+    /// [`LogSettings::cell_groups_inflight_max`]).
     pub cell: cellfleet_cell::CellConfig,
     /// The node log or one publication per Cell group.
     pub publication: PublicationMode,

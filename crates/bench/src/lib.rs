@@ -168,9 +168,9 @@ fn seconds(value: f64, name: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
-/// Runs `cellfleet bench`; `exe` is the `cellfleet` binary whose nodes it
-/// starts.
-pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
+/// The run's plan from its arguments, every one checked (a clear error
+/// names the flag and what it takes).
+fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
     let workloads = if args.workloads.is_empty() {
         Workload::ALL.to_vec()
     } else {
@@ -225,19 +225,8 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if !args.capacity_p99_ms.is_finite() || args.capacity_p99_ms <= 0.0 {
         bail!("--capacity-p99-ms must be positive");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    eprintln!(
-        "bench: starting {} nodes on the {} store, publication mode {}",
-        args.nodes,
-        args.store.name(),
-        args.publication.name()
-    );
-    let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
-    let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
-    let plan = Plan {
-        workloads: workloads.clone(),
+    Ok(Plan {
+        workloads,
         levels: args.concurrency.clone(),
         window,
         fleet_cells: args.fleet_cells.clone(),
@@ -245,12 +234,12 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         fleet_setup,
         capacity_rates: args.capacity_rates.clone(),
         capacity_p99_ms: args.capacity_p99_ms,
-    };
-    let started = std::time::Instant::now();
-    let measured = runtime.block_on(measure(&cluster, &plan));
-    eprintln!("bench: stopping the nodes (SIGTERM, drain)");
-    let drained = cluster.stop();
-    let cleanup = if args.keep_objects {
+    })
+}
+
+/// Deletes the run's objects from the store, unless asked to keep them.
+fn cleanup(runtime: &tokio::runtime::Runtime, cluster: &BenchCluster, keep: bool) -> Cleanup {
+    if keep {
         Cleanup {
             deleted_objects: 0,
             note: Some(format!("kept: {}", cluster.store_description())),
@@ -267,19 +256,25 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
                 note: Some(format!("failed: {error:#}")),
             },
         }
-    };
-    let mut report = measured?;
-    report.drained = drained;
-    report.cleanup = cleanup;
-    report.config = serde_json::json!({
+    }
+}
+
+/// The run's settings and machine, as the report and its JSON show them.
+fn run_config(
+    args: &BenchArgs,
+    cluster: &BenchCluster,
+    plan: &Plan,
+    started: std::time::Instant,
+) -> serde_json::Value {
+    serde_json::json!({
         "nodes": args.nodes,
         "store": args.store.name(),
         "store_detail": cluster.store_description(),
         "publication": args.publication.name(),
-        "duration_s": window.duration.as_secs_f64(),
-        "warmup_s": window.warmup.as_secs_f64(),
+        "duration_s": plan.window.duration.as_secs_f64(),
+        "warmup_s": plan.window.warmup.as_secs_f64(),
         "concurrency": args.concurrency,
-        "workloads": workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+        "workloads": plan.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
         "fleet_cells": args.fleet_cells,
         "fleet_concurrency": args.fleet_concurrency,
         "fleet_setup_s": args.fleet_setup_s,
@@ -287,7 +282,33 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         "run_s": started.elapsed().as_secs_f64(),
         "machine": machine(),
         "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
-    });
+    })
+}
+
+/// Runs `cellfleet bench`; `exe` is the `cellfleet` binary whose nodes it
+/// starts.
+pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let plan = plan(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    eprintln!(
+        "bench: starting {} nodes on the {} store, publication mode {}",
+        args.nodes,
+        args.store.name(),
+        args.publication.name()
+    );
+    let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
+    let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
+    let started = std::time::Instant::now();
+    let measured = runtime.block_on(measure(&cluster, &plan));
+    eprintln!("bench: stopping the nodes (SIGTERM, drain)");
+    let drained = cluster.stop();
+    let cleanup = cleanup(&runtime, &cluster, args.keep_objects);
+    let mut report = measured?;
+    report.drained = drained;
+    report.cleanup = cleanup;
+    report.config = run_config(&args, &cluster, &plan, started);
     print!("{}", report.table());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report.json())?;

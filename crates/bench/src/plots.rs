@@ -226,156 +226,139 @@ fn cdf(histogram: &Histogram<u64>) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// A named line of points.
+fn line(name: impl Into<String>, points: Vec<(f64, f64)>, dashed: bool) -> Series {
+    Series {
+        name: name.into(),
+        points,
+        dashed,
+    }
+}
+
+/// Every workload's, the floors' (dashed) and every fleet size's latency
+/// CDF on one chart; `None` with nothing measured.
+fn latency_chart(report: &Report) -> anyhow::Result<Option<String>> {
+    let floors = [
+        crate::floors::ECHO,
+        crate::floors::STORE_PUBLICATION,
+        crate::floors::SQLITE,
+    ];
+    let lines: Vec<Series> = report
+        .workloads
+        .iter()
+        .map(|row| {
+            let name = format!("{} c{}", row.name, row.concurrency);
+            line(name, cdf(&row.histogram), false)
+        })
+        .chain(
+            report
+                .floors
+                .iter()
+                .filter(|r| r.phase == crate::report::Phase::Before && floors.contains(&r.name))
+                .map(|row| {
+                    let name = format!("floor {} c{}", row.name, row.concurrency);
+                    line(name, cdf(&row.histogram), true)
+                }),
+        )
+        .chain(report.fleet.iter().map(|row| {
+            let name = format!("fleet {} cells", row.cells);
+            line(name, cdf(&row.histogram), false)
+        }))
+        .collect();
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    let x = Axis {
+        label: "latency (ms, log)",
+        log: true,
+    };
+    let y = Axis {
+        label: "fraction of requests",
+        log: false,
+    };
+    chart("Latency CDF (client-side; dashed: floors)", x, y, &lines).map(Some)
+}
+
+/// Per-node and cluster rates and p99 against the fleet's Cell counts.
+fn fleet_chart(report: &Report) -> anyhow::Result<String> {
+    let fleet = &report.fleet;
+    let by_cells = |value: fn(&crate::fleet::FleetRow) -> f64| -> Vec<(f64, f64)> {
+        fleet.iter().map(|r| (r.cells as f64, value(r))).collect()
+    };
+    let series = [
+        line("per node /s", by_cells(|r| r.per_node_per_s), false),
+        line(
+            "cluster /s",
+            by_cells(|r| r.summary.throughput_per_s),
+            false,
+        ),
+        line("p99 ms", by_cells(|r| r.summary.p99_ms), true),
+    ];
+    let x = Axis {
+        label: "Cells (log)",
+        log: true,
+    };
+    let y = Axis {
+        label: "commands/s, or p99 ms (log)",
+        log: true,
+    };
+    chart(
+        "fleet: durable commands/s and p99 vs Cell count",
+        x,
+        y,
+        &series,
+    )
+}
+
+/// The open-loop sweep: achieved rate and p99 against the offered rate.
+fn capacity_chart(capacity: &crate::capacity::CapacityResult) -> anyhow::Result<String> {
+    let by_offered = |value: &dyn Fn(&crate::capacity::CapacityStep) -> f64| -> Vec<(f64, f64)> {
+        capacity
+            .steps
+            .iter()
+            .map(|s| (s.offered_per_s, value(s)))
+            .collect()
+    };
+    let bound = capacity.p99_bound_ms;
+    let series = [
+        line("achieved /s", by_offered(&|s| s.achieved_per_s), false),
+        line("offered = achieved", by_offered(&|s| s.offered_per_s), true),
+        line("p99 ms", by_offered(&|s| s.summary.p99_ms), false),
+        line(
+            format!("p99 bound {bound} ms"),
+            by_offered(&|_| bound),
+            true,
+        ),
+    ];
+    let x = Axis {
+        label: "offered commands/s (log)",
+        log: true,
+    };
+    let y = Axis {
+        label: "commands/s, or p99 ms (log)",
+        log: true,
+    };
+    chart(
+        "capacity: achieved rate and p99 vs offered rate (open loop)",
+        x,
+        y,
+        &series,
+    )
+}
+
 /// Writes `latency_cdf.svg`, `fleet.svg` and `capacity.svg` (those with
 /// data) into `dir`; returns the paths written.
 pub fn write(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut charts = Vec::new();
-    let mut lines: Vec<Series> = report
-        .workloads
-        .iter()
-        .map(|row| Series {
-            name: format!("{} c{}", row.name, row.concurrency),
-            points: cdf(&row.histogram),
-            dashed: false,
-        })
-        .collect();
-    for row in report.floors.iter().filter(|r| {
-        r.phase == crate::report::Phase::Before
-            && [
-                crate::floors::ECHO,
-                crate::floors::STORE_PUBLICATION,
-                crate::floors::SQLITE,
-            ]
-            .contains(&r.name)
-    }) {
-        lines.push(Series {
-            name: format!("floor {} c{}", row.name, row.concurrency),
-            points: cdf(&row.histogram),
-            dashed: true,
-        });
-    }
-    for row in &report.fleet {
-        lines.push(Series {
-            name: format!("fleet {} cells", row.cells),
-            points: cdf(&row.histogram),
-            dashed: false,
-        });
-    }
-    if !lines.is_empty() {
-        charts.push((
-            "latency_cdf.svg",
-            chart(
-                "Latency CDF (client-side; dashed: floors)",
-                Axis {
-                    label: "latency (ms, log)",
-                    log: true,
-                },
-                Axis {
-                    label: "fraction of requests",
-                    log: false,
-                },
-                &lines,
-            )?,
-        ));
+    if let Some(svg) = latency_chart(report)? {
+        charts.push(("latency_cdf.svg", svg));
     }
     if !report.fleet.is_empty() {
-        let series = vec![
-            Series {
-                name: "per node /s".into(),
-                points: report
-                    .fleet
-                    .iter()
-                    .map(|r| (r.cells as f64, r.per_node_per_s))
-                    .collect(),
-                dashed: false,
-            },
-            Series {
-                name: "cluster /s".into(),
-                points: report
-                    .fleet
-                    .iter()
-                    .map(|r| (r.cells as f64, r.summary.throughput_per_s))
-                    .collect(),
-                dashed: false,
-            },
-            Series {
-                name: "p99 ms".into(),
-                points: report
-                    .fleet
-                    .iter()
-                    .map(|r| (r.cells as f64, r.summary.p99_ms))
-                    .collect(),
-                dashed: true,
-            },
-        ];
-        charts.push((
-            "fleet.svg",
-            chart(
-                "fleet: durable commands/s and p99 vs Cell count",
-                Axis {
-                    label: "Cells (log)",
-                    log: true,
-                },
-                Axis {
-                    label: "commands/s, or p99 ms (log)",
-                    log: true,
-                },
-                &series,
-            )?,
-        ));
+        charts.push(("fleet.svg", fleet_chart(report)?));
     }
     if let Some(capacity) = &report.capacity {
-        let steps = &capacity.steps;
-        let series = vec![
-            Series {
-                name: "achieved /s".into(),
-                points: steps
-                    .iter()
-                    .map(|s| (s.offered_per_s, s.achieved_per_s))
-                    .collect(),
-                dashed: false,
-            },
-            Series {
-                name: "offered = achieved".into(),
-                points: steps
-                    .iter()
-                    .map(|s| (s.offered_per_s, s.offered_per_s))
-                    .collect(),
-                dashed: true,
-            },
-            Series {
-                name: "p99 ms".into(),
-                points: steps
-                    .iter()
-                    .map(|s| (s.offered_per_s, s.summary.p99_ms))
-                    .collect(),
-                dashed: false,
-            },
-            Series {
-                name: format!("p99 bound {} ms", capacity.p99_bound_ms),
-                points: steps
-                    .iter()
-                    .map(|s| (s.offered_per_s, capacity.p99_bound_ms))
-                    .collect(),
-                dashed: true,
-            },
-        ];
-        charts.push((
-            "capacity.svg",
-            chart(
-                "capacity: achieved rate and p99 vs offered rate (open loop)",
-                Axis {
-                    label: "offered commands/s (log)",
-                    log: true,
-                },
-                Axis {
-                    label: "commands/s, or p99 ms (log)",
-                    log: true,
-                },
-                &series,
-            )?,
-        ));
+        charts.push(("capacity.svg", capacity_chart(capacity)?));
     }
     let mut written = Vec::new();
     for (name, svg) in charts {

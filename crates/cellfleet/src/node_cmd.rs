@@ -54,7 +54,7 @@
 //! checkpoint_idle_ms = 30000 # ... or this long without a new record (open or passivated)
 //! replay_segments_max = 32768 # ... or once its lane grew this many segments past its root (bounds a takeover's replay; at most 50000)
 //! segments_inflight_max = 4  # segment PUTs of one lane in flight at once
-//! cell_groups_inflight_max = 1  # groups of one Cell executed and not yet in the log at once
+//! cell_groups_inflight_max = 1  # groups of one Cell executed and not yet in the log at once (1 to 64)
 //! batch_commands_min = 16    # while segments are in flight, this many commands start another
 //! linger_ms = 5              # ... as does any group that waited this long (an idle lane writes at once)
 //! parked_bytes_max = 67108864  # passivated Cells' records kept in memory (parked) at most, in bytes
@@ -130,6 +130,10 @@ use tokio::net::TcpListener;
 
 /// Race writers of the start-up probe (small: it runs on every start).
 const PROBE_WRITERS: usize = 2;
+
+/// The most groups of one Cell `[publication] cell_groups_inflight_max`
+/// accepts.
+const CELL_GROUPS_INFLIGHT_CAP: usize = 64;
 
 #[derive(Debug, Args)]
 pub struct NodeArgs {
@@ -353,6 +357,40 @@ impl PublicationFile {
             .as_deref()
             .map_or(Ok(PublicationMode::default()), str::parse)
             .map_err(|e| anyhow::anyhow!("[publication] {e}"))
+    }
+
+    /// The log-only settings given while the mode is `cell`, which does
+    /// not read them: said at start and by `--check-config` rather than
+    /// ignored in silence.
+    fn ignored_in_cell_mode(&self) -> anyhow::Result<Vec<&'static str>> {
+        if self.mode()? != PublicationMode::Cell {
+            return Ok(Vec::new());
+        }
+        let given = [
+            ("lanes", self.lanes.is_some()),
+            ("checkpoint_records", self.checkpoint_records.is_some()),
+            ("checkpoint_idle_ms", self.checkpoint_idle_ms.is_some()),
+            ("replay_segments_max", self.replay_segments_max.is_some()),
+            (
+                "segments_inflight_max",
+                self.segments_inflight_max.is_some(),
+            ),
+            (
+                "cell_groups_inflight_max",
+                self.cell_groups_inflight_max.is_some(),
+            ),
+            ("batch_commands_min", self.batch_commands_min.is_some()),
+            ("linger_ms", self.linger_ms.is_some()),
+            ("parked_bytes_max", self.parked_bytes_max.is_some()),
+            (
+                "checkpoints_inflight_max",
+                self.checkpoints_inflight_max.is_some(),
+            ),
+        ];
+        Ok(given
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect())
     }
 
     fn log_settings(&self) -> LogSettings {
@@ -770,8 +808,17 @@ impl NodeFile {
         if self.publication.segments_inflight_max == Some(0) {
             bail!("publication.segments_inflight_max must be at least 1");
         }
-        if self.publication.cell_groups_inflight_max == Some(0) {
-            bail!("publication.cell_groups_inflight_max must be at least 1");
+        // More than a few groups of one Cell in flight only hold memory
+        // (one in flight already gathers what arrives meanwhile).
+        if let Some(groups) = self
+            .publication
+            .cell_groups_inflight_max
+            .filter(|g| *g == 0 || *g > CELL_GROUPS_INFLIGHT_CAP)
+        {
+            bail!(
+                "publication.cell_groups_inflight_max = {groups}: it must be between 1 and \
+                 {CELL_GROUPS_INFLIGHT_CAP}"
+            );
         }
         if self.publication.checkpoints_inflight_max == Some(0) {
             bail!("publication.checkpoints_inflight_max must be at least 1");
@@ -1110,7 +1157,18 @@ fn check_config(file: &NodeFile) -> anyhow::Result<Vec<String>> {
                 log.lanes, log.checkpoint_records, log.checkpoint_idle_ms, log.replay_segments_max, log.checkpoints_inflight_max, log.cell_groups_inflight_max
             )
         }
-        PublicationMode::Cell => "publication mode cell: one root CAS per group".to_owned(),
+        PublicationMode::Cell => {
+            let ignored = file.publication.ignored_in_cell_mode()?;
+            if ignored.is_empty() {
+                "publication mode cell: one root CAS per group".to_owned()
+            } else {
+                format!(
+                    "publication mode cell: one root CAS per group; ignored in this mode \
+                     (they apply to mode = \"log\"): {}",
+                    ignored.join(", ")
+                )
+            }
+        }
     });
     Ok(summary)
 }
@@ -1157,6 +1215,15 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     config.endpoints = endpoints;
     config.ingress_only = file.ingress_only;
     config.publication = file.publication.mode()?;
+    let ignored = file.publication.ignored_in_cell_mode()?;
+    if !ignored.is_empty() {
+        eprintln!(
+            "cellfleet node {}: warning: publication mode cell ignores [publication] {} (they apply to \
+             mode = \"log\")",
+            file.node_id,
+            ignored.join(", ")
+        );
+    }
     config.log = file.publication.log_settings();
     config.gc = file.gc.settings();
     config.limits = node_limits(&file);

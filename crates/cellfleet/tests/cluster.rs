@@ -343,6 +343,21 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
             "{stdout}"
         );
     }
+    // In cell mode the same file's log settings are named as ignored.
+    let output = cluster
+        .node_command(&budgeted, &["--check-config"])
+        .env("CELLFLEET_PUBLICATION_MODE", "cell")
+        .output()
+        .expect("check config");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "publication mode cell: one root CAS per group; ignored in this mode (they apply to \
+             mode = \"log\"): replay_segments_max, cell_groups_inflight_max, checkpoints_inflight_max"
+        ),
+        "{stdout}"
+    );
     // Settings --check-config refuses (exit 1), naming what is wrong: no
     // checkpoint at all in flight, and a replay budget a successor could
     // not list in one go.
@@ -355,7 +370,12 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         (
             "n3-no-groups.toml",
             "cell_groups_inflight_max = 0\n",
-            "publication.cell_groups_inflight_max must be at least 1",
+            "publication.cell_groups_inflight_max = 0: it must be between 1 and 64",
+        ),
+        (
+            "n3-many-groups.toml",
+            "cell_groups_inflight_max = 65\n",
+            "publication.cell_groups_inflight_max = 65: it must be between 1 and 64",
         ),
         (
             "n3-wide-budget.toml",
@@ -395,6 +415,12 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         .expect("spawn node");
     let mut node = cluster.wait_ready("n3", child);
     let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(
+            "publication mode cell ignores [publication] parked_bytes_max (they apply to mode = \"log\")"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("cells open at most 2 (cells_open_max 2"),
         "{text}"

@@ -249,14 +249,28 @@ fn report_error(error: &Error, json: bool) -> ExitCode {
     let code = error.name();
     let next = match code {
         "NOT_FOUND" => "check the kind and key (`cellfleet cells` lists the Cells the cluster has)",
-        "CERTIFICATE" => "the node refused this client's certificate or this client the node's: check ca, cert and key in the client config (an expired or another cluster's certificate?); reissue with `cellfleet certs issue client NAME`",
-        "NOT_TLS" => "the endpoint did not answer TLS: give a node's client port (listen.client), not its HTTP, streams or peer port",
-        "UNREACHABLE" => "no node answered TLS there: is the cluster running (`cellfleet dev`), and is this a node's client port (listen.client, not its HTTP or peer port)? check endpoints in the client config",
-        "UNKNOWN_OUTCOME" => "the command may or may not have applied: run `cellfleet resolve` with its id, or repeat `cellfleet exec ... --id ID`",
-        "UNSIGNED" | "UNKNOWN_KEY" | "BAD_SIGNATURE" => "check key_id and signing_key in the client config and that the key is in every node's keys.toml",
-        "UNAUTHORIZED" => "grant the key this kind/operation in keys.toml (`cellfleet keys new --kinds --ops`)",
+        "CERTIFICATE" => {
+            "the node refused this client's certificate or this client the node's: check ca, cert and key in the client config (an expired or another cluster's certificate?); reissue with `cellfleet certs issue client NAME`"
+        }
+        "NOT_TLS" => {
+            "the endpoint did not answer TLS: give a node's client port (listen.client), not its HTTP, streams or peer port"
+        }
+        "UNREACHABLE" => {
+            "no node answered TLS there: is the cluster running (`cellfleet dev`), and is this a node's client port (listen.client, not its HTTP or peer port)? check endpoints in the client config"
+        }
+        "UNKNOWN_OUTCOME" => {
+            "the command may or may not have applied: run `cellfleet resolve` with its id, or repeat `cellfleet exec ... --id ID`"
+        }
+        "UNSIGNED" | "UNKNOWN_KEY" | "BAD_SIGNATURE" => {
+            "check key_id and signing_key in the client config and that the key is in every node's keys.toml"
+        }
+        "UNAUTHORIZED" => {
+            "grant the key this kind/operation in keys.toml (`cellfleet keys new --kinds --ops`)"
+        }
         "EXPIRED" | "FUTURE_DATED" => "check this machine's clock",
-        "TRANSPORT" => "is the cluster running? (`cellfleet dev`, or check endpoints in the client config)",
+        "TRANSPORT" => {
+            "is the cluster running? (`cellfleet dev`, or check endpoints in the client config)"
+        }
         "CONFIG" => "fix the client config or the request",
         _ if error.retry_safe() => "retry (a command: with the same --id)",
         _ => "fix the request",
@@ -654,22 +668,41 @@ pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
             .map(|l| lease_state(l, now))
     };
     if args.common.json {
-        let cells: Vec<_> = response
-            .cells
-            .iter()
-            .map(|c| {
-                let mut view = summary_json(c);
-                view["owner_lease"] =
-                    owner_state(&c.owner_node_id).map_or(serde_json::Value::Null, Into::into);
-                view
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({"ok": true, "cells": cells, "next_page_token": response.next_page_token})
-        );
-        return Ok(ExitCode::SUCCESS);
+        print_cells_json(&response, &owner_state);
+    } else {
+        print_cells_table(&response, &owner_state);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cells --json`: each Cell with its owner's lease state (`null` when
+/// the owner has no lease record).
+fn print_cells_json(
+    response: &v1::ListCellsResponse,
+    owner_state: &dyn Fn(&str) -> Option<&'static str>,
+) {
+    let cells: Vec<_> = response
+        .cells
+        .iter()
+        .map(|c| {
+            let mut view = summary_json(c);
+            view["owner_lease"] =
+                owner_state(&c.owner_node_id).map_or(serde_json::Value::Null, Into::into);
+            view
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({"ok": true, "cells": cells, "next_page_token": response.next_page_token})
+    );
+}
+
+/// `cells`: a table with columns as wide as their longest value, owners
+/// whose lease is not live marked, and the next page's command.
+fn print_cells_table(
+    response: &v1::ListCellsResponse,
+    owner_state: &dyn Fn(&str) -> Option<&'static str>,
+) {
     let keys: Vec<String> = response
         .cells
         .iter()
@@ -725,7 +758,6 @@ pub fn cells(args: CellsArgs) -> anyhow::Result<ExitCode> {
             response.next_page_token
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn cell(command: CellCommand) -> anyhow::Result<ExitCode> {

@@ -777,7 +777,9 @@ impl NodeFile {
                 bail!("store.type = \"local\" needs store.dir (the shared store directory)")
             }
             "s3" if self.store.bucket.as_deref().is_none_or(str::is_empty) => {
-                bail!("store.type = \"s3\" needs store.bucket (and store.endpoint for a non-AWS server)")
+                bail!(
+                    "store.type = \"s3\" needs store.bucket (and store.endpoint for a non-AWS server)"
+                )
             }
             "local" | "s3" => {}
             other => bail!("store.type = {other:?}: use \"local\" or \"s3\""),
@@ -1191,18 +1193,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     .await?;
     let identity = load_identity(&file)?;
     let registry = Arc::new(KeyRegistry::load(&file.keys.registry)?);
-    let listeners = Listeners {
-        client: bind(&file.listen.client, "listen.client").await?,
-        peer: bind(&file.listen.peer, "listen.peer").await?,
-        http: bind(&file.listen.http, "listen.http").await?,
-        console: match &file.listen.console {
-            Some(address) => Some(ConsoleListener {
-                listener: bind(address, "listen.console").await?,
-                mtls: file.listen.console_mtls()?,
-            }),
-            None => None,
-        },
-    };
+    let listeners = bind_listeners(&file).await?;
     let host = file.listen.advertise_host.as_deref();
     let endpoints = lease_endpoints(
         &advertised(listeners.client.local_addr()?, host),
@@ -1210,23 +1201,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         &advertised(listeners.http.local_addr()?, host),
     );
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut config = NodeConfig::new(node_id.clone(), &file.data_dir, &file.prefix);
-    config.lease = file.lease_config();
-    config.endpoints = endpoints;
-    config.ingress_only = file.ingress_only;
-    config.publication = file.publication.mode()?;
-    let ignored = file.publication.ignored_in_cell_mode()?;
-    if !ignored.is_empty() {
-        eprintln!(
-            "cellfleet node {}: warning: publication mode cell ignores [publication] {} (they apply to \
-             mode = \"log\")",
-            file.node_id,
-            ignored.join(", ")
-        );
-    }
-    config.log = file.publication.log_settings();
-    config.gc = file.gc.settings();
-    config.limits = node_limits(&file);
+    let config = node_config(&file, node_id, endpoints)?;
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data_dir {}", file.data_dir.display()))?;
     // Two processes on one data_dir would write the same SQLite files.
@@ -1235,30 +1210,7 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
         .await
         .context("cannot take the node lease")?;
     let layout = Layout::new(&file.prefix)?;
-    let roots = Roots::new(
-        store.clone(),
-        layout.clone(),
-        clock.clone(),
-        file.lease.drift_margin_ms,
-    );
-    let leases = NodeLeases::new(
-        store.clone(),
-        layout.clone(),
-        clock.clone(),
-        file.lease_config(),
-    )?;
-    let policy = EnvelopePolicy {
-        skew_ms: file.envelope.skew_ms,
-        max_window_ms: file.envelope.max_window_ms,
-        ..EnvelopePolicy::default()
-    };
-    let verifier = Verifier::new(registry.clone(), policy, clock.clone())
-        .counting_into(node.metrics().signatures_verified_total.clone());
-    let peer_tls = tls::client_config(&identity)?;
-    let router = Arc::new(
-        Router::new(node.clone(), verifier, roots, leases, clock, peer_tls)
-            .with_node_kinds(cellfleet_streams::ROUTED_KINDS.iter().copied()),
-    );
+    let router = router(&file, &node, &store, &layout, clock, &registry, &identity)?;
     let drain = Arc::new(DrainState::default());
     let server = NodeServer::start(
         listeners,
@@ -1294,6 +1246,87 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let _ = std::io::stdout().flush();
 
     wait_then_drain(&file, &node, server, &drain, shutdown).await
+}
+
+/// Binds every listener the file names (the console only if it names one).
+async fn bind_listeners(file: &NodeFile) -> anyhow::Result<Listeners> {
+    Ok(Listeners {
+        client: bind(&file.listen.client, "listen.client").await?,
+        peer: bind(&file.listen.peer, "listen.peer").await?,
+        http: bind(&file.listen.http, "listen.http").await?,
+        console: match &file.listen.console {
+            Some(address) => Some(ConsoleListener {
+                listener: bind(address, "listen.console").await?,
+                mtls: file.listen.console_mtls()?,
+            }),
+            None => None,
+        },
+    })
+}
+
+/// The runtime's configuration from the file, saying on stderr which
+/// `[publication]` settings the mode ignores and the bounds in force.
+fn node_config(
+    file: &NodeFile,
+    node_id: NodeId,
+    endpoints: cellfleet_authority::Endpoints,
+) -> anyhow::Result<NodeConfig> {
+    let mut config = NodeConfig::new(node_id, &file.data_dir, &file.prefix);
+    config.lease = file.lease_config();
+    config.endpoints = endpoints;
+    config.ingress_only = file.ingress_only;
+    config.publication = file.publication.mode()?;
+    let ignored = file.publication.ignored_in_cell_mode()?;
+    if !ignored.is_empty() {
+        eprintln!(
+            "cellfleet node {}: warning: publication mode cell ignores [publication] {} (they apply to \
+             mode = \"log\")",
+            file.node_id,
+            ignored.join(", ")
+        );
+    }
+    config.log = file.publication.log_settings();
+    config.gc = file.gc.settings();
+    config.limits = node_limits(file);
+    Ok(config)
+}
+
+/// The request router over the started node: roots and leases read from
+/// the store, envelopes verified against the key registry, peers reached
+/// over mTLS with the node's identity.
+fn router(
+    file: &NodeFile,
+    node: &cellfleet_runtime::NodeHandle,
+    store: &Arc<dyn cellfleet_store::ObjectStore>,
+    layout: &Layout,
+    clock: Arc<dyn Clock>,
+    registry: &Arc<KeyRegistry>,
+    identity: &TlsIdentity,
+) -> anyhow::Result<Arc<Router>> {
+    let roots = Roots::new(
+        store.clone(),
+        layout.clone(),
+        clock.clone(),
+        file.lease.drift_margin_ms,
+    );
+    let leases = NodeLeases::new(
+        store.clone(),
+        layout.clone(),
+        clock.clone(),
+        file.lease_config(),
+    )?;
+    let policy = EnvelopePolicy {
+        skew_ms: file.envelope.skew_ms,
+        max_window_ms: file.envelope.max_window_ms,
+        ..EnvelopePolicy::default()
+    };
+    let verifier = Verifier::new(registry.clone(), policy, clock.clone())
+        .counting_into(node.metrics().signatures_verified_total.clone());
+    let peer_tls = tls::client_config(identity)?;
+    Ok(Arc::new(
+        Router::new(node.clone(), verifier, roots, leases, clock, peer_tls)
+            .with_node_kinds(cellfleet_streams::ROUTED_KINDS.iter().copied()),
+    ))
 }
 
 /// Opens the node's store and runs the start-up probe on it: a store that

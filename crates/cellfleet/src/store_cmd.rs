@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use cellfleet_authority::{CellId, Layout, RootRecord};
 use cellfleet_store::probe::{self, Verdict};
 use cellfleet_store::{ObjectStore, S3Config, StoreConfig};
 use clap::{Args, Subcommand};
@@ -172,7 +173,6 @@ fn probe_store(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
-    use cellfleet_authority::{CellId, Layout, RootRecord};
     use cellfleet_cell::{ChainFile, Checksum, Position, Txid};
     if args.out.exists() {
         bail!("{} exists: give --out a new file", args.out.display());
@@ -187,18 +187,7 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         let store: Arc<dyn ObjectStore> = cellfleet_store::open(&config)
             .await
             .with_context(|| format!("cannot open the store {config:?}"))?;
-        let key = layout.root_key(&cell);
-        let object = match store.get(&key).await {
-            Ok(object) => object,
-            Err(e) if e.is_not_found() => bail!(
-                "no Cell {}/{} under prefix {:?} ({key} is absent): check the kind, key and --prefix",
-                args.kind,
-                args.key,
-                args.prefix
-            ),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {key}")),
-        };
-        let root = RootRecord::decode(&object.body).with_context(|| format!("{key} is not a valid root"))?;
+        let root = read_root(store.as_ref(), &layout, &cell, args).await?;
         let mut files = Vec::with_capacity(root.chain.len());
         for file in &root.chain {
             let bytes = store
@@ -208,38 +197,7 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 .body;
             files.push(bytes);
         }
-        // Log mode: the records past the chain, in the lane the root
-        // points at, up to the end of its written run (a sealed lane ends
-        // at its seal, a live one at its first missing slot).
-        let mut records = Vec::new();
-        if let Some(pointer) = &root.log {
-            use cellfleet_nodelog::store::{read_records, read_written_run};
-            let seqs: Vec<u64> = read_written_run(store.as_ref(), &layout, &pointer.lane)
-                .await
-                .context("cannot list the Cell's node log lane")?
-                .into_iter()
-                .filter(|seq| *seq >= pointer.from_seq)
-                .collect();
-            let mut next = root.txid + 1;
-            for (_, entry, bytes) in read_records(store.as_ref(), &layout, &pointer.lane, &seqs, &cell)
-                .await
-                .context("cannot read the Cell's node log records")?
-            {
-                if entry.max_txid < next {
-                    continue;
-                }
-                if entry.min_txid != next {
-                    bail!(
-                        "the node log holds txids {}..={} of this Cell where {} was expected: the log is damaged",
-                        entry.min_txid.0,
-                        entry.max_txid.0,
-                        next.0
-                    );
-                }
-                next = entry.max_txid + 1;
-                records.push((entry, bytes));
-            }
-        }
+        let records = read_log_records(store.as_ref(), &layout, &cell, &root).await?;
         anyhow::Ok((root, files, records))
     })?;
     let chain = root
@@ -285,4 +243,68 @@ fn export_cell(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         args.out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Cell's root, or an error naming what to check when it is absent.
+async fn read_root(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    cell: &CellId,
+    args: &ExportArgs,
+) -> anyhow::Result<RootRecord> {
+    let key = layout.root_key(cell);
+    let object = match store.get(&key).await {
+        Ok(object) => object,
+        Err(e) if e.is_not_found() => bail!(
+            "no Cell {}/{} under prefix {:?} ({key} is absent): check the kind, key and --prefix",
+            args.kind,
+            args.key,
+            args.prefix
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {key}")),
+    };
+    RootRecord::decode(&object.body).with_context(|| format!("{key} is not a valid root"))
+}
+
+/// Log mode: the records past the chain, in the lane the root points at,
+/// up to the end of its written run (a sealed lane ends at its seal, a
+/// live one at its first missing slot). They must continue the root's
+/// TXIDs without a gap; empty in cell mode.
+async fn read_log_records(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    cell: &CellId,
+    root: &RootRecord,
+) -> anyhow::Result<Vec<(cellfleet_nodelog::Entry, bytes::Bytes)>> {
+    use cellfleet_nodelog::store::{read_records, read_written_run};
+    let mut records = Vec::new();
+    let Some(pointer) = &root.log else {
+        return Ok(records);
+    };
+    let seqs: Vec<u64> = read_written_run(store, layout, &pointer.lane)
+        .await
+        .context("cannot list the Cell's node log lane")?
+        .into_iter()
+        .filter(|seq| *seq >= pointer.from_seq)
+        .collect();
+    let mut next = root.txid + 1;
+    for (_, entry, bytes) in read_records(store, layout, &pointer.lane, &seqs, cell)
+        .await
+        .context("cannot read the Cell's node log records")?
+    {
+        if entry.max_txid < next {
+            continue;
+        }
+        if entry.min_txid != next {
+            bail!(
+                "the node log holds txids {}..={} of this Cell where {} was expected: the log is damaged",
+                entry.min_txid.0,
+                entry.max_txid.0,
+                next.0
+            );
+        }
+        next = entry.max_txid + 1;
+        records.push((entry, bytes));
+    }
+    Ok(records)
 }

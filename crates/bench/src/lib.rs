@@ -460,12 +460,7 @@ async fn measure(cluster: &BenchCluster, plan: &Plan) -> anyhow::Result<Report> 
     let echo_client =
         BenchClient::new(cluster.client_tls()?, &[echo.addr], cluster.signing_key()?)?;
     let store = cluster.floor_store().await?;
-    // Floors at every level, and at c=1 (one Cell's publications follow
-    // one another: the floor `hot_cell` is compared with).
-    let mut floor_levels = plan.levels.clone();
-    floor_levels.push(1);
-    floor_levels.sort_unstable();
-    floor_levels.dedup();
+    let floor_levels = plan.floor_levels();
     let mut report = Report::default();
     report.floors.extend(
         measure_floors(
@@ -478,73 +473,12 @@ async fn measure(cluster: &BenchCluster, plan: &Plan) -> anyhow::Result<Report> 
         )
         .await?,
     );
-    let mut closed_loop: Vec<(Workload, usize)> = Vec::new();
-    for &concurrency in &plan.levels {
-        for &workload in &plan.workloads {
-            if workload.shape() == Shape::PerLevel {
-                closed_loop.push((workload, concurrency));
-            }
-        }
+    for run in plan.closed_loop() {
+        let row =
+            closed_loop_row(&client, &acks, &pools, &node_ids, &http_addrs, run, window).await;
+        report.workloads.push(row);
     }
-    for &workload in &plan.workloads {
-        if let Shape::Fixed(concurrency) = workload.shape() {
-            closed_loop.push((workload, concurrency));
-        }
-    }
-    for (workload, concurrency) in closed_loop {
-        let before = node_stats::scrape(&http_addrs).await;
-        let result = workloads::run(
-            &client,
-            &acks,
-            &pools,
-            workload,
-            concurrency,
-            window,
-            &node_ids,
-        )
-        .await;
-        let phases = if workload.command() {
-            let after = node_stats::scrape(&http_addrs).await;
-            Some(node_stats::Phases::between(&before, &after))
-        } else {
-            None
-        };
-        report
-            .workloads
-            .push(WorkloadRow::new(workload, concurrency, &result, phases));
-    }
-    for &workload in &plan.workloads {
-        if workload.shape() != Shape::Own {
-            continue;
-        }
-        match workload {
-            Workload::Capacity => {
-                report.capacity = Some(
-                    capacity::run(
-                        &client,
-                        &acks,
-                        pools.cells(Workload::Capacity),
-                        &plan.capacity_rates,
-                        plan.capacity_p99_ms,
-                        window,
-                    )
-                    .await,
-                );
-            }
-            Workload::Fleet => {
-                let setup = fleet::FleetSetup {
-                    sizes: plan.fleet_cells.clone(),
-                    concurrency: plan.fleet_concurrency,
-                    setup_budget: plan.fleet_setup,
-                    node_ids: node_ids.clone(),
-                    http_addrs: http_addrs.clone(),
-                    pids: cluster.pids(),
-                };
-                report.fleet = fleet::run(&client, &acks, &setup, window).await?;
-            }
-            other => bail!("{} has no driver of its own", other.name()),
-        }
-    }
+    run_own_drivers(cluster, plan, &client, &acks, &pools, &mut report).await?;
     report.floors.extend(
         measure_floors(
             cluster,
@@ -560,4 +494,102 @@ async fn measure(cluster: &BenchCluster, plan: &Plan) -> anyhow::Result<Report> 
     eprintln!("bench: exactness check");
     report.exactness = exactness::check(&client, &acks, node_ids.len()).await;
     Ok(report)
+}
+
+impl Plan {
+    /// The floors' levels: every level, and c=1 (one Cell's publications
+    /// follow one another: the floor `hot_cell` is compared with).
+    fn floor_levels(&self) -> Vec<usize> {
+        let mut levels = self.levels.clone();
+        levels.push(1);
+        levels.sort_unstable();
+        levels.dedup();
+        levels
+    }
+
+    /// The closed-loop runs in order: each per-level workload at every
+    /// level, then the workloads with a fixed concurrency.
+    fn closed_loop(&self) -> Vec<(Workload, usize)> {
+        let mut runs: Vec<(Workload, usize)> = Vec::new();
+        for &concurrency in &self.levels {
+            for &workload in &self.workloads {
+                if workload.shape() == Shape::PerLevel {
+                    runs.push((workload, concurrency));
+                }
+            }
+        }
+        for &workload in &self.workloads {
+            if let Shape::Fixed(concurrency) = workload.shape() {
+                runs.push((workload, concurrency));
+            }
+        }
+        runs
+    }
+}
+
+/// One closed-loop run of `workload` at `concurrency`, with the nodes'
+/// per-phase breakdown (scraped before and after) for a command workload.
+async fn closed_loop_row(
+    client: &BenchClient,
+    acks: &Arc<exactness::AckLog>,
+    pools: &workloads::Pools,
+    node_ids: &[String],
+    http_addrs: &[std::net::SocketAddr],
+    (workload, concurrency): (Workload, usize),
+    window: Window,
+) -> WorkloadRow {
+    let before = node_stats::scrape(http_addrs).await;
+    let result = workloads::run(client, acks, pools, workload, concurrency, window, node_ids).await;
+    let phases = if workload.command() {
+        let after = node_stats::scrape(http_addrs).await;
+        Some(node_stats::Phases::between(&before, &after))
+    } else {
+        None
+    };
+    WorkloadRow::new(workload, concurrency, &result, phases)
+}
+
+/// The workloads with a driver of their own (`capacity`, `fleet`), into
+/// `report`.
+async fn run_own_drivers(
+    cluster: &BenchCluster,
+    plan: &Plan,
+    client: &BenchClient,
+    acks: &Arc<exactness::AckLog>,
+    pools: &workloads::Pools,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    for &workload in &plan.workloads {
+        if workload.shape() != Shape::Own {
+            continue;
+        }
+        match workload {
+            Workload::Capacity => {
+                report.capacity = Some(
+                    capacity::run(
+                        client,
+                        acks,
+                        pools.cells(Workload::Capacity),
+                        &plan.capacity_rates,
+                        plan.capacity_p99_ms,
+                        plan.window,
+                    )
+                    .await,
+                );
+            }
+            Workload::Fleet => {
+                let setup = fleet::FleetSetup {
+                    sizes: plan.fleet_cells.clone(),
+                    concurrency: plan.fleet_concurrency,
+                    setup_budget: plan.fleet_setup,
+                    node_ids: cluster.node_ids(),
+                    http_addrs: cluster.http_addrs(),
+                    pids: cluster.pids(),
+                };
+                report.fleet = fleet::run(client, acks, &setup, plan.window).await?;
+            }
+            other => bail!("{} has no driver of its own", other.name()),
+        }
+    }
+    Ok(())
 }

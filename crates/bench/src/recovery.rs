@@ -213,28 +213,9 @@ async fn measure(
         cluster.signing_key()?,
     )?;
     let acks = Arc::new(AckLog::default());
-    // Set-up: size × nodes Cells through every node in turn.
     let total = size * args.nodes;
     let started = Instant::now();
-    let mut cells: Vec<BenchCell> = Vec::with_capacity(total);
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..total {
-        if set.len() >= SETUP_CONCURRENCY {
-            if let Some(joined) = set.join_next().await {
-                cells.push(joined??);
-            }
-        }
-        set.spawn(workloads::create_cell(
-            client.clone(),
-            acks.clone(),
-            format!("recovery-{i}"),
-            i % args.nodes,
-            node_ids.clone(),
-        ));
-    }
-    while let Some(joined) = set.join_next().await {
-        cells.push(joined??);
-    }
+    let cells = create_cells(&client, &acks, &node_ids, total).await?;
     let victim: Vec<BenchCell> = cells.into_iter().filter(|c| c.owner == 0).collect();
     eprintln!(
         "bench-recovery: created {total} cells in {:.1} s; {} owned by {}",
@@ -258,23 +239,15 @@ async fn measure(
         node_ids[0],
         victim.len()
     );
-    let mut set = tokio::task::JoinSet::new();
-    let mut recovered: Vec<Duration> = Vec::with_capacity(victim.len());
-    for (i, cell) in victim.iter().enumerate() {
-        if set.len() >= args.concurrency {
-            if let Some(Ok(Some(at))) = set.join_next().await {
-                recovered.push(at);
-            }
-        }
-        let (client, acks, key) = (client.clone(), acks.clone(), cell.key.clone());
-        let via = survivors[i % survivors.len()];
-        set.spawn(async move { recover(&client, &acks, &key, via, killed).await });
-    }
-    while let Some(joined) = set.join_next().await {
-        if let Ok(Some(at)) = joined {
-            recovered.push(at);
-        }
-    }
+    let recovered = recover_all(
+        &client,
+        &acks,
+        &victim,
+        &survivors,
+        args.concurrency,
+        killed,
+    )
+    .await;
     let after = node_stats::scrape(&survivor_http).await;
     let counter = |series: &str| -> f64 {
         (0..survivors.len())
@@ -312,6 +285,67 @@ async fn measure(
         exactness_passed: exact.passed,
         exactness_problems: exact.problems.clone(),
     })
+}
+
+/// Set-up: `total` Cells created through every node in turn,
+/// `SETUP_CONCURRENCY` at a time.
+async fn create_cells(
+    client: &BenchClient,
+    acks: &Arc<AckLog>,
+    node_ids: &Arc<Vec<String>>,
+    total: usize,
+) -> anyhow::Result<Vec<BenchCell>> {
+    let mut cells: Vec<BenchCell> = Vec::with_capacity(total);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..total {
+        if set.len() >= SETUP_CONCURRENCY {
+            if let Some(joined) = set.join_next().await {
+                cells.push(joined??);
+            }
+        }
+        set.spawn(workloads::create_cell(
+            client.clone(),
+            acks.clone(),
+            format!("recovery-{i}"),
+            i % node_ids.len(),
+            node_ids.clone(),
+        ));
+    }
+    while let Some(joined) = set.join_next().await {
+        cells.push(joined??);
+    }
+    Ok(cells)
+}
+
+/// Each of the dead owner's Cells reached again through a survivor,
+/// `concurrency` at a time: the times (from the kill) at which they
+/// answered; a Cell that never did is left out.
+async fn recover_all(
+    client: &BenchClient,
+    acks: &Arc<AckLog>,
+    victim: &[BenchCell],
+    survivors: &[usize],
+    concurrency: usize,
+    killed: Instant,
+) -> Vec<Duration> {
+    let mut set = tokio::task::JoinSet::new();
+    let mut recovered: Vec<Duration> = Vec::with_capacity(victim.len());
+    for (i, cell) in victim.iter().enumerate() {
+        if set.len() >= concurrency {
+            if let Some(Ok(Some(at))) = set.join_next().await {
+                recovered.push(at);
+            }
+        }
+        let (client, acks, key) = (client.clone(), acks.clone(), cell.key.clone());
+        let via = survivors[i % survivors.len()];
+        set.spawn(async move { recover(&client, &acks, &key, via, killed).await });
+    }
+    while let Some(joined) = set.join_next().await {
+        if let Ok(Some(at)) = joined {
+            recovered.push(at);
+        }
+    }
+    recovered
 }
 
 /// `--load-s` of writes to the victim's Cells through their owner.

@@ -311,6 +311,15 @@ impl Report {
 
     fn goals(&self) -> Vec<Goal> {
         let mut goals = Vec::new();
+        self.query_goals(&mut goals);
+        self.command_goals(&mut goals);
+        self.fleet_goals(&mut goals);
+        self.local_query_goal(&mut goals);
+        goals
+    }
+
+    /// The query goals: forwarded against the echo floor, routed against local.
+    fn query_goals(&self, goals: &mut Vec<Goal>) {
         for concurrency in self.levels() {
             let (Some(forwarded), Some(echo)) = (
                 self.workload(Workload::ForwardedQuery, concurrency),
@@ -354,6 +363,10 @@ impl Report {
                 _ => Goal::unmeasured(goal, 16, "/s"),
             },
         );
+    }
+
+    /// The command goals: forwarded against local p99, and `hot_cell`'s rate.
+    fn command_goals(&self, goals: &mut Vec<Goal>) {
         let concurrency = COMMAND_GOAL_CONCURRENCY;
         let goal = format!("forwarded_command p99 <= {COMMAND_GOAL_FACTOR} x local_command p99");
         goals.push(
@@ -381,6 +394,11 @@ impl Report {
             ),
             None => Goal::unmeasured(goal, concurrency, "/s"),
         });
+    }
+
+    /// The fleet goals: the per-node rate at the goal's size, and no cliff at
+    /// the large size.
+    fn fleet_goals(&self, goals: &mut Vec<Goal>) {
         let small = self
             .fleet
             .iter()
@@ -413,6 +431,10 @@ impl Report {
             ),
             _ => Goal::unmeasured(goal, 0, "/s"),
         });
+    }
+
+    /// The local query rate at c16.
+    fn local_query_goal(&self, goals: &mut Vec<Goal>) {
         let goal = format!("local_query >= {LOCAL_QUERY_GOAL_PER_S} queries/s");
         goals.push(match self.workload(Workload::LocalQuery, 16) {
             Some(row) => Goal::at_least(
@@ -423,7 +445,6 @@ impl Report {
             ),
             None => Goal::unmeasured(goal, 16, "/s"),
         });
-        goals
     }
 
     pub fn table(&mut self) -> String {

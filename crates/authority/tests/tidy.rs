@@ -400,3 +400,99 @@ fn no_module_cycles() {
     // module.
     assert!(module_graph("bench")["report"].contains("workloads"));
 }
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters (the only wildcard the code map uses).
+fn matches_wildcard(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, tail)) => {
+            name.starts_with(head)
+                && (head.len()..=name.len())
+                    .any(|at| name.is_char_boundary(at) && matches_wildcard(tail, &name[at..]))
+        }
+    }
+}
+
+/// "ARCHITECTURE.md's code map matches the tree": every library and binary
+/// source file of every crate is named there (by its file name, its path
+/// under `src/`, or, for a `mod.rs`, its directory), and every `*.rs` file
+/// the document names in backticks exists. A file added, renamed or
+/// removed without the map following fails here.
+#[test]
+fn the_code_map_names_every_source_file_and_only_those() {
+    let root = crates_dir().join("..");
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let named = |text: &str| map.contains(&format!("`{text}`"));
+    let mut unnamed = Vec::new();
+    let mut every_file = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap() {
+        let dir = krate.unwrap().path();
+        for sub in ["src", "tests", "examples", "benches"] {
+            if dir.join(sub).is_dir() {
+                sources(&dir.join(sub), &mut every_file);
+            }
+        }
+        let src = dir.join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        for file in files {
+            let relative = file
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            let known = match name.as_str() {
+                // A crate's root, and unit tests split out of a module.
+                "lib.rs" | "main.rs" | "tests.rs" => true,
+                "mod.rs" => {
+                    let parent = relative.trim_end_matches("mod.rs");
+                    named(parent) || named(&relative)
+                }
+                _ => named(&name) || named(&relative),
+            };
+            if !known {
+                let shown = file.strip_prefix(crates_dir()).unwrap_or(&file);
+                unnamed.push(format!("crates/{}", shown.display()));
+            }
+        }
+    }
+    report(
+        "source files ARCHITECTURE.md's code map does not name (add a line saying what each is for)",
+        &unnamed,
+    );
+    let every_file: Vec<String> = every_file
+        .iter()
+        .map(|f| {
+            f.canonicalize()
+                .unwrap()
+                .strip_prefix(root.canonicalize().unwrap())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let mut absent = Vec::new();
+    for mention in map.split('`').skip(1).step_by(2) {
+        if !mention.ends_with(".rs") || mention.contains(char::is_whitespace) {
+            continue;
+        }
+        let exists = every_file.iter().any(|file| {
+            matches_wildcard(mention, file)
+                || file
+                    .rsplit_once('/')
+                    .is_some_and(|_| matches_wildcard(&format!("*/{mention}"), file))
+        });
+        if !exists {
+            absent.push(mention.to_owned());
+        }
+    }
+    report(
+        "files ARCHITECTURE.md names that are not in the tree (rename or remove the mention)",
+        &absent,
+    );
+}

@@ -139,11 +139,6 @@ pub async fn check(client: &BenchClient, log: &AckLog, nodes: usize) -> Exactnes
         cells: cells.len(),
         ..Exactness::default()
     };
-    let problem = |result: &mut Exactness, text: String| {
-        if result.problems.len() < EXAMPLES_MAX {
-            result.problems.push(text);
-        }
-    };
     let limit = Arc::new(tokio::sync::Semaphore::new(READS_CONCURRENT));
     let mut reads = tokio::task::JoinSet::new();
     for (index, cell) in cells.into_iter().enumerate() {
@@ -159,66 +154,26 @@ pub async fn check(client: &BenchClient, log: &AckLog, nodes: usize) -> Exactnes
             Ok(read) => read,
             Err(error) => {
                 result.missing += 1;
-                problem(&mut result, format!("a read task failed: {error}"));
+                result.problem(format!("a read task failed: {error}"));
                 continue;
             }
         };
-        let cell = &cell;
+        let acked = entries.acked.get(&cell).map(Vec::as_slice).unwrap_or(&[]);
         let counts = match counts {
             Ok(counts) => counts,
             Err(error) => {
-                let acked = entries.acked.get(cell).map_or(0, Vec::len);
-                result.acked += acked;
-                result.missing += acked;
-                problem(&mut result, format!("cannot read {cell}: {error}"));
+                result.acked += acked.len();
+                result.missing += acked.len();
+                result.problem(format!("cannot read {cell}: {error}"));
                 continue;
             }
         };
-        let acked = entries.acked.get(cell).map(Vec::as_slice).unwrap_or(&[]);
         let unacknowledged = entries
             .unacknowledged
-            .get(cell)
+            .get(&cell)
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        for tag in acked {
-            result.acked += 1;
-            match counts.get(tag).copied().unwrap_or(0) {
-                1 => result.present_once += 1,
-                0 => {
-                    result.missing += 1;
-                    problem(
-                        &mut result,
-                        format!("{cell}: acknowledged {tag} is missing"),
-                    );
-                }
-                n => {
-                    result.duplicated += 1;
-                    problem(
-                        &mut result,
-                        format!("{cell}: acknowledged {tag} is there {n} times"),
-                    );
-                }
-            }
-        }
-        for tag in unacknowledged {
-            result.unacknowledged += 1;
-            match counts.get(tag).copied().unwrap_or(0) {
-                0 => {}
-                1 => result.unacknowledged_applied += 1,
-                n => {
-                    result.duplicated += 1;
-                    problem(
-                        &mut result,
-                        format!("{cell}: unacknowledged {tag} is there {n} times"),
-                    );
-                }
-            }
-        }
-        let sent: HashSet<&String> = acked.iter().chain(unacknowledged).collect();
-        for tag in counts.keys().filter(|tag| !sent.contains(tag)) {
-            result.unexpected += 1;
-            problem(&mut result, format!("{cell}: {tag} was never sent"));
-        }
+        result.tally(&cell, acked, unacknowledged, &counts);
     }
     result.passed = result.acked > 0
         && result.present_once == result.acked
@@ -228,9 +183,89 @@ pub async fn check(client: &BenchClient, log: &AckLog, nodes: usize) -> Exactnes
     result
 }
 
+impl Exactness {
+    /// Keeps `text` as an example while there are fewer than
+    /// `EXAMPLES_MAX`.
+    fn problem(&mut self, text: String) {
+        if self.problems.len() < EXAMPLES_MAX {
+            self.problems.push(text);
+        }
+    }
+
+    /// Counts one Cell read: each acknowledged tag must be there once,
+    /// each unacknowledged one at most once, and no other tag at all.
+    fn tally(
+        &mut self,
+        cell: &str,
+        acked: &[String],
+        unacknowledged: &[String],
+        counts: &HashMap<String, i64>,
+    ) {
+        for tag in acked {
+            self.acked += 1;
+            match counts.get(tag).copied().unwrap_or(0) {
+                1 => self.present_once += 1,
+                0 => {
+                    self.missing += 1;
+                    self.problem(format!("{cell}: acknowledged {tag} is missing"));
+                }
+                n => {
+                    self.duplicated += 1;
+                    self.problem(format!("{cell}: acknowledged {tag} is there {n} times"));
+                }
+            }
+        }
+        for tag in unacknowledged {
+            self.unacknowledged += 1;
+            match counts.get(tag).copied().unwrap_or(0) {
+                0 => {}
+                1 => self.unacknowledged_applied += 1,
+                n => {
+                    self.duplicated += 1;
+                    self.problem(format!("{cell}: unacknowledged {tag} is there {n} times"));
+                }
+            }
+        }
+        let sent: HashSet<&String> = acked.iter().chain(unacknowledged).collect();
+        for tag in counts.keys().filter(|tag| !sent.contains(tag)) {
+            self.unexpected += 1;
+            self.problem(format!("{cell}: {tag} was never sent"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cell_read_counts_missing_duplicated_and_unexpected_tags() {
+        let mut result = Exactness::default();
+        let tags = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let counts: HashMap<String, i64> = [("a", 1), ("b", 2), ("u", 1), ("x", 1)]
+            .into_iter()
+            .map(|(tag, n)| (tag.to_owned(), n))
+            .collect();
+        result.tally("c", &tags(&["a", "b", "m"]), &tags(&["u", "v"]), &counts);
+        assert_eq!(
+            (
+                result.acked,
+                result.present_once,
+                result.missing,
+                result.duplicated
+            ),
+            (3, 1, 1, 1)
+        );
+        assert_eq!(
+            (result.unacknowledged, result.unacknowledged_applied),
+            (2, 1)
+        );
+        assert_eq!(result.unexpected, 1);
+        assert!(result.problems.contains(&"c: x was never sent".to_owned()));
+        assert!(result
+            .problems
+            .contains(&"c: acknowledged b is there 2 times".to_owned()));
+    }
 
     #[test]
     fn count_rows_are_parsed_and_bad_rows_refused() {

@@ -226,67 +226,93 @@ pub async fn run(
         if cells.is_empty() {
             continue;
         }
-        let shared = Arc::new(cells.clone());
-        let cpu_of = |pids: &[u32]| -> f64 {
-            pids.iter()
-                .filter_map(|pid| node_stats::cpu_seconds(*pid))
-                .sum()
-        };
-        let cpu_before = cpu_of(&setup.pids);
-        let metrics_before = node_stats::scrape(&setup.http_addrs).await;
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let sampler = tokio::spawn(sample_nodes(setup.pids.clone(), stopped));
-        let (client_op, acks_op) = (client.clone(), acks.clone());
-        let sample = load::drive_labelled(
-            format!("fleet {} cells c={}", cells.len(), setup.concurrency),
-            setup.concurrency,
-            window,
-            0,
-            move |worker, sequence| {
-                let (client, acks, cells) = (client_op.clone(), acks_op.clone(), shared.clone());
-                async move {
-                    let cell = &cells[rand::random_range(0..cells.len())];
-                    let tag = format!("fl-{size}-w{worker}-{sequence}");
-                    workloads::local_command(&client, &acks, cell, tag).await
-                }
-            },
-        )
-        .await;
-        let _ = stop.send(true);
-        let maxima = sampler.await.unwrap_or_default();
-        let metrics_after = node_stats::scrape(&setup.http_addrs).await;
-        let node_cpu_s = cpu_of(&setup.pids) - cpu_before;
-        let summary = Summary::of_measured(&sample.total);
-        let nodes = setup
-            .node_ids
-            .iter()
-            .enumerate()
-            .map(|(index, node)| {
-                let stats = maxima.get(index).copied().unwrap_or_default();
-                NodeSample {
-                    node: node.clone(),
-                    rss_bytes_max: stats.rss_bytes,
-                    open_files_max: stats.open_files,
-                    cells_open: metrics_after.node(index, "cellfleet_runtime_cells_open"),
-                }
-            })
-            .collect();
-        rows.push(FleetRow {
-            cells_requested: size,
-            cells: cells.len(),
-            setup_s,
-            created_per_s: (cells.len() - before) as f64 / setup_s.max(1e-3),
-            concurrency: setup.concurrency,
-            per_node_per_s: summary.throughput_per_s / setup.node_ids.len().max(1) as f64,
-            phases: {
-                let mut phases = Phases::between(&metrics_before, &metrics_after);
-                phases.cpu(node_cpu_s);
-                phases
-            },
-            summary,
-            nodes,
-            histogram: sample.total.histogram,
-        });
+        let created = (cells.len() - before, setup_s);
+        rows.push(measure_size(client, acks, setup, &cells, size, created, window).await);
     }
     Ok(rows)
+}
+
+/// One fleet size measured: a closed loop of commands to random Cells of
+/// `cells`, with the nodes' CPU, peak RSS and open files, and the per-phase
+/// breakdown from their metrics. `created` is what the set-up for this size
+/// added and how long it took.
+async fn measure_size(
+    client: &BenchClient,
+    acks: &Arc<AckLog>,
+    setup: &FleetSetup,
+    cells: &[BenchCell],
+    size: usize,
+    (created, setup_s): (usize, f64),
+    window: Window,
+) -> FleetRow {
+    let shared = Arc::new(cells.to_vec());
+    let cpu_of = |pids: &[u32]| -> f64 {
+        pids.iter()
+            .filter_map(|pid| node_stats::cpu_seconds(*pid))
+            .sum()
+    };
+    let cpu_before = cpu_of(&setup.pids);
+    let metrics_before = node_stats::scrape(&setup.http_addrs).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sample_nodes(setup.pids.clone(), stopped));
+    let (client_op, acks_op) = (client.clone(), acks.clone());
+    let sample = load::drive_labelled(
+        format!("fleet {} cells c={}", cells.len(), setup.concurrency),
+        setup.concurrency,
+        window,
+        0,
+        move |worker, sequence| {
+            let (client, acks, cells) = (client_op.clone(), acks_op.clone(), shared.clone());
+            async move {
+                let cell = &cells[rand::random_range(0..cells.len())];
+                let tag = format!("fl-{size}-w{worker}-{sequence}");
+                workloads::local_command(&client, &acks, cell, tag).await
+            }
+        },
+    )
+    .await;
+    let _ = stop.send(true);
+    let maxima = sampler.await.unwrap_or_default();
+    let metrics_after = node_stats::scrape(&setup.http_addrs).await;
+    let node_cpu_s = cpu_of(&setup.pids) - cpu_before;
+    let summary = Summary::of_measured(&sample.total);
+    let nodes = node_samples(setup, &maxima, &metrics_after);
+    FleetRow {
+        cells_requested: size,
+        cells: cells.len(),
+        setup_s,
+        created_per_s: created as f64 / setup_s.max(1e-3),
+        concurrency: setup.concurrency,
+        per_node_per_s: summary.throughput_per_s / setup.node_ids.len().max(1) as f64,
+        phases: {
+            let mut phases = Phases::between(&metrics_before, &metrics_after);
+            phases.cpu(node_cpu_s);
+            phases
+        },
+        summary,
+        nodes,
+        histogram: sample.total.histogram,
+    }
+}
+
+/// Each node's peaks over the run, and its open Cells at the end.
+fn node_samples(
+    setup: &FleetSetup,
+    maxima: &[ProcessStats],
+    metrics_after: &node_stats::Snapshot,
+) -> Vec<NodeSample> {
+    setup
+        .node_ids
+        .iter()
+        .enumerate()
+        .map(|(index, node)| {
+            let stats = maxima.get(index).copied().unwrap_or_default();
+            NodeSample {
+                node: node.clone(),
+                rss_bytes_max: stats.rss_bytes,
+                open_files_max: stats.open_files,
+                cells_open: metrics_after.node(index, "cellfleet_runtime_cells_open"),
+            }
+        })
+        .collect()
 }

@@ -691,16 +691,8 @@ impl Cell {
         if behind {
             self.prepare_schema()?;
         }
-        let index = match index {
-            Some(index) => index,
-            None => {
-                // Unknown: the layout may be an older one too.
-                if ledger::upgrade(&self.write)? {
-                    changed = true;
-                }
-                index.insert(ledger::load(&self.write)?)
-            }
-        };
+        let (index, upgraded) = self.load_ledger_index(index)?;
+        changed |= upgraded;
         let kind_name = self.kind.name().to_string();
         let mut results = Vec::with_capacity(group.len());
         let mut recorded_expiry = i64::MAX;
@@ -709,40 +701,7 @@ impl Cell {
             // stored outcome even when it arrives after its expiry (its
             // entry is kept until expiry plus the skew margin).
             let digest = command.digest(&kind_name);
-            let found = match index.get(&command.id.0) {
-                Some(&expires_at_ms) => Some(
-                    ledger::get(&self.write, expires_at_ms, &command.id)?.ok_or_else(|| {
-                        Error::Recovery("the ledger index names a row the table lacks".into())
-                    })?,
-                ),
-                None => None,
-            };
-            if let Some(entry) = found {
-                // An entry of a pending group (or of this one) stands only
-                // if that group's publication is confirmed.
-                let depends_on_txid = (entry.txid > self.published.txid).then_some(entry.txid);
-                let result = if entry.digest == digest {
-                    CommandResult {
-                        id: command.id,
-                        outcome: entry.outcome,
-                        txid: Some(entry.txid),
-                        duplicate: true,
-                        depends_on_txid,
-                    }
-                } else {
-                    CommandResult {
-                        id: command.id,
-                        outcome: Outcome::Rejected {
-                            rejection: Rejection::new(
-                                RejectCode::IdReused,
-                                "command id already used for a different payload",
-                            ),
-                        },
-                        txid: None,
-                        duplicate: false,
-                        depends_on_txid,
-                    }
-                };
+            if let Some(result) = self.stored_result(index, command, &digest)? {
                 results.push(result);
                 continue;
             }
@@ -756,29 +715,122 @@ impl Cell {
                 });
                 continue;
             }
-            let outcome = self.run_command(command)?;
-            ledger::record(
-                &self.write,
-                &command.id,
-                &digest,
-                txid,
-                command.expires_at_ms,
-                &outcome,
-            )?;
-            index.insert(command.id.0, command.expires_at_ms);
+            results.push(self.run_and_record(command, &digest, txid, index)?);
             changed = true;
             recorded_expiry = recorded_expiry.min(command.expires_at_ms);
-            results.push(CommandResult {
-                id: command.id,
-                outcome,
-                txid: Some(txid),
-                duplicate: false,
-                depends_on_txid: Some(txid),
-            });
         }
         if !changed {
             return Ok((results, None));
         }
+        let floor = self.stamp_and_prune_ledger(txid, now_ms, recorded_expiry, index)?;
+        Ok((results, Some(floor)))
+    }
+
+    /// The ledger index the group works with: the one kept in memory, or,
+    /// when it is unknown, loaded from the ledger after upgrading the
+    /// ledger's layout (it may be an older one). The flag says whether the
+    /// upgrade changed the database, so the group must commit.
+    fn load_ledger_index<'a>(
+        &self,
+        index: &'a mut Option<ledger::Index>,
+    ) -> Result<(&'a mut ledger::Index, bool)> {
+        match index {
+            Some(index) => Ok((index, false)),
+            None => {
+                // Unknown: the layout may be an older one too.
+                let upgraded = ledger::upgrade(&self.write)?;
+                Ok((index.insert(ledger::load(&self.write)?), upgraded))
+            }
+        }
+    }
+
+    /// The answer the ledger already holds for `command`, if `index` names
+    /// its id: the stored outcome when the payload `digest` matches (a
+    /// retry), else a refusal (the id was reused for another payload).
+    /// Either answer depends on the publication of the group that stored
+    /// the entry while that group is not confirmed.
+    fn stored_result(
+        &self,
+        index: &ledger::Index,
+        command: &Command,
+        digest: &[u8; 32],
+    ) -> Result<Option<CommandResult>> {
+        let Some(&expires_at_ms) = index.get(&command.id.0) else {
+            return Ok(None);
+        };
+        let entry = ledger::get(&self.write, expires_at_ms, &command.id)?.ok_or_else(|| {
+            Error::Recovery("the ledger index names a row the table lacks".into())
+        })?;
+        // An entry of a pending group (or of this one) stands only
+        // if that group's publication is confirmed.
+        let depends_on_txid = (entry.txid > self.published.txid).then_some(entry.txid);
+        let result = if entry.digest == *digest {
+            CommandResult {
+                id: command.id,
+                outcome: entry.outcome,
+                txid: Some(entry.txid),
+                duplicate: true,
+                depends_on_txid,
+            }
+        } else {
+            CommandResult {
+                id: command.id,
+                outcome: Outcome::Rejected {
+                    rejection: Rejection::new(
+                        RejectCode::IdReused,
+                        "command id already used for a different payload",
+                    ),
+                },
+                txid: None,
+                duplicate: false,
+                depends_on_txid,
+            }
+        };
+        Ok(Some(result))
+    }
+
+    /// Runs a command the ledger does not know yet and records its outcome
+    /// (in the ledger table and `index`) under the group's `txid`, so a
+    /// retry gets the same answer; the result depends on this group's
+    /// publication.
+    fn run_and_record(
+        &self,
+        command: &Command,
+        digest: &[u8; 32],
+        txid: Txid,
+        index: &mut ledger::Index,
+    ) -> Result<CommandResult> {
+        let outcome = self.run_command(command)?;
+        ledger::record(
+            &self.write,
+            &command.id,
+            digest,
+            txid,
+            command.expires_at_ms,
+            &outcome,
+        )?;
+        index.insert(command.id.0, command.expires_at_ms);
+        Ok(CommandResult {
+            id: command.id,
+            outcome,
+            txid: Some(txid),
+            duplicate: false,
+            depends_on_txid: Some(txid),
+        })
+    }
+
+    /// After a group that changed the database: stamps its `txid` into the
+    /// ledger and prunes the entries past expiry plus the skew margin (from
+    /// the table and `index`); returns the new ledger expiry floor.
+    /// `recorded_expiry` is the earliest expiry the group recorded
+    /// (`i64::MAX` when it recorded none).
+    fn stamp_and_prune_ledger(
+        &self,
+        txid: Txid,
+        now_ms: i64,
+        recorded_expiry: i64,
+        index: &mut ledger::Index,
+    ) -> Result<i64> {
         ledger::set_txid(&self.write, txid)?;
         let mut floor = match self.ledger_expiry_floor {
             Some(floor) => floor.min(recorded_expiry),
@@ -794,7 +846,7 @@ impl Cell {
             }
             floor = ledger::earliest_expiry(&self.write)?;
         }
-        Ok((results, Some(floor)))
+        Ok(floor)
     }
 
     /// One command in its own savepoint.

@@ -90,6 +90,49 @@ pub(crate) fn read_committed(
     if len < WAL_HEADER_SIZE {
         return Ok(None);
     }
+    let header = read_header(&mut file, page_size)?;
+    let restarted =
+        cursor.offset == 0 || (header.salt1, header.salt2) != (cursor.salt1, cursor.salt2);
+    let (start, running) = if restarted {
+        (WAL_HEADER_SIZE, header.checksum)
+    } else {
+        (cursor.offset, cursor.checksum)
+    };
+    if len <= start {
+        return Ok(None);
+    }
+    file.seek(SeekFrom::Start(start))?;
+    // Bounded by what one transaction wrote since the cursor.
+    let mut bytes = Vec::with_capacity((len - start) as usize);
+    file.take(len - start).read_to_end(&mut bytes)?;
+    let Some(frames) = committed_frames(&bytes, start, running, &header, cursor, page_size)? else {
+        return Ok(None);
+    };
+    Ok(Some(Committed {
+        pages: frames.pages,
+        offsets: frames.offsets,
+        commit: frames.commit,
+        restarted,
+        start_offset: start,
+        cursor: frames.end,
+    }))
+}
+
+/// The fields of a WAL header that reading frames needs.
+#[derive(Clone, Copy, Debug)]
+struct WalHeader {
+    /// Whether the checksum words are big-endian (from the magic).
+    big_endian: bool,
+    salt1: u32,
+    salt2: u32,
+    /// Checksum of the header's first 24 bytes: the first frame's
+    /// cumulative checksum continues it.
+    checksum: (u32, u32),
+}
+
+/// Reads the header at the start of `file` and checks it: a known magic,
+/// the database's `page_size`, and a matching checksum.
+fn read_header(file: &mut File, page_size: u32) -> Result<WalHeader> {
     let mut header = [0u8; WAL_HEADER_SIZE as usize];
     file.read_exact(&mut header)?;
     let magic = be32(&header, 0);
@@ -109,21 +152,46 @@ pub(crate) fn read_committed(
     if header_checksum != (be32(&header, 24), be32(&header, 28)) {
         return Err(Error::Wal("header checksum mismatch".into()));
     }
-    let restarted = cursor.offset == 0 || (salt1, salt2) != (cursor.salt1, cursor.salt2);
-    let (start, mut running) = if restarted {
-        (WAL_HEADER_SIZE, header_checksum)
-    } else {
-        (cursor.offset, cursor.checksum)
-    };
-    if len <= start {
-        return Ok(None);
-    }
-    file.seek(SeekFrom::Start(start))?;
-    let frame_size = FRAME_HEADER_SIZE + u64::from(page_size);
-    // Bounded by what one transaction wrote since the cursor.
-    let mut bytes = Vec::with_capacity((len - start) as usize);
-    file.take(len - start).read_to_end(&mut bytes)?;
+    Ok(WalHeader {
+        big_endian,
+        salt1,
+        salt2,
+        checksum: header_checksum,
+    })
+}
 
+/// What the valid commit frames among the frames read cover.
+#[derive(Debug)]
+struct CommittedFrames {
+    /// Latest version of each page, by page number.
+    pages: BTreeMap<u32, Vec<u8>>,
+    /// Offset of the page data of each page's latest frame.
+    offsets: BTreeMap<u32, u64>,
+    /// Database size in pages after the last commit.
+    commit: u32,
+    /// Just after the last commit frame.
+    end: WalCursor,
+}
+
+/// Walks the frames in `bytes` (read from offset `start` of the WAL, whose
+/// cumulative checksum there is `running`) while their salts match the
+/// header's and the checksum continues, and keeps the pages of the frames
+/// up to the last valid commit frame; `None` when there is no such frame.
+fn committed_frames(
+    bytes: &[u8],
+    start: u64,
+    mut running: (u32, u32),
+    header: &WalHeader,
+    cursor: &WalCursor,
+    page_size: u32,
+) -> Result<Option<CommittedFrames>> {
+    let WalHeader {
+        big_endian,
+        salt1,
+        salt2,
+        ..
+    } = *header;
+    let frame_size = FRAME_HEADER_SIZE + u64::from(page_size);
     let mut pending: Vec<(u32, usize)> = Vec::new();
     let mut pages = BTreeMap::new();
     let mut offsets = BTreeMap::new();
@@ -160,13 +228,11 @@ pub(crate) fn read_committed(
             );
         }
     }
-    Ok(commit.map(|commit| Committed {
+    Ok(commit.map(|commit| CommittedFrames {
         pages,
         offsets,
         commit,
-        restarted,
-        start_offset: start,
-        cursor: end,
+        end,
     }))
 }
 

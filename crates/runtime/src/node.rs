@@ -146,17 +146,7 @@ impl Node {
         let metered = Arc::new(cellfleet_store::MeteredStore::new(store));
         let store: Arc<dyn ObjectStore> = metered.clone();
         let leases = NodeLeases::new(store.clone(), layout.clone(), clock.clone(), config.lease)?;
-        let held = leases
-            .acquire_as(
-                config.node_id.clone(),
-                config.endpoints.clone(),
-                config.ingress_only,
-            )
-            .await?;
-        let me = Holder {
-            node: config.node_id.clone(),
-            session: held.session(),
-        };
+        let (held, me) = acquire_session(&leases, &config).await?;
         let metrics = Arc::new(Metrics::default());
         let _ = metrics.store.set(metered);
         let lease = Arc::new(LeaseKeeper::new(
@@ -171,66 +161,17 @@ impl Node {
             clock.clone(),
             config.lease.drift_margin_ms,
         );
+        let activator = node_activator(&config, &store, &roots, &clock, &me, &metrics);
         let limits = &config.limits;
-        let mut cell_config = config.cell.clone();
-        cell_config.group_commands_max = limits.group_commands_max;
-        if config.publication == PublicationMode::Log {
-            cell_config.pending_publications_max = config.log.cell_groups_inflight_max.max(1);
-        }
-        let publisher = store_publisher(&config, &store, &roots, &clock, &me, &metrics);
-        let log = match config.publication {
-            PublicationMode::Log => Some(NodeLog::start(
-                store.clone(),
-                roots.layout().clone(),
-                me.clone(),
-                &config.log,
-                &config.gc,
-                clock.clone(),
-                metrics.clone(),
-            )),
-            PublicationMode::Cell => None,
-        };
-        let activator = Activator {
-            store: store.clone(),
-            roots: roots.clone(),
-            me: me.clone(),
-            cells_dir: config.data_dir.join("cells"),
-            cell_config,
-            attempts_max: limits.activation_attempts_max,
-            chain_cache_bytes_max: limits.chain_cache_bytes_max,
-            clock: clock.clone(),
-            publisher: publisher.clone(),
-            log: log.clone(),
-            settle_ms: config.log.reply_wait_ms,
-        };
         let fd_permits = Arc::new(Semaphore::new(limits.fds_max.min(Semaphore::MAX_PERMITS)));
         let (room_tx, room_rx) = mpsc::channel(ROOM_REQUESTS_MAX);
-        let actor_context = Arc::new(ActorContext {
-            fd_permits: fd_permits.clone(),
-            checkpoint_permits: Arc::new(Semaphore::new(
-                config
-                    .log
-                    .checkpoints_inflight_max
-                    .clamp(1, Semaphore::MAX_PERMITS),
-            )),
-            room: room_tx,
-            retry_after_ms: limits.retry_after_ms,
-            activation_wait_ms_max: limits.activation_wait_ms_max,
-            fds_per_reader: limits.fds_per_reader,
-            publisher,
-            activator: activator.clone(),
-            clock: clock.clone(),
-            metrics: metrics.clone(),
-            group_commands_max: limits.group_commands_max.max(1),
-            group_bytes_max: limits.group_bytes_max.max(1),
-            chain_files_max: limits.chain_files_max.max(2),
-            chain_cache_bytes_max: limits.chain_cache_bytes_max,
-            query_wait_ms_max: limits.query_wait_ms_max,
-            query_waiters_max: limits.mailbox_commands_max,
-            skew_margin_ms: i64::try_from(config.lease.drift_margin_ms).unwrap_or(i64::MAX),
-            log,
-            log_settings: config.log.clone(),
-        });
+        let actor_context = Arc::new(actor_context(
+            &config,
+            &activator,
+            &fd_permits,
+            room_tx,
+            &metrics,
+        ));
         // Page caches share the open Cells' memory budget (the limit is
         // process-wide: of nodes in one process, the last started sets it).
         if let Err(error) = cellfleet_cell::set_soft_heap_limit(limits.memory_bytes_max) {
@@ -259,6 +200,121 @@ impl Node {
         });
         spawn_node_tasks(&shared, lease, room_rx);
         Ok(NodeHandle { shared })
+    }
+}
+
+/// Acquires the node lease as a new session of this node (its lease says
+/// where to reach it and whether it is ingress-only) and returns the lease
+/// with the holder (node and session) this node acts as from now on.
+async fn acquire_session(
+    leases: &NodeLeases,
+    config: &NodeConfig,
+) -> Result<(cellfleet_authority::HeldLease, Holder)> {
+    let held = leases
+        .acquire_as(
+            config.node_id.clone(),
+            config.endpoints.clone(),
+            config.ingress_only,
+        )
+        .await?;
+    let me = Holder {
+        node: config.node_id.clone(),
+        session: held.session(),
+    };
+    Ok((held, me))
+}
+
+/// What activation needs from the node: the engine settings, the publisher
+/// every Cell commits through and, in log mode, this session's node log
+/// (started here). The actors share these same parts through the
+/// [`ActorContext`], so they are made once.
+fn node_activator(
+    config: &NodeConfig,
+    store: &Arc<dyn ObjectStore>,
+    roots: &Roots,
+    clock: &Arc<dyn Clock>,
+    me: &Holder,
+    metrics: &Arc<Metrics>,
+) -> Activator {
+    let limits = &config.limits;
+    let cell_config = cell_config(config);
+    let publisher = store_publisher(config, store, roots, clock, me, metrics);
+    let log = match config.publication {
+        PublicationMode::Log => Some(NodeLog::start(
+            store.clone(),
+            roots.layout().clone(),
+            me.clone(),
+            &config.log,
+            &config.gc,
+            clock.clone(),
+            metrics.clone(),
+        )),
+        PublicationMode::Cell => None,
+    };
+    Activator {
+        store: store.clone(),
+        roots: roots.clone(),
+        me: me.clone(),
+        cells_dir: config.data_dir.join("cells"),
+        cell_config,
+        attempts_max: limits.activation_attempts_max,
+        chain_cache_bytes_max: limits.chain_cache_bytes_max,
+        clock: clock.clone(),
+        publisher,
+        log,
+        settle_ms: config.log.reply_wait_ms,
+    }
+}
+
+/// The engine settings every Cell of the node opens with: `[cell]`, with
+/// the group bound from `[limits]` and, in log mode, the bound on pending
+/// publications from `[log]` (the node log's groups in flight per Cell).
+fn cell_config(config: &NodeConfig) -> cellfleet_cell::CellConfig {
+    let mut cell_config = config.cell.clone();
+    cell_config.group_commands_max = config.limits.group_commands_max;
+    if config.publication == PublicationMode::Log {
+        cell_config.pending_publications_max = config.log.cell_groups_inflight_max.max(1);
+    }
+    cell_config
+}
+
+/// What every actor of the node shares: the descriptor and checkpoint
+/// budgets, the channel asking the node for room, activation (whose
+/// publisher, clock and node log the actors use too) and the bounds from
+/// `[limits]`, `[lease]` and `[log]`.
+fn actor_context(
+    config: &NodeConfig,
+    activator: &Activator,
+    fd_permits: &Arc<Semaphore>,
+    room: mpsc::Sender<CellId>,
+    metrics: &Arc<Metrics>,
+) -> ActorContext {
+    let limits = &config.limits;
+    ActorContext {
+        fd_permits: fd_permits.clone(),
+        checkpoint_permits: Arc::new(Semaphore::new(
+            config
+                .log
+                .checkpoints_inflight_max
+                .clamp(1, Semaphore::MAX_PERMITS),
+        )),
+        room,
+        retry_after_ms: limits.retry_after_ms,
+        activation_wait_ms_max: limits.activation_wait_ms_max,
+        fds_per_reader: limits.fds_per_reader,
+        publisher: activator.publisher.clone(),
+        activator: activator.clone(),
+        clock: activator.clock.clone(),
+        metrics: metrics.clone(),
+        group_commands_max: limits.group_commands_max.max(1),
+        group_bytes_max: limits.group_bytes_max.max(1),
+        chain_files_max: limits.chain_files_max.max(2),
+        chain_cache_bytes_max: limits.chain_cache_bytes_max,
+        query_wait_ms_max: limits.query_wait_ms_max,
+        query_waiters_max: limits.mailbox_commands_max,
+        skew_margin_ms: i64::try_from(config.lease.drift_margin_ms).unwrap_or(i64::MAX),
+        log: activator.log.clone(),
+        log_settings: config.log.clone(),
     }
 }
 
@@ -1145,22 +1201,7 @@ impl NodeHandle {
             if slots.is_empty() {
                 break;
             }
-            let stops = slots.into_iter().map(|slot| async move {
-                let handle = match slot {
-                    Slot::Active(handle) => handle,
-                    Slot::Activating(rx) => wait_activation(rx).await.ok()?,
-                };
-                let (tx, rx) = oneshot::channel();
-                handle
-                    .tx
-                    .send(Msg::Stop {
-                        how: StopHow::Drain,
-                        done: Some(tx),
-                    })
-                    .await
-                    .ok()?;
-                rx.await.ok()
-            });
+            let stops = slots.into_iter().map(stop_for_drain);
             for stopped in run_bounded(stops, DRAIN_CONCURRENCY)
                 .await
                 .into_iter()
@@ -1176,41 +1217,9 @@ impl NodeHandle {
             self.wait_for_exits().await;
         }
         let parked: Vec<CellId> = self.shared.parked().keys().cloned().collect();
-        let releases = parked.into_iter().map(|cell| {
-            let shared = self.shared.clone();
-            async move {
-                // A parked tail goes into the root first (the lane that
-                // holds it is retired with the lease).
-                if shared.checkpoint_parked(&cell).await.is_none() {
-                    return Err(Error::NotCommitted {
-                        reason: format!(
-                            "the checkpoint of cell {cell}'s parked records failed; its next owner replays them from this node's log"
-                        ),
-                    });
-                }
-                let Some(parked) = shared.take_parked(&cell).await else {
-                    return Ok(());
-                };
-                if !parked.tail.is_empty() {
-                    let reason = format!(
-                        "the checkpoint of cell {cell}'s parked records was not committed; drain again, or its next owner replays them from this node's log"
-                    );
-                    shared.park(cell, parked);
-                    return Err(Error::NotCommitted { reason });
-                }
-                let root = parked.root;
-                let epoch = root.record.epoch;
-                match shared.actor_context.publisher.release(root, epoch).await {
-                    Ok(_) => {
-                        shared.activator.discard(&cell);
-                        Ok(())
-                    }
-                    Err(failure) => Err(Error::NotCommitted {
-                        reason: format!("release of cell {cell} failed: {failure:?}"),
-                    }),
-                }
-            }
-        });
+        let releases = parked
+            .into_iter()
+            .map(|cell| release_parked(self.shared.clone(), cell));
         for outcome in run_bounded(releases, DRAIN_CONCURRENCY).await {
             match outcome {
                 Ok(()) => released += 1,
@@ -1247,6 +1256,63 @@ impl NodeHandle {
             }
         }
         self.wait_for_exits().await;
+    }
+}
+
+/// Stops one Cell's actor for a drain (waiting first for an activation in
+/// progress to finish into an actor) and returns what the actor answered:
+/// `None` when the activation failed or the actor was gone, or went away,
+/// before answering.
+async fn stop_for_drain(slot: Slot) -> Option<Result<()>> {
+    let handle = match slot {
+        Slot::Active(handle) => handle,
+        Slot::Activating(rx) => wait_activation(rx).await.ok()?,
+    };
+    let (tx, rx) = oneshot::channel();
+    handle
+        .tx
+        .send(Msg::Stop {
+            how: StopHow::Drain,
+            done: Some(tx),
+        })
+        .await
+        .ok()?;
+    rx.await.ok()
+}
+
+/// Releases a parked Cell's root for a drain (owner = none), after putting
+/// its parked tail into the root: a release that would leave records only
+/// in this node's log is refused, so the next owner replays them from it.
+async fn release_parked(shared: Arc<Shared>, cell: CellId) -> Result<()> {
+    // A parked tail goes into the root first (the lane that
+    // holds it is retired with the lease).
+    if shared.checkpoint_parked(&cell).await.is_none() {
+        return Err(Error::NotCommitted {
+            reason: format!(
+                "the checkpoint of cell {cell}'s parked records failed; its next owner replays them from this node's log"
+            ),
+        });
+    }
+    let Some(parked) = shared.take_parked(&cell).await else {
+        return Ok(());
+    };
+    if !parked.tail.is_empty() {
+        let reason = format!(
+            "the checkpoint of cell {cell}'s parked records was not committed; drain again, or its next owner replays them from this node's log"
+        );
+        shared.park(cell, parked);
+        return Err(Error::NotCommitted { reason });
+    }
+    let root = parked.root;
+    let epoch = root.record.epoch;
+    match shared.actor_context.publisher.release(root, epoch).await {
+        Ok(_) => {
+            shared.activator.discard(&cell);
+            Ok(())
+        }
+        Err(failure) => Err(Error::NotCommitted {
+            reason: format!("release of cell {cell} failed: {failure:?}"),
+        }),
     }
 }
 

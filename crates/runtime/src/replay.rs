@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cellfleet_authority::{Holder, Layout, RootRecord};
+use cellfleet_authority::{Holder, LaneId, Layout, LogPointer, RootRecord};
 use cellfleet_nodelog::store::{
     index_slots, read_indexed, read_lane, read_records, seal_lane, Indexed,
 };
@@ -45,83 +45,156 @@ pub(crate) async fn records_past_chain(
     let lane = &pointer.lane;
     let own = lane.node == me.node && lane.session == me.session;
     if own {
-        let writer = log
-            .and_then(|log| log.lane(lane))
-            .ok_or_else(|| Error::Closed(format!("lane {lane:?} is not one of this session's")))?
-            .writer()
-            .clone();
-        let verdict = writer
-            .settled(settle_bound)
-            .await
-            .ok_or_else(|| Error::Unknown {
-                reason: format!(
-                    "this node's log lane {} still has a segment in doubt; retry once the store answers",
-                    lane.lane
-                ),
-            })?;
-        if verdict.sealed_at.is_some() {
-            return Err(Error::LeaseLost {
-                reason: format!(
-                    "this session's lane {} was sealed by a successor",
-                    lane.lane
-                ),
-            });
-        }
-        // Slots below the collected floor hold no record of this Cell
-        // past its chain (the collector keeps every held slot).
-        let from = pointer.from_seq.max(
-            log.and_then(|log| log.lane(lane))
-                .map_or(0, |lane| lane.collected_below()),
-        );
-        // The lane's chunk indexes, then the rest of its slots' own
-        // indexes, in parallel: a replay budget of many segments stays a
-        // few hundred GETs.
-        let indexed = index_slots(store, layout, lane, from..verdict.acked_below, None)
-            .await
-            .map_err(log_error)?;
-        let mut records: Vec<Indexed> = indexed
-            .slots
-            .into_iter()
-            .flat_map(|slot| {
-                let (seq, index_len) = (slot.seq, slot.index_len);
-                slot.entries
-                    .into_iter()
-                    .filter(|entry| entry.cell_id == root.cell_id)
-                    .map(move |entry| Indexed {
-                        seq,
-                        entry,
-                        index_len,
-                    })
-            })
-            .collect();
-        records.sort_by_key(|r| (r.seq, r.entry.min_txid));
-        let records = read_indexed(store, layout, lane, &records)
-            .await
-            .map_err(log_error)?;
-        let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
-        return Ok(Tail {
-            records,
-            sealed: None,
-        });
+        return own_records(store, layout, log, root, pointer, settle_bound).await;
     }
     if let Some(log) = log {
-        // One index of the dead lane serves every takeover from it.
-        let index = log.sealed_index(lane, now_ms).await.map_err(log_error)?;
-        let records = read_indexed(
-            store,
-            layout,
-            lane,
-            index.records_of(&root.cell_id, pointer.from_seq),
-        )
-        .await
-        .map_err(log_error)?;
-        let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
-        return Ok(Tail {
-            records,
-            sealed: Some(lane.clone()),
-        });
+        return sealed_records(store, layout, log, root, pointer, now_ms).await;
     }
     // No log of our own (the cell mode) reading a log-mode root.
+    seal_and_read_records(store, layout, me, root, pointer, now_ms).await
+}
+
+/// The records past the chain in this session's own lane: every slot
+/// reserved so far is waited for until it is decided, then the records
+/// in the slots from the pointer (or the collected floor) up to the
+/// acknowledged end are read. Nothing is sealed: the lane is ours.
+async fn own_records(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    log: Option<&NodeLog>,
+    root: &RootRecord,
+    pointer: &LogPointer,
+    settle_bound: Duration,
+) -> Result<Tail> {
+    let lane = &pointer.lane;
+    let acked_below = settle_own_lane(log, lane, settle_bound).await?;
+    // Slots below the collected floor hold no record of this Cell
+    // past its chain (the collector keeps every held slot).
+    let from = pointer.from_seq.max(
+        log.and_then(|log| log.lane(lane))
+            .map_or(0, |lane| lane.collected_below()),
+    );
+    let records = index_cell_records(store, layout, lane, from..acked_below, root).await?;
+    let records = read_indexed(store, layout, lane, &records)
+        .await
+        .map_err(log_error)?;
+    let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
+    Ok(Tail {
+        records,
+        sealed: None,
+    })
+}
+
+/// Waits (up to `settle_bound`) until every slot reserved so far in this
+/// session's `lane` is decided, and returns the slot below which all are
+/// acknowledged. A slot still in doubt could land later, so it fails
+/// (retryable) rather than let activation build on a state that may miss
+/// it; a lane a successor sealed means the lease is lost.
+async fn settle_own_lane(
+    log: Option<&NodeLog>,
+    lane: &LaneId,
+    settle_bound: Duration,
+) -> Result<u64> {
+    let writer = log
+        .and_then(|log| log.lane(lane))
+        .ok_or_else(|| Error::Closed(format!("lane {lane:?} is not one of this session's")))?
+        .writer()
+        .clone();
+    let verdict = writer
+        .settled(settle_bound)
+        .await
+        .ok_or_else(|| Error::Unknown {
+            reason: format!(
+                "this node's log lane {} still has a segment in doubt; retry once the store answers",
+                lane.lane
+            ),
+        })?;
+    if verdict.sealed_at.is_some() {
+        return Err(Error::LeaseLost {
+            reason: format!(
+                "this session's lane {} was sealed by a successor",
+                lane.lane
+            ),
+        });
+    }
+    Ok(verdict.acked_below)
+}
+
+/// Where in `lane`'s slots `seqs` the records of `root`'s Cell are, in
+/// order (by slot, then first TXID), from the slots' indexes alone.
+async fn index_cell_records(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    lane: &LaneId,
+    seqs: std::ops::Range<u64>,
+    root: &RootRecord,
+) -> Result<Vec<Indexed>> {
+    // The lane's chunk indexes, then the rest of its slots' own
+    // indexes, in parallel: a replay budget of many segments stays a
+    // few hundred GETs.
+    let indexed = index_slots(store, layout, lane, seqs, None)
+        .await
+        .map_err(log_error)?;
+    let mut records: Vec<Indexed> = indexed
+        .slots
+        .into_iter()
+        .flat_map(|slot| {
+            let (seq, index_len) = (slot.seq, slot.index_len);
+            slot.entries
+                .into_iter()
+                .filter(|entry| entry.cell_id == root.cell_id)
+                .map(move |entry| Indexed {
+                    seq,
+                    entry,
+                    index_len,
+                })
+        })
+        .collect();
+    records.sort_by_key(|r| (r.seq, r.entry.min_txid));
+    Ok(records)
+}
+
+/// The records past the chain in another (dead) session's lane, read
+/// through this node's log: it seals the lane and indexes it once for
+/// every takeover from it.
+async fn sealed_records(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    log: &NodeLog,
+    root: &RootRecord,
+    pointer: &LogPointer,
+    now_ms: u64,
+) -> Result<Tail> {
+    let lane = &pointer.lane;
+    // One index of the dead lane serves every takeover from it.
+    let index = log.sealed_index(lane, now_ms).await.map_err(log_error)?;
+    let records = read_indexed(
+        store,
+        layout,
+        lane,
+        index.records_of(&root.cell_id, pointer.from_seq),
+    )
+    .await
+    .map_err(log_error)?;
+    let records = check_tail(root, records.into_iter().map(|(_, e, b)| (e, b)).collect())?;
+    Ok(Tail {
+        records,
+        sealed: Some(lane.clone()),
+    })
+}
+
+/// The records past the chain in another (dead) session's lane when this
+/// node keeps no log (the cell mode): seals the lane itself, then reads
+/// the counted slots from the pointer on, one at a time.
+async fn seal_and_read_records(
+    store: &Arc<dyn ObjectStore>,
+    layout: &Layout,
+    me: &Holder,
+    root: &RootRecord,
+    pointer: &LogPointer,
+    now_ms: u64,
+) -> Result<Tail> {
+    let lane = &pointer.lane;
     seal_lane(store.as_ref(), layout, lane, me, now_ms)
         .await
         .map_err(log_error)?;

@@ -176,6 +176,59 @@ struct WorkerResult {
     last_done: Option<Instant>,
 }
 
+impl WorkerResult {
+    fn new(parts: usize) -> Self {
+        WorkerResult {
+            total: histogram(),
+            parts: (0..parts).map(|_| histogram()).collect(),
+            errors: 0,
+            error_samples: Vec::new(),
+            last_done: None,
+        }
+    }
+
+    /// One call's outcome: a success sent in the measured window is timed;
+    /// an error is counted if measured and kept as a sample while there
+    /// are few.
+    fn record(&mut self, outcome: Result<Timing, String>, measured: bool) {
+        match outcome {
+            Ok(timing) if measured => {
+                self.total.saturating_record(micros(timing.total));
+                for (histogram, part) in self.parts.iter_mut().zip(&timing.parts) {
+                    histogram.saturating_record(micros(*part));
+                }
+                self.last_done = Some(Instant::now());
+            }
+            Ok(_) => {}
+            Err(error) => {
+                if measured {
+                    self.errors += 1;
+                }
+                if self.error_samples.len() < ERROR_SAMPLES_MAX {
+                    self.error_samples.push(error);
+                }
+            }
+        }
+    }
+
+    /// Adds a worker's result to this sum of them.
+    fn add(&mut self, result: WorkerResult) {
+        self.total
+            .add(&result.total)
+            .expect("histograms of the same bounds add");
+        for (sum, part) in self.parts.iter_mut().zip(&result.parts) {
+            sum.add(part).expect("histograms of the same bounds add");
+        }
+        self.errors += result.errors;
+        for sample in result.error_samples {
+            if self.error_samples.len() < ERROR_SAMPLES_MAX {
+                self.error_samples.push(sample);
+            }
+        }
+        self.last_done = self.last_done.max(result.last_done);
+    }
+}
+
 /// Runs `op(worker, sequence)` on `concurrency` workers for `window`;
 /// `parts` is how many parts each successful [`Timing`] carries. (The
 /// stream benchmark's entry point; this suite names its lines.)
@@ -206,84 +259,32 @@ where
     let end = start + window.duration;
     let tasks: Vec<_> = (0..concurrency)
         .map(|worker| {
-            let op = op.clone();
-            let progress = progress.clone();
-            tokio::spawn(async move {
-                let mut result = WorkerResult {
-                    total: histogram(),
-                    parts: (0..parts).map(|_| histogram()).collect(),
-                    errors: 0,
-                    error_samples: Vec::new(),
-                    last_done: None,
-                };
-                let mut sequence = 0u64;
-                loop {
-                    let sent = Instant::now();
-                    if sent >= end {
-                        break;
-                    }
-                    sequence += 1;
-                    let outcome = op(worker, sequence).await;
-                    progress.record(outcome.is_ok());
-                    let measured = sent >= start;
-                    match outcome {
-                        Ok(timing) if measured => {
-                            result.total.saturating_record(micros(timing.total));
-                            for (histogram, part) in result.parts.iter_mut().zip(&timing.parts) {
-                                histogram.saturating_record(micros(*part));
-                            }
-                            result.last_done = Some(Instant::now());
-                        }
-                        Ok(_) => {}
-                        Err(error) => {
-                            if measured {
-                                result.errors += 1;
-                            }
-                            if result.error_samples.len() < ERROR_SAMPLES_MAX {
-                                result.error_samples.push(error);
-                            }
-                            tokio::time::sleep(ERROR_BACKOFF).await;
-                        }
-                    }
-                }
-                result
-            })
+            let (op, progress) = (op.clone(), progress.clone());
+            tokio::spawn(closed_loop_worker(
+                op,
+                worker,
+                parts,
+                (start, end),
+                progress,
+            ))
         })
         .collect();
-    let mut total = histogram();
-    let mut part_histograms: Vec<_> = (0..parts).map(|_| histogram()).collect();
-    let mut errors = 0;
-    let mut error_samples = Vec::new();
-    let mut last_done = start;
+    let mut sum = WorkerResult::new(parts);
     for task in tasks {
-        let result = match task.await {
-            Ok(result) => result,
+        match task.await {
+            Ok(result) => sum.add(result),
             Err(error) => {
-                errors += 1;
-                error_samples.push(format!("worker failed: {error}"));
-                continue;
+                sum.errors += 1;
+                sum.error_samples.push(format!("worker failed: {error}"));
             }
-        };
-        total
-            .add(&result.total)
-            .expect("histograms of the same bounds add");
-        for (sum, part) in part_histograms.iter_mut().zip(&result.parts) {
-            sum.add(part).expect("histograms of the same bounds add");
-        }
-        errors += result.errors;
-        for sample in result.error_samples {
-            if error_samples.len() < ERROR_SAMPLES_MAX {
-                error_samples.push(sample);
-            }
-        }
-        if let Some(done) = result.last_done {
-            last_done = last_done.max(done);
         }
     }
     line.finish();
+    let last_done = sum.last_done.map_or(start, |done| done.max(start));
     let wall = last_done
         .saturating_duration_since(start)
         .max(window.duration);
+    let (errors, error_samples) = (sum.errors, sum.error_samples);
     let series = |histogram| Measured {
         histogram,
         errors,
@@ -291,9 +292,41 @@ where
         error_samples: error_samples.clone(),
     };
     Sample {
-        parts: part_histograms.into_iter().map(series).collect(),
-        total: series(total),
+        parts: sum.parts.into_iter().map(series).collect(),
+        total: series(sum.total),
     }
+}
+
+/// One closed-loop worker: `op` again and again until `end`, timing what
+/// was sent from `start` on, with a pause after each error.
+async fn closed_loop_worker<F, Fut>(
+    op: F,
+    worker: usize,
+    parts: usize,
+    (start, end): (Instant, Instant),
+    progress: Arc<Progress>,
+) -> WorkerResult
+where
+    F: Fn(usize, u64) -> Fut,
+    Fut: Future<Output = Result<Timing, String>>,
+{
+    let mut result = WorkerResult::new(parts);
+    let mut sequence = 0u64;
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            break;
+        }
+        sequence += 1;
+        let outcome = op(worker, sequence).await;
+        progress.record(outcome.is_ok());
+        let failed = outcome.is_err();
+        result.record(outcome, sent >= start);
+        if failed {
+            tokio::time::sleep(ERROR_BACKOFF).await;
+        }
+    }
+    result
 }
 
 /// What the open-loop driver measured at one offered rate.

@@ -437,56 +437,10 @@ async fn appends(
     let end = start + window.duration;
     let tasks: Vec<_> = (0..writers)
         .map(|_| {
-            let target = target.clone();
-            let body = body.clone();
-            let run = run.to_owned();
-            tokio::spawn(async move {
-                let mut latencies = histogram();
-                let mut errors = 0u64;
-                let mut samples = Vec::new();
-                let mut last_done = start;
-                let mut sender: Option<Sender> = None;
-                loop {
-                    let sent = Instant::now();
-                    if sent >= end {
-                        break;
-                    }
-                    let measured = sent >= start;
-                    let path = target.path(&run, &rand::random_range(0..streams).to_string());
-                    let outcome = match &mut sender {
-                        Some(s) => send(s, build(&target, Method::POST, &path, body.clone())).await,
-                        None => match connect(&target).await {
-                            Ok(s) => {
-                                sender = Some(s);
-                                continue;
-                            }
-                            Err(e) => Err(e),
-                        },
-                    };
-                    let error = match outcome {
-                        Ok(reply) if reply.status.is_success() => {
-                            if measured {
-                                record(&mut latencies, sent.elapsed());
-                                last_done = Instant::now();
-                            }
-                            continue;
-                        }
-                        Ok(reply) => format!("POST {path}: {}", reply.status),
-                        Err(e) => {
-                            sender = None;
-                            format!("POST {path}: {e}")
-                        }
-                    };
-                    if measured {
-                        errors += 1;
-                    }
-                    if samples.len() < ERROR_SAMPLES_MAX {
-                        samples.push(error);
-                    }
-                    tokio::time::sleep(ERROR_BACKOFF).await;
-                }
-                (latencies, errors, samples, last_done)
-            })
+            let (target, body, run) = (target.clone(), body.clone(), run.to_owned());
+            tokio::spawn(
+                async move { append_writer(&target, &run, streams, body, (start, end)).await },
+            )
         })
         .collect();
     let mut total = histogram();
@@ -522,6 +476,63 @@ async fn appends(
         p99_ms: quantile_ms(&total, 0.99),
         error_samples,
     }
+}
+
+/// One closed-loop writer of [`appends`] on its own connection (opened
+/// again after a transport error): `(latencies, errors, error samples,
+/// last measured answer)`.
+async fn append_writer(
+    target: &Target,
+    run: &str,
+    streams: usize,
+    body: Bytes,
+    (start, end): (Instant, Instant),
+) -> (Histogram<u64>, u64, Vec<String>, Instant) {
+    let mut latencies = histogram();
+    let mut errors = 0u64;
+    let mut samples = Vec::new();
+    let mut last_done = start;
+    let mut sender: Option<Sender> = None;
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            break;
+        }
+        let measured = sent >= start;
+        let path = target.path(run, &rand::random_range(0..streams).to_string());
+        let outcome = match &mut sender {
+            Some(s) => send(s, build(target, Method::POST, &path, body.clone())).await,
+            None => match connect(target).await {
+                Ok(s) => {
+                    sender = Some(s);
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let error = match outcome {
+            Ok(reply) if reply.status.is_success() => {
+                if measured {
+                    record(&mut latencies, sent.elapsed());
+                    last_done = Instant::now();
+                }
+                continue;
+            }
+            Ok(reply) => format!("POST {path}: {}", reply.status),
+            Err(e) => {
+                sender = None;
+                format!("POST {path}: {e}")
+            }
+        };
+        if measured {
+            errors += 1;
+        }
+        if samples.len() < ERROR_SAMPLES_MAX {
+            samples.push(error);
+        }
+        tokio::time::sleep(ERROR_BACKOFF).await;
+    }
+    (latencies, errors, samples, last_done)
 }
 
 /// Latencies of one long-poll or SSE repeat, with what was wrong.
@@ -997,8 +1008,50 @@ async fn measure(
         rows.push(create_row(target, 0, first, took));
         *created = first;
     }
-    // The latency streams are the first two of the pool, so a node's owned
-    // Cells are exactly the largest stream count.
+    measure_latencies(args, targets, run, rows).await?;
+    for &streams in &args.streams {
+        for (target, created) in targets.iter().zip(created.iter_mut()) {
+            if *created < streams {
+                eprintln!(
+                    "bench-streams: {} creating streams {}..{streams}",
+                    target.name, *created
+                );
+                let took = create_streams(target, run, *created, streams).await?;
+                rows.push(create_row(target, *created, streams, took));
+                *created = streams;
+            }
+        }
+        for repeat in 0..args.repeats {
+            for target in targets {
+                eprintln!(
+                    "bench-streams: {} appends over {streams} streams #{repeat}",
+                    target.name
+                );
+                let result = appends(
+                    target,
+                    run,
+                    streams,
+                    args.writers,
+                    args.append_bytes,
+                    window,
+                )
+                .await;
+                rows.push(append_row(target, streams, repeat, args.writers, result));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The long-poll and SSE fan-out repeats on every target. The latency
+/// streams are the first two of the pool, so a node's owned Cells are
+/// exactly the largest stream count.
+async fn measure_latencies(
+    args: &StreamsBenchArgs,
+    targets: &[Arc<Target>],
+    run: &str,
+    rows: &mut Vec<Value>,
+) -> anyhow::Result<()> {
     let long_poll_path = |t: &Target| t.path(run, "0");
     let sse_path = |t: &Target| t.path(run, "1");
     for repeat in 0..args.repeats {
@@ -1030,50 +1083,30 @@ async fn measure(
             rows.push(latency_row("sse_fanout", target, repeat, &result));
         }
     }
-    for &streams in &args.streams {
-        for (target, created) in targets.iter().zip(created.iter_mut()) {
-            if *created < streams {
-                eprintln!(
-                    "bench-streams: {} creating streams {}..{streams}",
-                    target.name, *created
-                );
-                let took = create_streams(target, run, *created, streams).await?;
-                rows.push(create_row(target, *created, streams, took));
-                *created = streams;
-            }
-        }
-        for repeat in 0..args.repeats {
-            for target in targets {
-                eprintln!(
-                    "bench-streams: {} appends over {streams} streams #{repeat}",
-                    target.name
-                );
-                let result = appends(
-                    target,
-                    run,
-                    streams,
-                    args.writers,
-                    args.append_bytes,
-                    window,
-                )
-                .await;
-                rows.push(json!({
-                    "measure": "appends",
-                    "target": target.name,
-                    "streams": streams,
-                    "repeat": repeat,
-                    "writers": args.writers,
-                    "count": result.count,
-                    "errors": result.errors,
-                    "appends_per_s": result.appends_per_s,
-                    "p50_ms": result.p50_ms,
-                    "p99_ms": result.p99_ms,
-                    "error_samples": result.error_samples,
-                }));
-            }
-        }
-    }
     Ok(())
+}
+
+/// One appends repeat as a report row.
+fn append_row(
+    target: &Target,
+    streams: usize,
+    repeat: usize,
+    writers: usize,
+    result: AppendResult,
+) -> Value {
+    json!({
+        "measure": "appends",
+        "target": target.name,
+        "streams": streams,
+        "repeat": repeat,
+        "writers": writers,
+        "count": result.count,
+        "errors": result.errors,
+        "appends_per_s": result.appends_per_s,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+        "error_samples": result.error_samples,
+    })
 }
 
 /// The report as JSON: configuration, targets, every row, the medians and

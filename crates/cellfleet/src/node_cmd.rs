@@ -393,6 +393,49 @@ impl PublicationFile {
             .collect())
     }
 
+    /// Refuses settings out of their range, naming the key and the range.
+    fn validate(&self) -> anyhow::Result<()> {
+        self.mode()?;
+        if self.lanes == Some(0) {
+            bail!("publication.lanes must be at least 1");
+        }
+        if self.batch_commands_min == Some(0) {
+            bail!("publication.batch_commands_min must be at least 1");
+        }
+        if self.segments_inflight_max == Some(0) {
+            bail!("publication.segments_inflight_max must be at least 1");
+        }
+        // More than a few groups of one Cell in flight only hold memory
+        // (one in flight already gathers what arrives meanwhile).
+        if let Some(groups) = self
+            .cell_groups_inflight_max
+            .filter(|g| *g == 0 || *g > CELL_GROUPS_INFLIGHT_CAP)
+        {
+            bail!(
+                "publication.cell_groups_inflight_max = {groups}: it must be between 1 and \
+                 {CELL_GROUPS_INFLIGHT_CAP}"
+            );
+        }
+        if self.checkpoints_inflight_max == Some(0) {
+            bail!("publication.checkpoints_inflight_max must be at least 1");
+        }
+        // A successor lists a dead lane whole: the budget, and the
+        // segments collection keeps for its minimum age past it, must fit
+        // one listing.
+        let listing = cellfleet_nodelog::store::LANE_KEYS_MAX as u64;
+        if let Some(segments) = self
+            .replay_segments_max
+            .filter(|s| *s == 0 || *s > listing / 2)
+        {
+            bail!(
+                "publication.replay_segments_max = {segments}: it must be between 1 and {} \
+                 (half of the {listing} keys a successor lists in a dead node's lane)",
+                listing / 2
+            );
+        }
+        Ok(())
+    }
+
     fn log_settings(&self) -> LogSettings {
         let mut log = LogSettings::default();
         if let Some(lanes) = self.lanes {
@@ -800,46 +843,7 @@ impl NodeFile {
         }
         self.listen.streams_tokens()?;
         self.listen.console_mtls()?;
-        self.publication.mode()?;
-        if self.publication.lanes == Some(0) {
-            bail!("publication.lanes must be at least 1");
-        }
-        if self.publication.batch_commands_min == Some(0) {
-            bail!("publication.batch_commands_min must be at least 1");
-        }
-        if self.publication.segments_inflight_max == Some(0) {
-            bail!("publication.segments_inflight_max must be at least 1");
-        }
-        // More than a few groups of one Cell in flight only hold memory
-        // (one in flight already gathers what arrives meanwhile).
-        if let Some(groups) = self
-            .publication
-            .cell_groups_inflight_max
-            .filter(|g| *g == 0 || *g > CELL_GROUPS_INFLIGHT_CAP)
-        {
-            bail!(
-                "publication.cell_groups_inflight_max = {groups}: it must be between 1 and \
-                 {CELL_GROUPS_INFLIGHT_CAP}"
-            );
-        }
-        if self.publication.checkpoints_inflight_max == Some(0) {
-            bail!("publication.checkpoints_inflight_max must be at least 1");
-        }
-        // A successor lists a dead lane whole: the budget, and the
-        // segments collection keeps for its minimum age past it, must fit
-        // one listing.
-        let listing = cellfleet_nodelog::store::LANE_KEYS_MAX as u64;
-        if let Some(segments) = self
-            .publication
-            .replay_segments_max
-            .filter(|s| *s == 0 || *s > listing / 2)
-        {
-            bail!(
-                "publication.replay_segments_max = {segments}: it must be between 1 and {} \
-                 (half of the {listing} keys a successor lists in a dead node's lane)",
-                listing / 2
-            );
-        }
+        self.publication.validate()?;
         for (name, path) in [
             ("tls.ca", &self.tls.ca),
             ("tls.cert", &self.tls.cert),

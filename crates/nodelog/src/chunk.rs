@@ -102,6 +102,26 @@ pub fn encode_chunk(lane: &LaneId, first: u64, prefixes: &[&[u8]]) -> Result<Vec
 /// Decodes and checks the chunk index of `lane` starting at `first`
 /// (untrusted bytes): every slot's entries, in slot order.
 pub fn decode_chunk(bytes: &[u8], lane: &LaneId, first: u64) -> Result<Vec<ChunkSlot>> {
+    let body = checked_chunk_body(bytes)?;
+    let mut reader = Reader { bytes: body, at: 0 };
+    let count = chunk_slot_count(&mut reader, lane, first)?;
+    let mut slots = Vec::new();
+    for seq in first..first + count {
+        slots.push(decode_chunk_slot(&mut reader, lane, seq)?);
+    }
+    if reader.at != body.len() {
+        return Err(Error::Malformed(format!(
+            "{} bytes after a chunk index's last slot",
+            body.len() - reader.at
+        )));
+    }
+    Ok(slots)
+}
+
+/// The chunk index's bytes before its CRC, once the whole is within
+/// [`CHUNK_BYTES_MAX`], long enough for a magic and a CRC, and the CRC
+/// matches: nothing inside is read before it is known to be undamaged.
+fn checked_chunk_body(bytes: &[u8]) -> Result<&[u8]> {
     if bytes.len() as u64 > CHUNK_BYTES_MAX {
         return Err(Error::TooLarge {
             what: "chunk index",
@@ -119,7 +139,14 @@ pub fn decode_chunk(bytes: &[u8], lane: &LaneId, first: u64) -> Result<Vec<Chunk
     if crc(body) != u32::from_be_bytes(stored.try_into().expect("four bytes")) {
         return Err(Error::Checksum("chunk index"));
     }
-    let mut reader = Reader { bytes: body, at: 0 };
+    Ok(body)
+}
+
+/// Reads the chunk index's head (magic, lane, first slot) and its slot
+/// count: the head must name the `lane` and `first` slot it was read as
+/// (a chunk index copied or misnamed is refused), and the count is at most
+/// [`CHUNK_SLOTS`].
+fn chunk_slot_count(reader: &mut Reader<'_>, lane: &LaneId, first: u64) -> Result<u64> {
     if reader.take(CHUNK_MAGIC.len())? != CHUNK_MAGIC {
         return Err(Error::Malformed("not a chunk index (magic)".into()));
     }
@@ -142,52 +169,44 @@ pub fn decode_chunk(bytes: &[u8], lane: &LaneId, first: u64) -> Result<Vec<Chunk
             max: CHUNK_SLOTS,
         });
     }
-    let mut slots = Vec::new();
-    for seq in first..first + count {
-        let len = reader.u32()?;
-        if u64::from(len) > u64::from(segment::INDEX_BYTES_MAX) + segment::FIXED_BYTES + 4 {
-            return Err(Error::TooLarge {
-                what: "segment index in a chunk",
-                got: u64::from(len),
-                max: u64::from(segment::INDEX_BYTES_MAX),
-            });
-        }
-        let prefix = reader.take(len as usize)?;
-        let exact = segment::index_range(prefix)?.end == u64::from(len);
-        match segment::decode_index(prefix)? {
-            Index::Segment {
-                header,
-                entries,
-                index_len,
-                ..
-            } if exact && header.lane == *lane && header.seq == seq => slots.push(ChunkSlot {
-                seq,
-                entries,
-                index_len,
-            }),
-            Index::Segment { header, .. } if exact => {
-                return Err(Error::Malformed(format!(
-                    "slot {seq} of a chunk index holds the index of lane {:?} slot {}",
-                    header.lane, header.seq
-                )))
-            }
-            Index::Segment { .. } => {
-                return Err(Error::Malformed(format!(
-                    "slot {seq} of a chunk index carries bytes past its segment index"
-                )))
-            }
-            Index::Seal(_) => {
-                return Err(Error::Malformed(format!(
-                    "slot {seq} of a chunk index is a seal"
-                )))
-            }
-        }
+    Ok(count)
+}
+
+/// Reads slot `seq`'s segment index from the chunk index: its length is
+/// bounded before it is taken, and the bytes must be exactly one segment's
+/// index (checked by [`segment::decode_index`], its own CRC included) of
+/// this `lane` at this `seq`, not a seal.
+fn decode_chunk_slot(reader: &mut Reader<'_>, lane: &LaneId, seq: u64) -> Result<ChunkSlot> {
+    let len = reader.u32()?;
+    if u64::from(len) > u64::from(segment::INDEX_BYTES_MAX) + segment::FIXED_BYTES + 4 {
+        return Err(Error::TooLarge {
+            what: "segment index in a chunk",
+            got: u64::from(len),
+            max: u64::from(segment::INDEX_BYTES_MAX),
+        });
     }
-    if reader.at != body.len() {
-        return Err(Error::Malformed(format!(
-            "{} bytes after a chunk index's last slot",
-            body.len() - reader.at
-        )));
+    let prefix = reader.take(len as usize)?;
+    let exact = segment::index_range(prefix)?.end == u64::from(len);
+    match segment::decode_index(prefix)? {
+        Index::Segment {
+            header,
+            entries,
+            index_len,
+            ..
+        } if exact && header.lane == *lane && header.seq == seq => Ok(ChunkSlot {
+            seq,
+            entries,
+            index_len,
+        }),
+        Index::Segment { header, .. } if exact => Err(Error::Malformed(format!(
+            "slot {seq} of a chunk index holds the index of lane {:?} slot {}",
+            header.lane, header.seq
+        ))),
+        Index::Segment { .. } => Err(Error::Malformed(format!(
+            "slot {seq} of a chunk index carries bytes past its segment index"
+        ))),
+        Index::Seal(_) => Err(Error::Malformed(format!(
+            "slot {seq} of a chunk index is a seal"
+        ))),
     }
-    Ok(slots)
 }

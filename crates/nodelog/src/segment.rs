@@ -444,6 +444,40 @@ pub enum Index {
 pub fn decode_index(prefix: &[u8]) -> Result<Index> {
     let (kind, index_len) = fixed(prefix)?;
     let index_end = FIXED_BYTES as usize + index_len as usize;
+    let mut reader = Reader {
+        bytes: checked_index(prefix, index_end)?,
+        at: 0,
+    };
+    let header = reader.header()?;
+    if kind == KIND_SEAL {
+        return decode_seal_index(reader, header);
+    }
+    let (body_len, count) = segment_extent(&mut reader, index_end)?;
+    let mut entries = Vec::new();
+    let mut next_offset = 0u64;
+    for _ in 0..count {
+        let entry = decode_entry(&mut reader, next_offset, body_len)?;
+        next_offset = entry.body_range.end;
+        entries.push(entry);
+    }
+    if next_offset != body_len {
+        return Err(Error::Malformed(format!(
+            "the entries cover {next_offset} of the {body_len}-byte body"
+        )));
+    }
+    reader.done()?;
+    Ok(Index::Segment {
+        header,
+        entries,
+        body_len,
+        index_len,
+    })
+}
+
+/// The index's bytes (after the fixed part, up to `index_end`), once the
+/// prefix is long enough to hold them and their CRC and the CRC matches:
+/// nothing in the index is read before it is known to be undamaged.
+fn checked_index(prefix: &[u8], index_end: usize) -> Result<&[u8]> {
     if prefix.len() < index_end + 4 {
         return Err(Error::Malformed(format!(
             "{} bytes, fewer than the fixed part, index and its checksum ({})",
@@ -459,20 +493,25 @@ pub fn decode_index(prefix: &[u8]) -> Result<Index> {
     if crc(&prefix[..index_end]) != stored {
         return Err(Error::Checksum("index"));
     }
-    let mut reader = Reader {
-        bytes: &prefix[FIXED_BYTES as usize..index_end],
-        at: 0,
-    };
-    let header = reader.header()?;
-    if kind == KIND_SEAL {
-        let node = reader.node()?;
-        let session = SessionId::from_u128(reader.u128()?);
-        reader.done()?;
-        return Ok(Index::Seal(Seal {
-            header,
-            sealed_by: Holder { node, session },
-        }));
-    }
+    Ok(&prefix[FIXED_BYTES as usize..index_end])
+}
+
+/// The rest of a seal's index after its header: the sealer, and nothing
+/// after it.
+fn decode_seal_index(mut reader: Reader<'_>, header: SegmentHeader) -> Result<Index> {
+    let node = reader.node()?;
+    let session = SessionId::from_u128(reader.u128()?);
+    reader.done()?;
+    Ok(Index::Seal(Seal {
+        header,
+        sealed_by: Holder { node, session },
+    }))
+}
+
+/// A segment's body length and entry count, each bounded before any entry
+/// is read: at most [`ENTRIES_MAX`] entries, and the whole object (index
+/// ending at `index_end`, body and both CRCs) within [`SEGMENT_BYTES_MAX`].
+fn segment_extent(reader: &mut Reader<'_>, index_end: usize) -> Result<(u64, u32)> {
     let body_len = reader.u64()?;
     let count = reader.u32()?;
     if count > ENTRIES_MAX {
@@ -493,73 +532,64 @@ pub fn decode_index(prefix: &[u8]) -> Result<Index> {
             max: SEGMENT_BYTES_MAX,
         });
     }
-    let mut entries = Vec::new();
-    let mut next_offset = 0u64;
-    for _ in 0..count {
-        let cell_text = reader.text("cell id")?;
-        let cell_id: CellId = cell_text
-            .parse()
-            .map_err(|_| Error::Malformed(format!("bad cell id {cell_text:?}")))?;
-        let epoch = Epoch::new(reader.u64()?)
-            .ok_or_else(|| Error::Malformed(format!("cell {cell_id} at epoch 0")))?;
-        let (min_txid, max_txid) = (Txid(reader.u64()?), Txid(reader.u64()?));
-        if min_txid == Txid::ZERO || min_txid > max_txid {
-            return Err(Error::Malformed(format!(
-                "cell {cell_id} has TXIDs {}..={}",
-                min_txid.0, max_txid.0
-            )));
-        }
-        let (offset, len) = (reader.u64()?, reader.u64()?);
-        let end = offset
-            .checked_add(len)
-            .filter(|end| offset == next_offset && *end <= body_len)
-            .ok_or_else(|| {
-                Error::Malformed(format!(
-                    "cell {cell_id}'s bytes {offset}+{len} do not follow the previous entry at {next_offset} inside the {body_len}-byte body"
-                ))
-            })?;
-        next_offset = end;
-        let bytes_crc = reader.u32()?;
-        let file_checksum = reader.u64()?;
-        let post_apply_checksum = reader.u64()?;
-        let commands = reader.u32()?;
-        if commands > COMMANDS_PER_ENTRY_MAX {
-            return Err(Error::TooLarge {
-                what: "command count",
-                got: u64::from(commands),
-                max: u64::from(COMMANDS_PER_ENTRY_MAX),
-            });
-        }
-        // Each id is 16 bytes of the index: a count past what is left is
-        // caught by `take` before anything is allocated for it.
-        let ids = reader.take(commands as usize * 16)?;
-        let command_ids = ids
-            .chunks_exact(16)
-            .map(|id| id.try_into().expect("16 bytes"))
-            .collect();
-        entries.push(Entry {
-            cell_id,
-            epoch,
-            min_txid,
-            max_txid,
-            body_range: offset..end,
-            bytes_crc,
-            file_checksum,
-            post_apply_checksum,
-            command_ids,
-        });
-    }
-    if next_offset != body_len {
+    Ok((body_len, count))
+}
+
+/// One entry of a segment's index, checked: a valid Cell id, a nonzero
+/// epoch, a TXID range, bytes starting at `next_offset` (where the previous
+/// entry ended, so entries tile the body) inside the `body_len`-byte body,
+/// and at most [`COMMANDS_PER_ENTRY_MAX`] command ids.
+fn decode_entry(reader: &mut Reader<'_>, next_offset: u64, body_len: u64) -> Result<Entry> {
+    let cell_text = reader.text("cell id")?;
+    let cell_id: CellId = cell_text
+        .parse()
+        .map_err(|_| Error::Malformed(format!("bad cell id {cell_text:?}")))?;
+    let epoch = Epoch::new(reader.u64()?)
+        .ok_or_else(|| Error::Malformed(format!("cell {cell_id} at epoch 0")))?;
+    let (min_txid, max_txid) = (Txid(reader.u64()?), Txid(reader.u64()?));
+    if min_txid == Txid::ZERO || min_txid > max_txid {
         return Err(Error::Malformed(format!(
-            "the entries cover {next_offset} of the {body_len}-byte body"
+            "cell {cell_id} has TXIDs {}..={}",
+            min_txid.0, max_txid.0
         )));
     }
-    reader.done()?;
-    Ok(Index::Segment {
-        header,
-        entries,
-        body_len,
-        index_len,
+    let (offset, len) = (reader.u64()?, reader.u64()?);
+    let end = offset
+        .checked_add(len)
+        .filter(|end| offset == next_offset && *end <= body_len)
+        .ok_or_else(|| {
+            Error::Malformed(format!(
+                "cell {cell_id}'s bytes {offset}+{len} do not follow the previous entry at {next_offset} inside the {body_len}-byte body"
+            ))
+        })?;
+    let bytes_crc = reader.u32()?;
+    let file_checksum = reader.u64()?;
+    let post_apply_checksum = reader.u64()?;
+    let commands = reader.u32()?;
+    if commands > COMMANDS_PER_ENTRY_MAX {
+        return Err(Error::TooLarge {
+            what: "command count",
+            got: u64::from(commands),
+            max: u64::from(COMMANDS_PER_ENTRY_MAX),
+        });
+    }
+    // Each id is 16 bytes of the index: a count past what is left is
+    // caught by `take` before anything is allocated for it.
+    let ids = reader.take(commands as usize * 16)?;
+    let command_ids = ids
+        .chunks_exact(16)
+        .map(|id| id.try_into().expect("16 bytes"))
+        .collect();
+    Ok(Entry {
+        cell_id,
+        epoch,
+        min_txid,
+        max_txid,
+        body_range: offset..end,
+        bytes_crc,
+        file_checksum,
+        post_apply_checksum,
+        command_ids,
     })
 }
 

@@ -742,6 +742,36 @@ fn release(
     }
 }
 
+/// Deletes the subscription: its configuration and links go, and the wake
+/// is left idle with no holder or token, so nothing held can act on it.
+fn delete(conn: &Connection) -> Result<SubscriptionOutput, KindError> {
+    conn.execute_batch(
+        "DELETE FROM config; DELETE FROM links; \
+         UPDATE wake SET state = 'idle', holder = NULL, token_hash = NULL;",
+    )?;
+    Ok(SubscriptionOutput::Deleted)
+}
+
+/// Links `paths` explicitly (an existing glob link becomes explicit),
+/// refusing the command at the first new link past [`LINKS_MAX`].
+fn add_streams(conn: &Connection, paths: &[String]) -> Result<SubscriptionOutput, KindError> {
+    for path in paths {
+        if !link(conn, path, "explicit")? {
+            return Err(KindError::reject(
+                RejectCode::BadParameters,
+                "too many linked streams",
+            ));
+        }
+    }
+    Ok(SubscriptionOutput::Done)
+}
+
+/// Unlinks the stream at `path` (its acknowledged offset goes with it).
+fn remove_stream(conn: &Connection, path: &str) -> Result<SubscriptionOutput, KindError> {
+    conn.execute("DELETE FROM links WHERE path = ?1", [path])?;
+    Ok(SubscriptionOutput::Done)
+}
+
 impl SubscriptionKind {
     fn run(
         conn: &Connection,
@@ -756,28 +786,9 @@ impl SubscriptionKind {
         };
         match command {
             SubscriptionCommand::Create { .. } => Ok(Out::NotFound),
-            SubscriptionCommand::Delete {} => {
-                conn.execute_batch(
-                    "DELETE FROM config; DELETE FROM links; \
-                     UPDATE wake SET state = 'idle', holder = NULL, token_hash = NULL;",
-                )?;
-                Ok(Out::Deleted)
-            }
-            SubscriptionCommand::AddStreams { paths } => {
-                for path in &paths {
-                    if !link(conn, path, "explicit")? {
-                        return Err(KindError::reject(
-                            RejectCode::BadParameters,
-                            "too many linked streams",
-                        ));
-                    }
-                }
-                Ok(Out::Done)
-            }
-            SubscriptionCommand::RemoveStream { path } => {
-                conn.execute("DELETE FROM links WHERE path = ?1", [&path])?;
-                Ok(Out::Done)
-            }
+            SubscriptionCommand::Delete {} => delete(conn),
+            SubscriptionCommand::AddStreams { paths } => add_streams(conn, &paths),
+            SubscriptionCommand::RemoveStream { path } => remove_stream(conn, &path),
             SubscriptionCommand::Observe {
                 path,
                 tail,

@@ -4,7 +4,7 @@ use super::error::Error;
 use super::http::{encode, error, header, is_json, json_messages, respond, set};
 use super::{Body, Streams};
 use crate::clock::now_ms;
-use crate::kinds::stream::{Producer, StreamCommand, StreamOutput};
+use crate::kinds::stream::{Producer, StreamCommand, StreamOutput, StreamState};
 use crate::offset;
 use hyper::body::Incoming;
 use hyper::header::HeaderMap;
@@ -58,7 +58,7 @@ impl Streams {
         path: &str,
         empty: bool,
     ) -> Result<Response<Body>, Error> {
-        let response = match output {
+        match output {
             StreamOutput::Appended { state, producer } => {
                 self.published(path, state.tail);
                 // Close-only requests answer 204 even for producers.
@@ -67,87 +67,87 @@ impl Streams {
                 } else {
                     StatusCode::NO_CONTENT
                 };
-                let mut response = respond(status, "");
-                let headers = response.headers_mut();
-                set(headers, "stream-next-offset", offset::format(state.tail));
-                if state.closed {
-                    set(headers, "stream-closed", "true");
-                }
-                if let Some(p) = producer {
-                    set(headers, "producer-epoch", p.epoch.to_string());
-                    set(headers, "producer-seq", p.seq.to_string());
-                }
-                response
+                Ok(accepted(status, &state, producer.as_ref()))
             }
             StreamOutput::Duplicate { state, producer } => {
-                let mut response = respond(StatusCode::NO_CONTENT, "");
-                let headers = response.headers_mut();
-                set(headers, "stream-next-offset", offset::format(state.tail));
-                if state.closed {
-                    set(headers, "stream-closed", "true");
-                }
-                set(headers, "producer-epoch", producer.epoch.to_string());
-                set(headers, "producer-seq", producer.seq.to_string());
-                response
+                Ok(accepted(StatusCode::NO_CONTENT, &state, Some(&producer)))
             }
-            StreamOutput::NotFound => return Err(Error::NotFound),
-            StreamOutput::Gone => return Err(Error::Gone),
-            StreamOutput::ContentTypeMismatch => {
-                return Err(Error::status(
-                    StatusCode::CONFLICT,
-                    "content type does not match the stream's",
-                ))
-            }
-            StreamOutput::Closed { state } => {
-                let mut response = error(StatusCode::CONFLICT, "stream is closed");
-                set(response.headers_mut(), "stream-closed", "true");
-                set(
-                    response.headers_mut(),
-                    "stream-next-offset",
-                    offset::format(state.tail),
-                );
-                return Err(Error::response(response));
-            }
-            StreamOutput::SeqConflict => {
-                return Err(Error::status(
-                    StatusCode::CONFLICT,
-                    "Stream-Seq is not greater than the last",
-                ))
-            }
-            StreamOutput::StaleEpoch { current_epoch } => {
-                let mut response = error(StatusCode::FORBIDDEN, "stale producer epoch");
-                set(
-                    response.headers_mut(),
-                    "producer-epoch",
-                    current_epoch.to_string(),
-                );
-                return Err(Error::response(response));
-            }
-            StreamOutput::InvalidEpochSeq => {
-                return Err(Error::bad("a new producer epoch must start at seq 0"))
-            }
-            StreamOutput::SeqGap { expected, received } => {
-                let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
-                set(
-                    response.headers_mut(),
-                    "producer-expected-seq",
-                    expected.to_string(),
-                );
-                set(
-                    response.headers_mut(),
-                    "producer-received-seq",
-                    received.to_string(),
-                );
-                return Err(Error::response(response));
-            }
-            _ => {
-                return Err(Error::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "unexpected output",
-                ))
-            }
-        };
-        Ok(response)
+            refused => Err(refusal(refused)),
+        }
+    }
+}
+
+/// The answer to an append stored now or before (a producer's retry):
+/// `status`, the stream's next offset, whether it is closed, and the
+/// producer's position when there is one.
+fn accepted(
+    status: StatusCode,
+    state: &StreamState,
+    producer: Option<&Producer>,
+) -> Response<Body> {
+    let mut response = respond(status, "");
+    let headers = response.headers_mut();
+    set(headers, "stream-next-offset", offset::format(state.tail));
+    if state.closed {
+        set(headers, "stream-closed", "true");
+    }
+    if let Some(p) = producer {
+        set(headers, "producer-epoch", p.epoch.to_string());
+        set(headers, "producer-seq", p.seq.to_string());
+    }
+    response
+}
+
+/// The error answering an append command's `output` that stored nothing,
+/// with the headers the protocol asks for (a closed stream's next offset,
+/// a producer's current epoch, a sequence gap's expected and received seq).
+fn refusal(output: StreamOutput) -> Error {
+    match output {
+        StreamOutput::NotFound => Error::NotFound,
+        StreamOutput::Gone => Error::Gone,
+        StreamOutput::ContentTypeMismatch => Error::status(
+            StatusCode::CONFLICT,
+            "content type does not match the stream's",
+        ),
+        StreamOutput::Closed { state } => {
+            let mut response = error(StatusCode::CONFLICT, "stream is closed");
+            set(response.headers_mut(), "stream-closed", "true");
+            set(
+                response.headers_mut(),
+                "stream-next-offset",
+                offset::format(state.tail),
+            );
+            Error::response(response)
+        }
+        StreamOutput::SeqConflict => Error::status(
+            StatusCode::CONFLICT,
+            "Stream-Seq is not greater than the last",
+        ),
+        StreamOutput::StaleEpoch { current_epoch } => {
+            let mut response = error(StatusCode::FORBIDDEN, "stale producer epoch");
+            set(
+                response.headers_mut(),
+                "producer-epoch",
+                current_epoch.to_string(),
+            );
+            Error::response(response)
+        }
+        StreamOutput::InvalidEpochSeq => Error::bad("a new producer epoch must start at seq 0"),
+        StreamOutput::SeqGap { expected, received } => {
+            let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
+            set(
+                response.headers_mut(),
+                "producer-expected-seq",
+                expected.to_string(),
+            );
+            set(
+                response.headers_mut(),
+                "producer-received-seq",
+                received.to_string(),
+            );
+            Error::response(response)
+        }
+        _ => Error::status(StatusCode::INTERNAL_SERVER_ERROR, "unexpected output"),
     }
 }
 

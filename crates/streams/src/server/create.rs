@@ -4,7 +4,9 @@ use super::error::Error;
 use super::http::{encode, is_json, json_messages, parse_time, respond, set, state_headers};
 use super::{Body, Streams};
 use crate::clock::now_ms;
-use crate::kinds::stream::{Lineage, StreamCommand, StreamConfig, StreamOutput, StreamQuery};
+use crate::kinds::stream::{
+    Lineage, StreamCommand, StreamConfig, StreamOutput, StreamQuery, StreamState,
+};
 use crate::offset;
 use hyper::body::Incoming;
 use hyper::header::HeaderMap;
@@ -85,42 +87,8 @@ impl Streams {
         settings: &mut Settings,
         now: i64,
     ) -> Result<ForkPart, Error> {
-        let existing = match self
-            .query(
-                path,
-                StreamQuery::Read {
-                    offset: None,
-                    now_ms: now,
-                },
-            )
-            .await?
-        {
-            StreamOutput::Read { state, .. } => Some(state),
-            StreamOutput::Gone => return Err(Error::DeletedPath),
-            _ => None,
-        };
-        if let Some(existing) = existing {
-            if asked.explicit_type.is_none() {
-                settings.content_type = existing.config.content_type.clone();
-            }
-            if settings.ttl_seconds.is_none() && asked.expires.is_none() {
-                settings.ttl_seconds = existing.config.ttl_seconds;
-            }
-            let offset = match asked.fork_offset.as_deref() {
-                Some(text) => {
-                    offset::parse(text).ok_or_else(|| Error::bad("malformed Stream-Fork-Offset"))?
-                }
-                None => 0,
-            };
-            return Ok(ForkPart {
-                inherited: Vec::new(),
-                lineage: Lineage {
-                    source: source.to_owned(),
-                    offset,
-                    sub_offset: asked.sub_offset,
-                },
-                registered: false,
-            });
+        if let Some(existing) = self.stored_stream(path, now).await? {
+            return fork_again(&existing, source, asked, settings);
         }
         let fork = self
             .fork_prefix(
@@ -130,43 +98,12 @@ impl Streams {
                 asked.explicit_type.as_deref(),
             )
             .await?;
-        settings.content_type = fork.state.config.content_type.clone();
-        if settings.ttl_seconds.is_none() && asked.expires.is_none() {
-            settings.ttl_seconds = fork.state.config.ttl_seconds;
-            settings.expires_at_ms = settings
-                .ttl_seconds
-                .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
-                .or(fork.state.config.expires_at_ms);
-        }
+        settings.fill_from_source(&fork.state, asked, now);
         // The reference is taken before the fork exists: a crash
         // between the two leaves the source with a reference to no
         // fork, so a later soft delete keeps it (410) instead of a
         // fork ever outliving its source's data.
-        let registering = StreamCommand::RegisterFork {
-            fork: path.to_owned(),
-            now_ms: now,
-        };
-        match self.execute(source, registering).await? {
-            StreamOutput::Registered => {}
-            StreamOutput::Gone => {
-                return Err(Error::status(
-                    StatusCode::CONFLICT,
-                    "the source was deleted",
-                ))
-            }
-            StreamOutput::NotFound => {
-                return Err(Error::status(
-                    StatusCode::NOT_FOUND,
-                    "no such source stream",
-                ))
-            }
-            _ => {
-                return Err(Error::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "unexpected output",
-                ))
-            }
-        }
+        self.register_fork(source, path, now).await?;
         Ok(ForkPart {
             inherited: fork.messages,
             lineage: Lineage {
@@ -176,6 +113,46 @@ impl Streams {
             },
             registered: true,
         })
+    }
+
+    /// The stream already stored at `path`, if any (a soft-deleted one is
+    /// refused as a deleted path): a fork create finding one is a create
+    /// again, answered by comparing with it.
+    async fn stored_stream(&self, path: &str, now: i64) -> Result<Option<StreamState>, Error> {
+        let read = StreamQuery::Read {
+            offset: None,
+            now_ms: now,
+        };
+        match self.query(path, read).await? {
+            StreamOutput::Read { state, .. } => Ok(Some(state)),
+            StreamOutput::Gone => Err(Error::DeletedPath),
+            _ => Ok(None),
+        }
+    }
+
+    /// Takes a fork reference for `path` on `source` (its Cell's
+    /// `RegisterFork`), so the source's data is kept while the fork lives:
+    /// a deleted source is a 409, a missing one a 404.
+    async fn register_fork(&self, source: &str, path: &str, now: i64) -> Result<(), Error> {
+        let registering = StreamCommand::RegisterFork {
+            fork: path.to_owned(),
+            now_ms: now,
+        };
+        match self.execute(source, registering).await? {
+            StreamOutput::Registered => Ok(()),
+            StreamOutput::Gone => Err(Error::status(
+                StatusCode::CONFLICT,
+                "the source was deleted",
+            )),
+            StreamOutput::NotFound => Err(Error::status(
+                StatusCode::NOT_FOUND,
+                "no such source stream",
+            )),
+            _ => Err(Error::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected output",
+            )),
+        }
     }
 
     /// The answer to a create command's `output` at `path`.
@@ -325,6 +302,58 @@ struct Settings {
     content_type: String,
     ttl_seconds: Option<u64>,
     expires_at_ms: Option<i64>,
+}
+
+impl Settings {
+    /// Fills what the request left open from the source a new fork copies:
+    /// the source's content type always (an explicit one of another media
+    /// type was refused by [`Streams::fork_prefix`]), and its TTL (with the expiry it implies from `now`, else
+    /// the source's expiry) unless the request set a TTL or an expiry.
+    fn fill_from_source(&mut self, source: &StreamState, asked: &CreateHeaders, now: i64) {
+        self.content_type = source.config.content_type.clone();
+        if self.ttl_seconds.is_none() && asked.expires.is_none() {
+            self.ttl_seconds = source.config.ttl_seconds;
+            self.expires_at_ms = self
+                .ttl_seconds
+                .map(|t| now.saturating_add((t as i64).saturating_mul(1000)))
+                .or(source.config.expires_at_ms);
+        }
+    }
+}
+
+/// The fork part of a fork created again over the `existing` stream at its
+/// path: the settings the request left open come from the stored stream
+/// (content type, and TTL unless a TTL or expiry was given), the lineage
+/// is the asked one (the create command compares it with the stored one),
+/// nothing is inherited and no reference is taken, since the source is not
+/// read (it may be deleted by now).
+fn fork_again(
+    existing: &StreamState,
+    source: &str,
+    asked: &CreateHeaders,
+    settings: &mut Settings,
+) -> Result<ForkPart, Error> {
+    if asked.explicit_type.is_none() {
+        settings.content_type = existing.config.content_type.clone();
+    }
+    if settings.ttl_seconds.is_none() && asked.expires.is_none() {
+        settings.ttl_seconds = existing.config.ttl_seconds;
+    }
+    let offset = match asked.fork_offset.as_deref() {
+        Some(text) => {
+            offset::parse(text).ok_or_else(|| Error::bad("malformed Stream-Fork-Offset"))?
+        }
+        None => 0,
+    };
+    Ok(ForkPart {
+        inherited: Vec::new(),
+        lineage: Lineage {
+            source: source.to_owned(),
+            offset,
+            sub_offset: asked.sub_offset,
+        },
+        registered: false,
+    })
 }
 
 /// A fork's part of its create: the source's messages it starts with, its

@@ -1122,39 +1122,13 @@ async fn deliver(streams: &Streams, key: &str, mut sub: Subscription, mut token:
         let Ok(signer) = signer(streams).await else {
             return;
         };
-        let mut payload = wake_payload(key, &sub);
-        payload["callback_url"] = json!(format!(
-            "{}{CONTROL_SEGMENT}/subscriptions/{}/callback",
-            sub.config.base_url,
-            id_of(key)
-        ));
-        payload["callback_token"] = json!(token);
-        let body = Bytes::from(payload.to_string());
-        let mut answer = None;
-        for attempt in 0..DELIVERY_ATTEMPTS {
-            let unix = (now_ms() / 1000) as u64;
-            match webhook::post(&target, allow, &signer, body.clone(), unix).await {
-                Ok(a) if (200..300).contains(&a.status) => {
-                    answer = Some(a);
-                    break;
-                }
-                Ok(a) => tracing::debug!(%key, status = a.status, "webhook refused the wake"),
-                Err(e) => tracing::debug!(%key, error = %e, "webhook delivery failed"),
-            }
-            let backoff = 250u64 << attempt;
-            let jitter = rand::random::<u64>() % (backoff / 2 + 1);
-            tokio::time::sleep(Duration::from_millis(backoff + jitter)).await;
-        }
+        let body = webhook_body(key, &sub, &token);
         // Untaken: the Cell's deadline brings a redelivery (the sweeper).
-        let Some(answer) = answer else {
+        let Some(answer) = post_wake(key, &target, allow, &signer, &body).await else {
             return;
         };
-        let done = serde_json::from_slice::<Value>(&answer.body)
-            .ok()
-            .and_then(|v| v.get("done").and_then(Value::as_bool))
-            .unwrap_or(false);
         let generation = sub.wake.generation;
-        if !done {
+        if !answered_done(&answer) {
             let _: Result<SubscriptionOutput, _> = streams
                 .execute_in(
                     SUBSCRIPTION_KIND,
@@ -1167,36 +1141,98 @@ async fn deliver(streams: &Streams, key: &str, mut sub: Subscription, mut token:
                 .await;
             return;
         }
-        let snapshot: Vec<Ack> = sub
-            .links
-            .iter()
-            .map(|l| Ack {
-                path: l.path.clone(),
-                offset: l.tail.unwrap_or(0),
-            })
-            .collect();
-        let (next, next_token) = fresh();
-        let output: Result<SubscriptionOutput, _> = streams
-            .execute_in(
-                SUBSCRIPTION_KIND,
-                key,
-                &SubscriptionCommand::SyncDone {
-                    generation,
-                    snapshot,
-                    fresh: next,
-                    now_ms: now_ms(),
-                },
-            )
-            .await;
-        match output {
-            Ok(SubscriptionOutput::Acked {
-                woke: Some(next), ..
-            }) => {
+        match record_sync_done(streams, key, &sub, generation).await {
+            Some((next, next_token)) => {
                 sub = next;
                 token = next_token;
             }
-            _ => return,
+            None => return,
         }
+    }
+}
+
+/// The body of a webhook wake: the wake's payload with the callback URL
+/// and the bearer `token` the receiver presents there.
+fn webhook_body(key: &str, sub: &Subscription, token: &str) -> Bytes {
+    let mut payload = wake_payload(key, sub);
+    payload["callback_url"] = json!(format!(
+        "{}{CONTROL_SEGMENT}/subscriptions/{}/callback",
+        sub.config.base_url,
+        id_of(key)
+    ));
+    payload["callback_token"] = json!(token);
+    Bytes::from(payload.to_string())
+}
+
+/// POSTs `body` to `target`, up to [`DELIVERY_ATTEMPTS`] times with
+/// jittered exponential backoff after each failure: the first 2xx answer,
+/// or `None` when every attempt failed or was refused.
+async fn post_wake(
+    key: &str,
+    target: &webhook::Target,
+    allow: bool,
+    signer: &Signer25519,
+    body: &Bytes,
+) -> Option<webhook::Answer> {
+    for attempt in 0..DELIVERY_ATTEMPTS {
+        let unix = (now_ms() / 1000) as u64;
+        match webhook::post(target, allow, signer, body.clone(), unix).await {
+            Ok(a) if (200..300).contains(&a.status) => return Some(a),
+            Ok(a) => tracing::debug!(%key, status = a.status, "webhook refused the wake"),
+            Err(e) => tracing::debug!(%key, error = %e, "webhook delivery failed"),
+        }
+        let backoff = 250u64 << attempt;
+        let jitter = rand::random::<u64>() % (backoff / 2 + 1);
+        tokio::time::sleep(Duration::from_millis(backoff + jitter)).await;
+    }
+    None
+}
+
+/// Whether the receiver's answer is `{"done": true}`: it handled the wake
+/// synchronously (anything else, unreadable included, means it holds the
+/// wake as a lease).
+fn answered_done(answer: &webhook::Answer) -> bool {
+    serde_json::from_slice::<Value>(&answer.body)
+        .ok()
+        .and_then(|v| v.get("done").and_then(Value::as_bool))
+        .unwrap_or(false)
+}
+
+/// Records a synchronous handler's end for wake `generation` of `sub`:
+/// every linked stream acknowledged up to the tail the wake saw. The next
+/// wake this starts, with its bearer token, if any.
+async fn record_sync_done(
+    streams: &Streams,
+    key: &str,
+    sub: &Subscription,
+    generation: u64,
+) -> Option<(Subscription, String)> {
+    let snapshot: Vec<Ack> = sub
+        .links
+        .iter()
+        .map(|l| Ack {
+            path: l.path.clone(),
+            offset: l.tail.unwrap_or(0),
+        })
+        .collect();
+    let (next, next_token) = fresh();
+    let output: Result<SubscriptionOutput, _> = streams
+        .execute_in(
+            SUBSCRIPTION_KIND,
+            key,
+            &SubscriptionCommand::SyncDone {
+                generation,
+                snapshot,
+                fresh: next,
+                now_ms: now_ms(),
+            },
+        )
+        .await;
+    match output {
+        Ok(SubscriptionOutput::Acked {
+            woke: Some(next), ..
+        }) => Some((next, next_token)),
+        _ => None,
     }
 }
 

@@ -78,21 +78,30 @@ fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Every crate with a `src/` directory: its name (its directory under
+/// `crates/`), that directory and the sources below it.
+fn crate_sources() -> Vec<(String, PathBuf, Vec<PathBuf>)> {
+    let mut out = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap() {
+        let dir = krate.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let src = dir.join("src");
+        if src.is_dir() {
+            let mut files = Vec::new();
+            sources(&src, &mut files);
+            out.push((name, src, files));
+        }
+    }
+    out
+}
+
 /// Every crate's name (its directory under `crates/`) and its library and
 /// binary sources, unit-test modules cut off (by house style they close a
 /// file), comments and doc comments dropped: `(crate, file, line number,
 /// code)`.
 fn code_lines() -> Vec<(String, PathBuf, usize, String)> {
     let mut out = Vec::new();
-    for krate in std::fs::read_dir(crates_dir()).unwrap() {
-        let dir = krate.unwrap().path();
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let src = dir.join("src");
-        if !src.is_dir() {
-            continue;
-        }
-        let mut files = Vec::new();
-        sources(&src, &mut files);
+    for (name, _, files) in crate_sources() {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             for (number, line) in text
@@ -424,7 +433,6 @@ fn the_code_map_names_every_source_file_and_only_those() {
     let root = crates_dir().join("..");
     let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
     let named = |text: &str| map.contains(&format!("`{text}`"));
-    let mut unnamed = Vec::new();
     let mut every_file = Vec::new();
     for krate in std::fs::read_dir(crates_dir()).unwrap() {
         let dir = krate.unwrap().path();
@@ -433,12 +441,9 @@ fn the_code_map_names_every_source_file_and_only_those() {
                 sources(&dir.join(sub), &mut every_file);
             }
         }
-        let src = dir.join("src");
-        if !src.is_dir() {
-            continue;
-        }
-        let mut files = Vec::new();
-        sources(&src, &mut files);
+    }
+    let mut unnamed = Vec::new();
+    for (_, src, files) in crate_sources() {
         for file in files {
             let relative = file
                 .strip_prefix(&src)

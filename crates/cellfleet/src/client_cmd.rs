@@ -739,17 +739,19 @@ fn print_cells_table(
         .unwrap_or(0)
         .max(4);
     println!(
-        "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>8}  CELL",
-        "KIND", "KEY", "OWNER", "EPOCH", "TXID"
+        "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>9}  CELL",
+        "KIND", "KEY", "OWNER", "EPOCH", "ROOT TXID"
     );
     for ((c, key), owner) in response.cells.iter().zip(&keys).zip(&owners) {
         println!(
-            "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>8}  {}",
+            "{:<kind_width$} {:<key_width$} {:<owner_width$} {:>6} {:>9}  {}",
             c.kind, key, owner, c.epoch, c.txid, c.cell_id
         );
     }
     println!(
-        "(OWNER - : released, e.g. by a drain; the next request places it. ds_registry and \
+        "(OWNER - : released, e.g. by a drain; the next request places it. ROOT TXID: the \
+         state the root holds; in publication mode log, newer records wait in the node log \
+         until the next checkpoint (`cellfleet cell show` says where). ds_registry and \
          ds_subscription Cells are the Durable Streams service's own)"
     );
     if !response.next_page_token.is_empty() {

@@ -1868,10 +1868,15 @@ async fn leases_and_cells_tell_a_dead_owner_and_page() {
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
     let table = tokio::task::block_in_place(|| run(&["cells"]));
-    let lines: Vec<&str> = table
-        .lines()
-        .filter(|l| l.contains(" log ") || l.starts_with("log "))
-        .collect();
+    // The TXID column is the root's, and the table says newer records
+    // wait in the node log (a Cell just written shows its root's TXID).
+    assert!(
+        table.contains(" ROOT TXID  CELL")
+            && table.contains("newer records wait in the node log until the next checkpoint"),
+        "{table}"
+    );
+    // The rows of kind `log` (KIND is the first column).
+    let lines: Vec<&str> = table.lines().filter(|l| l.starts_with("log ")).collect();
     assert_eq!(lines.len(), 5, "{table}");
     let cell_column = |line: &str| line.rfind("  ").expect("CELL column");
     assert!(

@@ -820,8 +820,9 @@ impl Cell {
     }
 
     /// After a group that changed the database: stamps its `txid` into the
-    /// ledger and prunes the entries past expiry plus the skew margin (from
-    /// the table and `index`); returns the new ledger expiry floor.
+    /// ledger and, when the earliest expiry is past (expiry plus the skew
+    /// margin), prunes at most `ledger_prune_max` such entries (from the
+    /// table and `index`); returns the new ledger expiry floor.
     /// `recorded_expiry` is the earliest expiry the group recorded
     /// (`i64::MAX` when it recorded none).
     fn stamp_and_prune_ledger(

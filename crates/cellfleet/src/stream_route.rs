@@ -146,6 +146,35 @@ impl StreamBackend for RoutedBackend {
         })
     }
 
+    fn watch<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        after: u64,
+        wait: std::time::Duration,
+    ) -> BackendFuture<'a, u64> {
+        Box::pin(async move {
+            let cell = CellId::for_kind_key(kind, key);
+            let request = Routed::NodeWatch(v1::NodeWatch {
+                kind: kind.to_owned(),
+                key: key.to_vec(),
+                after_txid: after,
+                wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
+            });
+            let response = self
+                .router
+                .route(&cell, request, None)
+                .await
+                .map_err(status_error)?;
+            let v1::forward_response::Response::Watch(watched) = response else {
+                return Err(BackendError::Internal(
+                    "the owner sent no watch response".into(),
+                ));
+            };
+            Ok(watched.txid)
+        })
+    }
+
     fn sweeps<'a>(&'a self, kind: &'a str, key: &'a [u8]) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             let live: Vec<cellfleet_authority::NodeId> = self

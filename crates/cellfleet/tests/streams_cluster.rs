@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use cellfleet_proto::v1;
 use cellfleet_proto::v1::peer_client::PeerClient;
 use cellfleet_router::tls::{self, TlsIdentity};
-use cluster_common::{error_code, Cluster, Store, BIN};
+use cluster_common::{error_code, metric, Cluster, Store, BIN};
 
 /// One HTTP/1.1 exchange's answer.
 #[derive(Debug)]
@@ -238,32 +238,54 @@ async fn stream_requests_reach_the_owner_through_any_node() {
         .position(|n| n.id == *owner)
         .expect("owner is a node");
     let other = (owner_index + 1) % nodes;
-    // A long-poll on a non-owner sees an append made on the owner (the
-    // waiting reader re-queries through the router).
-    let (reader, writer) = (
-        streams_addr(&cluster, other),
-        streams_addr(&cluster, owner_index),
-    );
-    let path = owned_path.clone();
-    let poll = std::thread::spawn(move || {
-        let tail = cellfleet_streams::offset::format(6);
-        http(
-            reader,
-            "GET",
-            &format!("{path}?offset={tail}&live=long-poll"),
-            &[],
-            b"",
-        )
-    });
-    tokio::task::block_in_place(|| {
-        std::thread::sleep(Duration::from_millis(300));
-        let reply = http(writer, "POST", owned_path, &text, b"late;").expect("append");
-        assert!(reply.status / 100 == 2, "{reply:?}");
-    });
-    let polled = poll.join().expect("long-poll thread").expect("long-poll");
+    let third = (owner_index + 2) % nodes;
+    // A long-poll on a non-owner sees an append made on the owner, then
+    // one made through the third node: the reader's node watches the
+    // stream's Cell at its owner, which answers when it acknowledges an
+    // append, whichever node it came through.
+    let owner_wakes = || {
+        tokio::task::block_in_place(|| {
+            metric(
+                &cluster.nodes[owner_index],
+                "cellfleet_runtime_watch_wakes_total",
+            )
+        })
+    };
+    let wakes_before = owner_wakes();
+    let reader = streams_addr(&cluster, other);
+    let mut tail = 6;
+    for (writer, message) in [(owner_index, "late;"), (third, "later;")] {
+        let path = owned_path.clone();
+        let at = cellfleet_streams::offset::format(tail);
+        let poll = std::thread::spawn(move || {
+            http(
+                reader,
+                "GET",
+                &format!("{path}?offset={at}&live=long-poll"),
+                &[],
+                b"",
+            )
+        });
+        tokio::task::block_in_place(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            let writer = streams_addr(&cluster, writer);
+            let reply =
+                http(writer, "POST", owned_path, &text, message.as_bytes()).expect("append");
+            assert!(reply.status / 100 == 2, "{reply:?}");
+        });
+        let polled = poll.join().expect("long-poll thread").expect("long-poll");
+        assert!(
+            polled.status == 200 && polled.body == message.as_bytes(),
+            "long-poll through a non-owner: {polled:?}"
+        );
+        tail += message.len() as u64;
+    }
+    // The owner answered the reader's node's watches with the appends.
+    let wakes = owner_wakes();
     assert!(
-        polled.status == 200 && polled.body == b"late;",
-        "long-poll through a non-owner: {polled:?}"
+        wakes >= wakes_before + 2.0,
+        "the owner woke {} watches for two appends",
+        wakes - wakes_before
     );
 
     // The peer service runs unsigned node requests for the stream kinds
@@ -330,7 +352,10 @@ async fn stream_requests_reach_the_owner_through_any_node() {
     };
     // The same node request for a stream runs (on the owner) or answers
     // NOT_OWNER: it is never refused for its kind.
-    match PeerClient::new(channel).forward(stream_query.clone()).await {
+    match PeerClient::new(channel.clone())
+        .forward(stream_query.clone())
+        .await
+    {
         Ok(response) => assert!(response.into_inner().response.is_some()),
         Err(status) => assert_eq!(
             error_code(&status),
@@ -338,6 +363,48 @@ async fn stream_requests_reach_the_owner_through_any_node() {
             "{status:?}"
         ),
     }
+    // A watch is a node request too: refused for any other kind.
+    let watch = |kind: &str| v1::ForwardRequest {
+        request: Some(v1::forward_request::Request::NodeWatch(v1::NodeWatch {
+            kind: kind.into(),
+            key: paths[0].as_bytes().to_vec(),
+            after_txid: 0,
+            wait_ms: 100,
+        })),
+        hops: 1,
+        ingress_node_id: "n2".into(),
+        deadline_unix_ms: 0,
+    };
+    let refused = PeerClient::new(channel.clone())
+        .forward(watch("kv"))
+        .await
+        .expect_err("an unsigned kv watch must be refused");
+    assert_eq!(
+        error_code(&refused),
+        Some(v1::ErrorCode::Unauthorized),
+        "{refused:?}"
+    );
+    match PeerClient::new(channel.clone())
+        .forward(watch("stream"))
+        .await
+    {
+        Ok(response) => assert!(matches!(
+            response.into_inner().response,
+            Some(v1::forward_response::Response::Watch(v1::NodeWatchResponse { txid })) if txid > 0
+        )),
+        Err(status) => assert_eq!(
+            error_code(&status),
+            Some(v1::ErrorCode::NotOwner),
+            "{status:?}"
+        ),
+    }
+    let not_a_node = PeerClient::new(client_channel.clone())
+        .forward(watch("stream"))
+        .await;
+    assert!(
+        not_a_node.is_err(),
+        "a client certificate reached the peer service: {not_a_node:?}"
+    );
     let not_a_node = PeerClient::new(client_channel)
         .forward(stream_query.clone())
         .await;

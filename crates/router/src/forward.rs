@@ -139,6 +139,8 @@ pub enum Routed {
     NodeCommand(v1::NodeCommand),
     /// An unsigned query this node issues for a node-request kind.
     NodeQuery(v1::NodeQuery),
+    /// A wait for a Cell of a node-request kind to move on (live reads).
+    NodeWatch(v1::NodeWatch),
 }
 
 /// A client request as the ingress verified it, carried beside its wire
@@ -436,6 +438,7 @@ impl Router {
                 Routed::Resolve(r) => v1::forward_request::Request::Resolve(r),
                 Routed::NodeCommand(r) => v1::forward_request::Request::NodeCommand(r),
                 Routed::NodeQuery(r) => v1::forward_request::Request::NodeQuery(r),
+                Routed::NodeWatch(r) => v1::forward_request::Request::NodeWatch(r),
             }),
             hops,
             ingress_node_id: self.me().as_str().to_owned(),
@@ -593,6 +596,7 @@ impl Router {
             v1::forward_response::Response::Execute(r) => r.receipt.as_ref().map(|r| r.epoch),
             v1::forward_response::Response::Resolve(r) => r.receipt.as_ref().map(|r| r.epoch),
             v1::forward_response::Response::Query(r) => r.receipt.as_ref().map(|r| r.epoch),
+            v1::forward_response::Response::Watch(_) => None,
         }
         .unwrap_or(0);
         let (node_id, endpoint) = match target {
@@ -682,6 +686,10 @@ pub async fn run_local(
         (Routed::NodeQuery(r), _) => {
             allow_node_kind(node_kinds, &r.kind)?;
             Response::Query(crate::local::node_query(node, r).await?)
+        }
+        (Routed::NodeWatch(r), _) => {
+            allow_node_kind(node_kinds, &r.kind)?;
+            Response::Watch(crate::local::node_watch(node, r).await?)
         }
     })
 }

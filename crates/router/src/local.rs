@@ -199,6 +199,24 @@ pub async fn node_query(node: &NodeHandle, request: &v1::NodeQuery) -> Result<v1
     })
 }
 
+/// Waits on this node for a Cell of a node-request kind to move past
+/// `after_txid` (the caller checked its kind): the owner answers a peer's
+/// live reads this way.
+pub async fn node_watch(
+    node: &NodeHandle,
+    request: &v1::NodeWatch,
+) -> Result<v1::NodeWatchResponse> {
+    let seen = node
+        .watch(
+            &request.kind,
+            &request.key,
+            cellfleet_authority::Txid(request.after_txid),
+            std::time::Duration::from_millis(u64::from(request.wait_ms)),
+        )
+        .await?;
+    Ok(v1::NodeWatchResponse { txid: seen.0 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //!
 //! A peer never forwards: it answers from its own runtime or with
 //! NOT_OWNER and its best hint, so requests cannot loop. An unsigned node
-//! request (NodeCommand, NodeQuery) is accepted only here — from an
+//! request (NodeCommand, NodeQuery, NodeWatch) is accepted only here — from an
 //! mTLS-authenticated node — and only for the router's node kinds.
 
 use std::sync::Arc;
@@ -54,6 +54,7 @@ impl v1::peer_server::Peer for PeerService {
             Some(v1::forward_request::Request::Resolve(r)) => Routed::Resolve(r),
             Some(v1::forward_request::Request::NodeCommand(r)) => Routed::NodeCommand(r),
             Some(v1::forward_request::Request::NodeQuery(r)) => Routed::NodeQuery(r),
+            Some(v1::forward_request::Request::NodeWatch(r)) => Routed::NodeWatch(r),
             None => return Err(Error::Malformed("the forward carries no request".into()).into()),
         };
         // Unsigned node requests arrive only here, behind require_node

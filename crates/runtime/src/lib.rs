@@ -56,6 +56,7 @@ mod replay;
 /// Test support (feature `testkit`: for this workspace's tests and examples).
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod watch;
 
 pub use config::{GcSettings, LogSettings, NodeConfig, NodeLimits, PublicationMode};
 pub use error::{Error, Result};

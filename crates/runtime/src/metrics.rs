@@ -166,6 +166,10 @@ pub struct Metrics {
     pub commands_total: AtomicU64,
     /// Queries answered.
     pub queries_total: AtomicU64,
+    /// Watches answered ([`crate::node::NodeHandle::watch`]).
+    pub watches_total: AtomicU64,
+    /// Watches answered with a newer acknowledged TXID (a wake).
+    pub watch_wakes_total: AtomicU64,
     /// Publications refused because another owner exists (412).
     pub fences_total: AtomicU64,
     /// Envelope signatures verified by this node's router (shared with its
@@ -262,6 +266,8 @@ impl Default for Metrics {
             publications_total: AtomicU64::new(0),
             commands_total: AtomicU64::new(0),
             queries_total: AtomicU64::new(0),
+            watches_total: AtomicU64::new(0),
+            watch_wakes_total: AtomicU64::new(0),
             fences_total: AtomicU64::new(0),
             signatures_verified_total: Arc::new(AtomicU64::new(0)),
             publications_unknown_total: AtomicU64::new(0),
@@ -458,6 +464,8 @@ impl Metrics {
             ("cellfleet_runtime_publications", "Publications committed", &self.publications_total),
             ("cellfleet_runtime_commands", "Commands acknowledged", &self.commands_total),
             ("cellfleet_runtime_queries", "Queries answered", &self.queries_total),
+            ("cellfleet_runtime_watches", "Watches of a Cell's acknowledged state answered (a peer's or this node's live reads)", &self.watches_total),
+            ("cellfleet_runtime_watch_wakes", "Watches answered with a newer acknowledged state", &self.watch_wakes_total),
             (
                 "cellfleet_router_signatures_verified",
                 "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it",

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use cellfleet_authority::{CellId, Clock, Epoch, Holder, Layout, NodeId, NodeLeases, Roots};
-use cellfleet_cell::{Command, CommandId};
+use cellfleet_cell::{Command, CommandId, Txid};
 use cellfleet_store::ObjectStore;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -315,6 +315,7 @@ fn actor_context(
         skew_margin_ms: i64::try_from(config.lease.drift_margin_ms).unwrap_or(i64::MAX),
         log: activator.log.clone(),
         log_settings: config.log.clone(),
+        watches: Arc::new(crate::watch::Watches::default()),
     }
 }
 
@@ -1035,6 +1036,37 @@ impl NodeHandle {
                 .fetch_add(1, Ordering::Relaxed);
         }
         answer
+    }
+
+    /// Waits until Cell `(kind, key)`'s acknowledged state is past `after`
+    /// (at most `wait`, capped at [`crate::watch::WATCH_WAIT_MAX`]) and
+    /// returns its TXID then: `after` itself when nothing newer was
+    /// acknowledged in time. A query started after the answer reads at
+    /// least that state. `NotOwner` when this node holds no root of the
+    /// Cell (owned elsewhere, or not activated here yet). Watching never
+    /// activates a Cell or keeps one open.
+    pub async fn watch(&self, kind: &str, key: &[u8], after: Txid, wait: Duration) -> Result<Txid> {
+        let until = tokio::time::Instant::now() + wait.min(crate::watch::WATCH_WAIT_MAX);
+        let cell = CellId::for_kind_key(kind, key);
+        let watches = &self.shared.actor_context.watches;
+        // Subscribe first: a group acknowledged after the description
+        // below is signalled, one before it is in the description.
+        let (mut receiver, _) = watches.subscribe(&cell);
+        let Some(described) = self.describe_cell(kind, key).await else {
+            return Err(Error::NotOwner {
+                cell,
+                owner: None,
+                endpoint: None,
+            });
+        };
+        watches.acknowledged(&cell, described.txid);
+        let seen = crate::watch::wait_past(&mut receiver, after, until).await;
+        let metrics = &self.shared.metrics;
+        metrics.watches_total.fetch_add(1, Ordering::Relaxed);
+        if seen > after {
+            metrics.watch_wakes_total.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(seen)
     }
 
     /// The fate of `command_id` on Cell `(kind, key)`: COMMITTED with the

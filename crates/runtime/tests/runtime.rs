@@ -908,3 +908,70 @@ async fn readers_are_charged_against_fds_max_and_every_query_answers() {
             >= CELLS - 5
     );
 }
+
+/// A watch is answered by the next acknowledged group, whatever sent it,
+/// and at its bound with what it gave; a Cell this node holds no root of
+/// is NotOwner. In both publication modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_is_answered_by_the_next_acknowledged_group() {
+    use std::time::Duration;
+    for cell_mode in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+        let config = if cell_mode {
+            cell_node_config("n1", dir.path(), "watch")
+        } else {
+            node_config("n1", dir.path(), "watch")
+        };
+        let clock = manual_clock();
+        let node = start(config, store, clock.clone()).await;
+        let missing = node
+            .watch(KIND, KEY, Txid::ZERO, Duration::from_secs(1))
+            .await;
+        assert!(
+            matches!(missing, Err(Error::NotOwner { .. })),
+            "no root here yet: {missing:?}"
+        );
+        let first = node
+            .execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        let at = first.receipt.txid;
+        // Behind the Cell: answered at once with where it is.
+        let seen = node
+            .watch(KIND, KEY, Txid::ZERO, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(seen, at, "cell mode {cell_mode}");
+        // At the Cell: nothing newer within the bound.
+        let seen = node
+            .watch(KIND, KEY, at, Duration::from_millis(50))
+            .await
+            .unwrap();
+        assert_eq!(seen, at, "cell mode {cell_mode}");
+        // At the Cell, then a command: the watch wakes with its TXID.
+        let waiting = {
+            let node = node.clone();
+            tokio::spawn(async move { node.watch(KIND, KEY, at, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "nothing new yet");
+        let second = node
+            .execute(KIND, KEY, append(clock.as_ref(), 2))
+            .await
+            .unwrap();
+        let woke = waiting.await.unwrap().unwrap();
+        assert_eq!(woke, second.receipt.txid, "cell mode {cell_mode}");
+        let metrics = node.metrics_text();
+        assert!(
+            metrics.contains("cellfleet_runtime_watches_total{node=\"n1\"} 3"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("cellfleet_runtime_watch_wakes_total{node=\"n1\"} 2"),
+            "{metrics}"
+        );
+        node.drain().await.unwrap();
+    }
+}

@@ -7,6 +7,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use cellfleet_cell::{Command, Outcome};
 use cellfleet_runtime::{Error as RuntimeError, NodeHandle};
@@ -45,6 +46,27 @@ pub trait StreamBackend: Debug + Send + Sync + 'static {
         name: &'a str,
         args: Value,
     ) -> BackendFuture<'a, Value>;
+
+    /// Waits until Cell (`kind`, `key`)'s acknowledged state is past TXID
+    /// `after` (at most about `wait`) and returns its TXID then: `after`
+    /// when nothing newer came in time. Live readers are woken this way
+    /// whatever node the change came through. The default cannot watch
+    /// (readers then fall back to their periodic re-check).
+    fn watch<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        after: u64,
+        wait: Duration,
+    ) -> BackendFuture<'a, u64> {
+        let _ = (kind, key, after, wait);
+        Box::pin(async {
+            Err(BackendError::Unavailable {
+                message: "this backend cannot watch a Cell".into(),
+                retry_after_ms: None,
+            })
+        })
+    }
 
     /// Whether this node is the one that checks Cell (`kind`, `key`) in the
     /// periodic full sweep of subscriptions: one node per subscription in
@@ -136,6 +158,22 @@ impl StreamBackend for LocalBackend {
         Box::pin(async move {
             let queried = self.node.query(kind, key, name, args, None).await?;
             Ok(queried.value)
+        })
+    }
+
+    fn watch<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        after: u64,
+        wait: Duration,
+    ) -> BackendFuture<'a, u64> {
+        Box::pin(async move {
+            let seen = self
+                .node
+                .watch(kind, key, cellfleet_cell::Txid(after), wait)
+                .await?;
+            Ok(seen.0)
         })
     }
 }

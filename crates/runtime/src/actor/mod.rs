@@ -287,6 +287,8 @@ pub(crate) struct ActorContext {
     /// The node log (log mode); `None` in cell mode.
     pub log: Option<Arc<NodeLog>>,
     pub log_settings: LogSettings,
+    /// Raised after each acknowledged group ([`crate::watch`]).
+    pub watches: Arc<crate::watch::Watches>,
 }
 
 #[derive(Debug)]

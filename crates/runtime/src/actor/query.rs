@@ -139,6 +139,7 @@ impl Actor {
 
     pub(super) async fn serve_waiters(&mut self) {
         let published = self.published_txid();
+        self.ctx.watches.acknowledged(&self.cell_id, published);
         let (ready, kept): (Vec<_>, Vec<_>) = self
             .waiters
             .drain(..)

@@ -262,6 +262,23 @@ impl Streams {
         }
     }
 
+    /// Subscribes a live reader to `path`'s changes (subscribe *before* the
+    /// last emptiness check), starting the stream's pump if it has none.
+    pub(crate) fn changes(
+        &self,
+        path: &str,
+    ) -> tokio::sync::watch::Receiver<crate::notify::Change> {
+        let (changes, start) = self.notifier.subscribe_pumped(path);
+        if start {
+            tokio::spawn(crate::notify::pump(
+                self.notifier.clone(),
+                self.backend.clone(),
+                path.to_owned(),
+            ));
+        }
+        changes
+    }
+
     /// `path`'s published tail is now `tail`: wakes its readers and its subscriptions.
     pub(crate) fn published(&self, path: &str, tail: u64) {
         self.notifier.changed(path);

@@ -214,7 +214,7 @@ impl Streams {
         let deadline = tokio::time::Instant::now() + self.config.long_poll_timeout;
         // Subscribe before the emptiness check, so an append between the
         // check and the wait still wakes this reader.
-        let mut changes = self.notifier.subscribe(path);
+        let mut changes = self.changes(path);
         let mut woke = tokio::time::Instant::now();
         let mut position = start;
         let mut touched = false;

@@ -148,7 +148,7 @@ impl Streams {
         let Ok(permit) = self.live.sse.clone().try_acquire_owned() else {
             return Err(Error::TooMany("SSE connections"));
         };
-        let mut changes = self.notifier.subscribe(path);
+        let mut changes = self.changes(path);
         let first = self
             .read_live(path, start, tokio::time::Instant::now())
             .await?;

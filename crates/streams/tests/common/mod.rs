@@ -99,6 +99,16 @@ impl cellfleet_streams::StreamBackend for Counting {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.query(kind, key, name, args)
     }
+
+    fn watch<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a [u8],
+        after: u64,
+        wait: std::time::Duration,
+    ) -> cellfleet_streams::BackendFuture<'a, u64> {
+        self.inner.watch(kind, key, after, wait)
+    }
 }
 
 /// The counters of a counting server.

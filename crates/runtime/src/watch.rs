@@ -1,0 +1,150 @@
+//! Waiting for a Cell's acknowledged state to move: [`Watches`] keeps one signal per watched Cell, which its actor raises after each acknowledged group, whatever path the commands came by (this node's own protocols, a peer's forward, the gRPC API).
+//!
+//! A watcher gives the TXID it has seen and is answered with a later one
+//! as soon as that is acknowledged, or with what it gave after its wait
+//! bound. The signal of a Cell nobody watches is dropped once the map has
+//! doubled (amortized O(1) per subscription), so the map stays bounded by
+//! the watched Cells. An actor checks one atomic count before it takes the
+//! lock, so a node nobody watches pays nothing per group.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use cellfleet_authority::CellId;
+use cellfleet_cell::Txid;
+use tokio::sync::watch;
+
+/// The longest one watch waits before it is answered with no change.
+pub const WATCH_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Per-Cell signals of acknowledged TXIDs.
+#[derive(Debug, Default)]
+pub struct Watches {
+    cells: Mutex<Cells>,
+    /// Cells in the map: zero means no actor needs the lock.
+    watched: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Cells {
+    senders: HashMap<CellId, watch::Sender<Txid>>,
+    /// The map's size after the last sweep.
+    swept_at: usize,
+}
+
+impl Watches {
+    /// Subscribes to `cell`'s acknowledged TXID. The second value is true
+    /// when the signal is new: its TXID is not known yet (zero) and the
+    /// caller must learn it another way before it waits.
+    pub fn subscribe(&self, cell: &CellId) -> (watch::Receiver<Txid>, bool) {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        if cells.senders.len() > 2 * cells.swept_at + 64 {
+            cells
+                .senders
+                .retain(|_, sender| sender.receiver_count() > 0);
+            cells.swept_at = cells.senders.len();
+        }
+        let fresh = !cells.senders.contains_key(cell);
+        let receiver = cells
+            .senders
+            .entry(cell.clone())
+            .or_insert_with(|| watch::channel(Txid::ZERO).0)
+            .subscribe();
+        self.watched.store(cells.senders.len(), Ordering::Release);
+        (receiver, fresh)
+    }
+
+    /// `cell`'s acknowledged state is at `txid` (it never moves back: a
+    /// lower TXID is ignored).
+    pub fn acknowledged(&self, cell: &CellId, txid: Txid) {
+        if self.watched.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sender) = cells.senders.get(cell) {
+            sender.send_if_modified(|seen| {
+                let newer = txid > *seen;
+                if newer {
+                    *seen = txid;
+                }
+                newer
+            });
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.cells
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .senders
+            .len()
+    }
+}
+
+/// Waits until `receiver` holds a TXID above `after`, or `until`; returns
+/// the TXID it holds then (`after` when nothing newer came).
+pub async fn wait_past(
+    receiver: &mut watch::Receiver<Txid>,
+    after: Txid,
+    until: tokio::time::Instant,
+) -> Txid {
+    let newer = tokio::time::timeout_at(until, receiver.wait_for(|seen| *seen > after))
+        .await
+        .ok()
+        .and_then(|seen| seen.ok().map(|seen| *seen));
+    newer.unwrap_or_else(|| (*receiver.borrow()).max(after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn cell(key: &str) -> CellId {
+        CellId::for_kind_key("kv", key.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_watcher_is_answered_with_the_next_acknowledged_txid() {
+        let watches = Watches::default();
+        let (mut rx, fresh) = watches.subscribe(&cell("a"));
+        assert!(fresh, "the first subscription makes the signal");
+        let (_rx2, fresh) = watches.subscribe(&cell("a"));
+        assert!(!fresh, "a second one shares it");
+        watches.acknowledged(&cell("a"), Txid(3));
+        watches.acknowledged(&cell("b"), Txid(9));
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert_eq!(wait_past(&mut rx, Txid(2), until).await, Txid(3));
+        // A lower TXID never moves it back.
+        watches.acknowledged(&cell("a"), Txid(1));
+        assert_eq!(*rx.borrow(), Txid(3));
+    }
+
+    #[tokio::test]
+    async fn a_watcher_past_the_latest_txid_gets_what_it_gave_at_its_bound() {
+        let watches = Watches::default();
+        let (mut rx, _) = watches.subscribe(&cell("a"));
+        watches.acknowledged(&cell("a"), Txid(3));
+        let until = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(wait_past(&mut rx, Txid(5), until).await, Txid(5));
+        let until = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(wait_past(&mut rx, Txid(3), until).await, Txid(3));
+    }
+
+    #[test]
+    fn signals_nobody_watches_are_dropped() {
+        let watches = Watches::default();
+        for i in 0..10_000 {
+            drop(watches.subscribe(&cell(&i.to_string())));
+        }
+        assert!(watches.len() < 200, "{} signals kept", watches.len());
+        let (_kept, _) = watches.subscribe(&cell("kept"));
+        for i in 0..1_000 {
+            drop(watches.subscribe(&cell(&format!("x{i}"))));
+        }
+        let (_, fresh) = watches.subscribe(&cell("kept"));
+        assert!(!fresh, "a watched Cell's signal survives the sweeps");
+    }
+}

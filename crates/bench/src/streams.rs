@@ -131,6 +131,11 @@ pub struct StreamsBenchArgs {
     /// A running server to measure too, as NAME=http://HOST:PORT (repeatable).
     #[arg(long)]
     url: Vec<String>,
+    /// Send the appends of target NAME's long-poll and SSE measurements to
+    /// another node of its cluster, as NAME=http://HOST:PORT (repeatable):
+    /// its readers then wait on one node for appends made through another.
+    #[arg(long)]
+    writer: Vec<String>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -145,6 +150,8 @@ struct Target {
     /// Path prefix before `/v1/stream/...` (empty for a server at the root).
     prefix: String,
     description: String,
+    /// `HOST:PORT` the latency measurements' appends go to (`--writer`).
+    writer: String,
 }
 
 impl Target {
@@ -164,7 +171,23 @@ impl Target {
             authority: authority.to_owned(),
             prefix: prefix.to_owned(),
             description,
+            writer: authority.to_owned(),
         })
+    }
+
+    /// Sends the latency measurements' appends to `url` (`--writer`).
+    fn write_through(&mut self, url: &str) -> anyhow::Result<()> {
+        let writer = Target::parse(&self.name, url, String::new())?;
+        if writer.prefix != self.prefix {
+            bail!(
+                "--writer {url}: the path prefix differs from {}'s",
+                self.name
+            );
+        }
+        self.description
+            .push_str(&format!("; its long-poll and SSE appends through {url}"));
+        self.writer = writer.authority;
+        Ok(())
     }
 
     fn path(&self, run: &str, stream: &str) -> String {
@@ -211,10 +234,14 @@ struct Reply {
 }
 
 async fn connect(target: &Target) -> Result<Sender, String> {
-    let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(&target.authority))
+    connect_to(&target.authority).await
+}
+
+async fn connect_to(authority: &str) -> Result<Sender, String> {
+    let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(authority))
         .await
-        .map_err(|_| format!("connecting to {}: timed out", target.authority))?
-        .map_err(|e| format!("connecting to {}: {e}", target.authority))?;
+        .map_err(|_| format!("connecting to {authority}: timed out"))?
+        .map_err(|e| format!("connecting to {authority}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -566,7 +593,9 @@ async fn long_poll(
     append_bytes: usize,
 ) -> anyhow::Result<LatencyResult> {
     let mut offset = tail(target, path).await?;
-    let mut writer = connect(target).await.map_err(anyhow::Error::msg)?;
+    let mut writer = connect_to(&target.writer)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut reader = connect(target).await.map_err(anyhow::Error::msg)?;
     let mut result = LatencyResult {
         histogram: histogram(),
@@ -760,7 +789,9 @@ async fn sse_fanout(
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut writer = connect(target).await.map_err(anyhow::Error::msg)?;
+    let mut writer = connect_to(&target.writer)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut sent = Vec::with_capacity(appends);
     for sequence in 0..appends {
         let at = Instant::now();
@@ -958,6 +989,15 @@ pub fn run(exe: &Path, args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
             bail!("--url {spec}: give NAME=http://HOST:PORT");
         };
         targets.push(Target::parse(name, url, format!("running server {url}"))?);
+    }
+    for spec in &args.writer {
+        let Some((name, url)) = spec.split_once('=') else {
+            bail!("--writer {spec}: give NAME=http://HOST:PORT");
+        };
+        let Some(target) = targets.iter_mut().find(|t| t.name == name) else {
+            bail!("--writer {spec}: no target named {name}");
+        };
+        target.write_through(url)?;
     }
     if targets.is_empty() {
         bail!("nothing to measure: no cellfleet node, --reference or --url");
@@ -1327,6 +1367,21 @@ mod tests {
         assert_eq!(t.authority, "127.0.0.1:4437");
         assert_eq!(t.path("r", "3"), "/base/v1/stream/bench-r-3");
         assert!(Target::parse("a", "https://x", String::new()).is_err());
+    }
+
+    #[test]
+    fn a_writer_is_another_node_under_the_same_prefix() {
+        let mut t = Target::parse("a", "http://127.0.0.1:4437/base", String::new()).unwrap();
+        assert_eq!(t.writer, "127.0.0.1:4437", "by default the reader's node");
+        t.write_through("http://127.0.0.1:4438/base/").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.writer.as_str()),
+            ("127.0.0.1:4437", "127.0.0.1:4438")
+        );
+        assert!(t
+            .description
+            .contains("through http://127.0.0.1:4438/base/"));
+        assert!(t.write_through("http://127.0.0.1:4438/other").is_err());
     }
 
     #[test]

@@ -93,3 +93,24 @@ fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
     );
     assert!(median["cardinality_ratio"].is_f64(), "{median}");
 }
+
+#[test]
+fn bench_streams_refuses_a_writer_for_no_target() {
+    let output = Command::new(BIN)
+        .args([
+            "bench-streams",
+            "--no-cellfleet",
+            "--url",
+            "a=http://127.0.0.1:9",
+            "--writer",
+            "b=http://127.0.0.1:10",
+        ])
+        .output()
+        .expect("run cellfleet bench-streams");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--writer b=http://127.0.0.1:10: no target named b"),
+        "{stderr}"
+    );
+}

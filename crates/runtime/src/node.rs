@@ -1041,7 +1041,8 @@ impl NodeHandle {
     /// Waits until Cell `(kind, key)`'s acknowledged state is past `after`
     /// (at most `wait`, capped at [`crate::watch::WATCH_WAIT_MAX`]) and
     /// returns its TXID then: `after` itself when nothing newer was
-    /// acknowledged in time. A query started after the answer reads at
+    /// acknowledged in time, or when the Cell left this node meanwhile
+    /// (released or lost: the next watch is `NotOwner`). A query started after the answer reads at
     /// least that state. `NotOwner` when this node holds no root of the
     /// Cell (owned elsewhere, or not activated here yet). Watching never
     /// activates a Cell or keeps one open.

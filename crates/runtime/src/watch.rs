@@ -73,6 +73,18 @@ impl Watches {
         }
     }
 
+    /// This node no longer holds `cell` (released, fenced, failed): its
+    /// watchers are answered now with what they have, so they ask again
+    /// and are told it is not here.
+    pub fn closed(&self, cell: &CellId) {
+        if self.watched.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        cells.senders.remove(cell);
+        self.watched.store(cells.senders.len(), Ordering::Release);
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.cells
@@ -131,6 +143,22 @@ mod tests {
         assert_eq!(wait_past(&mut rx, Txid(5), until).await, Txid(5));
         let until = tokio::time::Instant::now() + Duration::from_millis(20);
         assert_eq!(wait_past(&mut rx, Txid(3), until).await, Txid(3));
+    }
+
+    #[tokio::test]
+    async fn a_closed_cell_answers_its_watchers_at_once() {
+        let watches = Watches::default();
+        let (mut rx, _) = watches.subscribe(&cell("a"));
+        watches.acknowledged(&cell("a"), Txid(3));
+        watches.closed(&cell("a"));
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        let answered =
+            tokio::time::timeout(Duration::from_secs(5), wait_past(&mut rx, Txid(3), until))
+                .await
+                .expect("answered before its bound");
+        assert_eq!(answered, Txid(3), "no change");
+        let (_, fresh) = watches.subscribe(&cell("a"));
+        assert!(fresh, "the next watcher learns the TXID again");
     }
 
     #[test]

@@ -972,6 +972,19 @@ async fn a_watch_is_answered_by_the_next_acknowledged_group() {
             metrics.contains("cellfleet_runtime_watch_wakes_total{node=\"n1\"} 2"),
             "{metrics}"
         );
+        // A drain releases the Cell: its watcher is answered at once, with
+        // no change, instead of at its bound.
+        let last = second.receipt.txid;
+        let waiting = {
+            let node = node.clone();
+            tokio::spawn(async move { node.watch(KIND, KEY, last, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
         node.drain().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("answered when the Cell was released, not at its bound")
+            .unwrap();
+        assert_eq!(answered.unwrap(), last, "cell mode {cell_mode}");
     }
 }

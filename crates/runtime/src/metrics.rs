@@ -746,7 +746,9 @@ mod tests {
             assert!(text.contains(&format!("{sample}\n")), "{sample}: {text}");
         }
         // Every family of the exposition before it moved to prometheus-client
-        // (the two store families need a store).
-        assert_eq!(helps.len(), 37, "{helps:?}");
+        // (the two store families need a store), and the two of watches.
+        assert_eq!(helps.len(), 39, "{helps:?}");
+        assert!(helps.contains("cellfleet_runtime_watches"), "{helps:?}");
+        assert!(helps.contains("cellfleet_runtime_watch_wakes"), "{helps:?}");
     }
 }

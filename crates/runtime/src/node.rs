@@ -810,6 +810,11 @@ impl Shared {
         Ok(handle)
     }
 
+    /// Whether this node holds a root of `cell`: open, opening or parked.
+    fn holds(&self, cell: &CellId) -> bool {
+        self.slots().contains_key(cell) || self.parked().contains_key(cell)
+    }
+
     /// The actor serving `cell`, activating it if needed.
     async fn actor_for(self: &Arc<Self>, kind: &str, key: &[u8]) -> Result<(CellId, ActorHandle)> {
         let (mode, term) = self.admit()?;
@@ -1050,17 +1055,38 @@ impl NodeHandle {
         let until = tokio::time::Instant::now() + wait.min(crate::watch::WATCH_WAIT_MAX);
         let cell = CellId::for_kind_key(kind, key);
         let watches = &self.shared.actor_context.watches;
+        let not_owner = |cell: CellId| Error::NotOwner {
+            cell,
+            owner: None,
+            endpoint: None,
+        };
         // Subscribe first: a group acknowledged after the description
         // below is signalled, one before it is in the description.
-        let (mut receiver, _) = watches.subscribe(&cell);
-        let Some(described) = self.describe_cell(kind, key).await else {
-            return Err(Error::NotOwner {
-                cell,
-                owner: None,
-                endpoint: None,
-            });
-        };
-        watches.acknowledged(&cell, described.txid);
+        let (mut receiver, fresh) = watches.subscribe(&cell);
+        if !self.shared.holds(&cell) {
+            watches.closed(&cell);
+            return Err(not_owner(cell));
+        }
+        if fresh {
+            // A signal that existed without a break already holds the
+            // Cell's TXID (every exit of the Cell drops it); a new one
+            // learns it from the actor.
+            match self.describe_cell(kind, key).await {
+                Some(described) => watches.acknowledged(&cell, described.txid),
+                None => {
+                    watches.closed(&cell);
+                    return Err(if self.shared.holds(&cell) {
+                        // Open, but its mailbox is full: busy, not moved.
+                        Error::ResourceExhausted {
+                            what: "mailbox_commands_max (a watch's description)",
+                            retry_after_ms: self.shared.config.limits.retry_after_ms,
+                        }
+                    } else {
+                        not_owner(cell)
+                    });
+                }
+            }
+        }
         let seen = crate::watch::wait_past(&mut receiver, after, until).await;
         let metrics = &self.shared.metrics;
         metrics.watches_total.fetch_add(1, Ordering::Relaxed);
@@ -1261,6 +1287,8 @@ impl NodeHandle {
                 }
             }
         }
+        // Nothing is held here any more: every watcher is answered now.
+        self.shared.actor_context.watches.close_all();
         if let Some(error) = first_error {
             return Err(error);
         }
@@ -1289,6 +1317,7 @@ impl NodeHandle {
             }
         }
         self.wait_for_exits().await;
+        self.shared.actor_context.watches.close_all();
     }
 }
 
@@ -1338,6 +1367,7 @@ async fn release_parked(shared: Arc<Shared>, cell: CellId) -> Result<()> {
     }
     let root = parked.root;
     let epoch = root.record.epoch;
+    shared.actor_context.watches.closed(&cell);
     match shared.actor_context.publisher.release(root, epoch).await {
         Ok(_) => {
             shared.activator.discard(&cell);

@@ -4,8 +4,15 @@
 //! as soon as that is acknowledged, or with what it gave after its wait
 //! bound. The signal of a Cell nobody watches is dropped once the map has
 //! doubled (amortized O(1) per subscription), so the map stays bounded by
-//! the watched Cells. An actor checks one atomic count before it takes the
-//! lock, so a node nobody watches pays nothing per group.
+//! the watched Cells. An actor checks one atomic count of signals before
+//! it takes the lock, so a node that never had a watcher pays one atomic
+//! load per group (once signals exist, one uncontended lock and lookup).
+//!
+//! Every way a Cell leaves the node drops its signal ([`Watches::closed`]:
+//! the actor's exit when released or lost, a parked Cell's release or
+//! fence, and [`Watches::close_all`] at the end of a drain or halt), so a
+//! signal that existed without a break holds the Cell's acknowledged TXID
+//! and its watchers are answered at once when the Cell goes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +22,10 @@ use cellfleet_authority::CellId;
 use cellfleet_cell::Txid;
 use tokio::sync::watch;
 
-/// The longest one watch waits before it is answered with no change.
-pub const WATCH_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest one watch waits before it is answered with no change: below
+/// the router's hop timeout (10 s), so a forwarded watch is never taken
+/// for an unreachable peer.
+pub const WATCH_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Per-Cell signals of acknowledged TXIDs.
 #[derive(Debug, Default)]
@@ -83,6 +92,14 @@ impl Watches {
         let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         cells.senders.remove(cell);
         self.watched.store(cells.senders.len(), Ordering::Release);
+    }
+
+    /// The node holds nothing any more (drained or halted): every watcher
+    /// is answered now.
+    pub fn close_all(&self) {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        cells.senders.clear();
+        self.watched.store(0, Ordering::Release);
     }
 
     #[cfg(test)]

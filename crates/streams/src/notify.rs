@@ -35,6 +35,10 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// readers left stops within about this long.
 pub const PUMP_WAIT: Duration = Duration::from_secs(4);
 
+/// The longest a pump waits between failed watches (a missing stream, an
+/// owner being taken over, an unreachable peer).
+pub const PUMP_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
 /// A stream's change count and the instant of its last change.
 pub type Change = (u64, Instant);
 
@@ -56,13 +60,17 @@ struct Streams {
 impl Notifier {
     /// Subscribes to changes of `path`; subscribe *before* the last emptiness check.
     pub fn subscribe(&self, path: &str) -> watch::Receiver<Change> {
-        self.subscribe_pumped(path).0
+        self.subscribe_as(path, false).0
     }
 
     /// As [`Notifier::subscribe`]; the flag is true when `path` has no
     /// pump and the caller must start one ([`pump`]): it counts as running
     /// from now on.
     pub fn subscribe_pumped(&self, path: &str) -> (watch::Receiver<Change>, bool) {
+        self.subscribe_as(path, true)
+    }
+
+    fn subscribe_as(&self, path: &str, pumped: bool) -> (watch::Receiver<Change>, bool) {
         let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         // Drop senders nobody listens to once the map has doubled, so it
         // stays bounded by the waiting readers' streams at amortized O(1)
@@ -78,7 +86,7 @@ impl Notifier {
             .entry(path.to_owned())
             .or_insert_with(|| watch::channel((0, Instant::now())).0)
             .subscribe();
-        let start = !streams.pumps.contains_key(path);
+        let start = pumped && !streams.pumps.contains_key(path);
         if start {
             streams.pumps.insert(path.to_owned(), false);
         }
@@ -163,9 +171,11 @@ pub async fn wait(receiver: &mut watch::Receiver<Change>, deadline: Instant) -> 
 /// Watches the Cell of stream `path` through `backend` while readers wait
 /// on it here, and wakes them on each change: the first answer always
 /// wakes them (it may be past what they read). After a failed watch it
-/// waits one [`RECHECK`] and tries again; readers re-check meanwhile.
+/// waits one [`RECHECK`], doubling with each failure in a row up to
+/// [`PUMP_BACKOFF_MAX`], and tries again; readers re-check meanwhile.
 pub async fn pump(notifier: Arc<Notifier>, backend: Arc<dyn StreamBackend>, path: String) {
     let mut after = 0;
+    let mut backoff = RECHECK;
     loop {
         match backend
             .watch(STREAM_KIND, path.as_bytes(), after, PUMP_WAIT)
@@ -174,10 +184,12 @@ pub async fn pump(notifier: Arc<Notifier>, backend: Arc<dyn StreamBackend>, path
             Ok(txid) => {
                 notifier.pumped(&path, Some(txid != after));
                 after = txid;
+                backoff = RECHECK;
             }
             Err(_) => {
                 notifier.pumped(&path, None);
-                tokio::time::sleep(RECHECK).await;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(PUMP_BACKOFF_MAX);
             }
         }
         if notifier.pump_stops(&path) {

@@ -4,9 +4,9 @@
 //! read started at or after `w`. A read started after the wake sees
 //! everything published before the wake (the server signals a wake only
 //! after the append's publication), so the reader gets what its own query
-//! would have returned, or more. A reader woken by a timer (a re-check on
-//! a non-owner, where appends are not signalled) follows the same rule, so
-//! it never reuses a read from before its re-check.
+//! would have returned, or more. A reader woken by a timer (the re-check
+//! that covers a stream whose pump cannot reach the owner) follows the
+//! same rule, so it never reuses a read from before its re-check.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

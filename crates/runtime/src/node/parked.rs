@@ -333,6 +333,7 @@ impl Shared {
                     if parked.remove(cell).is_some() {
                         self.unpark_gauges(bytes, records);
                     }
+                    self.actor_context.watches.closed(cell);
                     None
                 }
             }

@@ -443,6 +443,9 @@ impl Shared {
         if matches {
             slots.remove(cell);
             self.slots_count.store(slots.len(), Ordering::SeqCst);
+            // Closed (parked or gone): its watchers ask again, so a
+            // signal never outlives the actor that raised it.
+            self.actor_context.watches.closed(cell);
         }
     }
 
@@ -881,6 +884,7 @@ impl Shared {
                     }
                     Err(_) => {
                         slots.remove(&cell_id);
+                        shared.actor_context.watches.closed(&cell_id);
                     }
                 }
                 shared.slots_count.store(slots.len(), Ordering::SeqCst);

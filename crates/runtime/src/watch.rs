@@ -8,9 +8,10 @@
 //! it takes the lock, so a node that never had a watcher pays one atomic
 //! load per group (once signals exist, one uncontended lock and lookup).
 //!
-//! Every way a Cell leaves the node drops its signal ([`Watches::closed`]:
-//! the actor's exit when released or lost, a parked Cell's release or
-//! fence, and [`Watches::close_all`] at the end of a drain or halt), so a
+//! Every way a Cell leaves the node, or closes, drops its signal
+//! ([`Watches::closed`]: the actor's exit, a failed activation, a parked
+//! Cell's release or fence, and [`Watches::close_all`] at the end of a
+//! drain or halt), so a
 //! signal that existed without a break holds the Cell's acknowledged TXID
 //! and its watchers are answered at once when the Cell goes.
 

@@ -1393,12 +1393,15 @@ async fn healthz_fails_once_another_session_replaced_the_lease() {
     );
 }
 
-/// Four ports `cellfleet dev --port-base BASE` uses for one node that are
-/// free now (client BASE+1, peer +101, HTTP +201, streams +301).
+/// A port base whose five ports for one node (client BASE+1, peer +101,
+/// HTTP +201, streams +301, console +401) are free now. Bases lie below
+/// Linux's ephemeral range (32768..), so a port the kernel hands another
+/// test's listener or outgoing connection never takes one of them between
+/// this check and `dev`'s bind.
 fn free_port_base() -> u16 {
     for _ in 0..200 {
-        let base = 20_000 + rand::random::<u16>() % 30_000;
-        let free = [1u16, 101, 201, 301]
+        let base = 20_000 + rand::random::<u16>() % 12_000;
+        let free = [1u16, 101, 201, 301, 401]
             .iter()
             .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
         if free {
@@ -1408,9 +1411,43 @@ fn free_port_base() -> u16 {
     panic!("no free port base found");
 }
 
+/// Everything the `dev` runs on `data` wrote to stderr, for a failed
+/// assertion's message.
+fn dev_logs(data: &std::path::Path) -> String {
+    let name = data.file_name().unwrap().to_string_lossy().into_owned();
+    let mut logs = String::new();
+    let mut entries: Vec<_> = std::fs::read_dir(data.parent().unwrap())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let file = path.file_name().unwrap().to_string_lossy();
+            file.starts_with(&format!("{name}.")) && file.ends_with(".stderr")
+        })
+        .collect();
+    entries.sort();
+    for path in entries {
+        logs.push_str(&format!("--- {}\n", path.display()));
+        logs.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+    }
+    logs
+}
+
 /// Runs `cellfleet dev` on `data` until it prints "cluster ready" (or
-/// exits), returning the process and what it printed.
-fn start_dev(data: &std::path::Path, base: u16) -> (std::process::Child, String) {
+/// exits), returning the process and what it printed. A start that lost one
+/// of its ports to another process between `free_port_base` and the bind
+/// is tried again on another base.
+fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
+    for _ in 0..3 {
+        let (child, printed) = start_dev_on(data, free_port_base());
+        if printed.contains("cluster ready") || !printed.contains("Address already in use") {
+            return (child, printed);
+        }
+    }
+    start_dev_on(data, free_port_base())
+}
+
+fn start_dev_on(data: &std::path::Path, base: u16) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(cluster_common::BIN)
         .args(["dev", "--nodes", "1", "--lease-ms", "2000", "--data"])
@@ -1444,6 +1481,9 @@ fn start_dev(data: &std::path::Path, base: u16) -> (std::process::Child, String)
             return (child, printed);
         }
     }
+    // Not ready: stop it (a no-op when it exited) so a retry owns `data`.
+    let _ = child.kill();
+    let _ = child.wait();
     let stderr = std::fs::read_to_string(data.with_extension(format!("{base}.stderr")));
     printed.push_str(&stderr.unwrap_or_default());
     (child, printed)
@@ -1476,8 +1516,7 @@ async fn dev_restarts_with_an_edited_kinds_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("dev");
     tokio::task::block_in_place(|| {
-        let base = free_port_base();
-        let (child, printed) = start_dev(&data, base);
+        let (child, printed) = start_dev(&data);
         assert!(printed.contains("cluster ready"), "{printed}");
         assert!(printed.contains("a changed"), "{printed}");
         let exec = |args: &[&str]| {
@@ -1490,10 +1529,11 @@ async fn dev_restarts_with_an_edited_kinds_manifest() {
                 .expect("run cellfleet exec")
         };
         let before = exec(&["counter", "c1", "add", "--arg", "by=5"]);
-        assert!(before.status.success(), "{before:?}");
+        assert!(before.status.success(), "{before:?}\n{}", dev_logs(&data));
         assert!(
             stop_dev(child).success(),
-            "the first dev did not drain cleanly"
+            "the first dev did not drain cleanly\n{}",
+            dev_logs(&data)
         );
 
         let mut kinds = std::fs::read_to_string(data.join("kinds.toml")).unwrap();
@@ -1502,13 +1542,17 @@ async fn dev_restarts_with_an_edited_kinds_manifest() {
              [kinds.notes.commands.add]\nsql = [\"INSERT INTO notes (text) VALUES (:text)\"]\n",
         );
         std::fs::write(data.join("kinds.toml"), kinds).unwrap();
-        let (child, printed) = start_dev(&data, free_port_base());
+        let (child, printed) = start_dev(&data);
         assert!(
             printed.contains("cluster ready"),
             "dev refused the edited manifest: {printed}"
         );
         let added = exec(&["notes", "n1", "add", "--arg", "text=\"hi\""]);
-        assert!(added.status.success(), "the new kind: {added:?}");
+        assert!(
+            added.status.success(),
+            "the new kind: {added:?}\n{}",
+            dev_logs(&data)
+        );
         let query = std::process::Command::new(cluster_common::BIN)
             .args(["query", "counter", "c1", "value", "--json", "--config"])
             .arg(data.join("client.toml"))
@@ -1517,9 +1561,14 @@ async fn dev_restarts_with_an_edited_kinds_manifest() {
         let text = String::from_utf8_lossy(&query.stdout);
         assert!(
             query.status.success() && text.contains('5'),
-            "the old data: {text}"
+            "the old data: {text}\n{}",
+            dev_logs(&data)
         );
-        assert!(stop_dev(child).success());
+        assert!(
+            stop_dev(child).success(),
+            "the second dev did not drain cleanly\n{}",
+            dev_logs(&data)
+        );
     });
 }
 
@@ -1532,7 +1581,7 @@ async fn a_second_dev_on_a_running_data_directory_refuses_and_changes_nothing() 
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("dev");
     tokio::task::block_in_place(|| {
-        let (first, printed) = start_dev(&data, free_port_base());
+        let (first, printed) = start_dev(&data);
         assert!(printed.contains("cluster ready"), "{printed}");
         let pid = first.id();
         let client_config = std::fs::read(data.join("client.toml")).unwrap();

@@ -1064,6 +1064,9 @@ impl NodeHandle {
             owner: None,
             endpoint: None,
         };
+        // A draining or lease-less node answers as every request does, so
+        // the caller's router looks for the new owner.
+        self.shared.admit()?;
         // Subscribe first: a group acknowledged after the description
         // below is signalled, one before it is in the description.
         let (mut receiver, fresh) = watches.subscribe(&cell);
@@ -1074,11 +1077,17 @@ impl NodeHandle {
         if fresh {
             // A signal that existed without a break already holds the
             // Cell's TXID (every exit of the Cell drops it); a new one
-            // learns it from the actor.
+            // learns it from the actor. Until then it holds zero, which
+            // later watchers would trust: if this watch is dropped before
+            // the TXID is known, the guard drops the signal.
+            let unknown = crate::watch::Unknown::new(watches, &cell);
             match self.describe_cell(kind, key).await {
-                Some(described) => watches.acknowledged(&cell, described.txid),
+                Some(described) => {
+                    watches.acknowledged(&cell, described.txid);
+                    unknown.known();
+                }
                 None => {
-                    watches.closed(&cell);
+                    drop(unknown);
                     return Err(if self.shared.holds(&cell) {
                         // Open, but its mailbox is full: busy, not moved.
                         Error::ResourceExhausted {

@@ -10,8 +10,9 @@
 //!
 //! Every way a Cell leaves the node, or closes, drops its signal
 //! ([`Watches::closed`]: the actor's exit, a failed activation, a parked
-//! Cell's release or fence, and [`Watches::close_all`] at the end of a
-//! drain or halt), so a
+//! Cell's release, fence or loss with the lease, and
+//! [`Watches::close_all`] at the end of a drain or halt), and a new signal
+//! whose TXID was never learned is dropped too ([`Unknown`]), so a
 //! signal that existed without a break holds the Cell's acknowledged TXID
 //! and its watchers are answered at once when the Cell goes.
 
@@ -113,6 +114,39 @@ impl Watches {
     }
 }
 
+/// A new signal whose TXID is not known yet: dropped before [`Unknown::known`]
+/// (its watch cancelled, or the Cell not described), it drops the signal,
+/// whose zero would otherwise be trusted by the next watcher.
+#[must_use]
+pub(crate) struct Unknown<'a> {
+    watches: &'a Watches,
+    cell: &'a CellId,
+    known: bool,
+}
+
+impl<'a> Unknown<'a> {
+    pub(crate) fn new(watches: &'a Watches, cell: &'a CellId) -> Self {
+        Self {
+            watches,
+            cell,
+            known: false,
+        }
+    }
+
+    /// The signal holds the Cell's TXID now.
+    pub(crate) fn known(mut self) {
+        self.known = true;
+    }
+}
+
+impl Drop for Unknown<'_> {
+    fn drop(&mut self) {
+        if !self.known {
+            self.watches.closed(self.cell);
+        }
+    }
+}
+
 /// Waits until `receiver` holds a TXID above `after`, or `until`; returns
 /// the TXID it holds then (`after` when nothing newer came).
 pub async fn wait_past(
@@ -134,6 +168,37 @@ mod tests {
 
     fn cell(key: &str) -> CellId {
         CellId::for_kind_key("kv", key.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_new_signal_left_unknown_is_dropped_and_answers_its_watchers() {
+        let watches = Watches::default();
+        let a = cell("a");
+        let (_first, fresh) = watches.subscribe(&a);
+        assert!(fresh);
+        // A second watcher joins while the first learns the TXID...
+        let (mut second, fresh) = watches.subscribe(&a);
+        assert!(!fresh);
+        // ...and the first is cancelled before it knew it.
+        drop(Unknown::new(&watches, &a));
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        let answered = tokio::time::timeout(
+            Duration::from_secs(1),
+            wait_past(&mut second, Txid(4), until),
+        )
+        .await
+        .expect("answered at once, not at its bound");
+        assert_eq!(answered, Txid(4));
+        // The next watcher makes a new signal and learns the TXID itself.
+        let (_third, fresh) = watches.subscribe(&a);
+        assert!(fresh, "the zero of an unknown signal is never trusted");
+        // A signal whose TXID became known stays.
+        let b = cell("b");
+        let (_rx, fresh) = watches.subscribe(&b);
+        assert!(fresh);
+        watches.acknowledged(&b, Txid(2));
+        Unknown::new(&watches, &b).known();
+        assert!(!watches.subscribe(&b).1);
     }
 
     #[tokio::test]

@@ -514,6 +514,12 @@ impl Actor {
 
     /// Runs until stopped; returns how it ended.
     pub(crate) async fn run(mut self, migration: Option<Publication>) -> Exit {
+        // A signal that outlived an untrusted parked entry (a lease that
+        // lapsed, a Cell written elsewhere since) catches up with the
+        // state this actor starts from; it never moves back.
+        self.ctx
+            .watches
+            .acknowledged(&self.cell_id, self.published_txid());
         if let Some(migration) = migration {
             self.queries_from_txid = migration.txid;
             self.start_publication(migration, 0, Vec::new());

@@ -177,8 +177,13 @@ impl Shared {
         let (bytes, records) = parked.values().fold((0, 0), |(b, r), entry| {
             (b + entry.tail_bytes(), r + entry.tail.len() as i64)
         });
-        parked.clear();
+        let forgotten: Vec<CellId> = parked.drain().map(|(cell, _)| cell).collect();
+        drop(parked);
         self.unpark_gauges(bytes, records);
+        // Their watchers are answered now, not at their bound.
+        for cell in &forgotten {
+            self.actor_context.watches.closed(cell);
+        }
     }
 
     /// Takes parked records that leave without a checkpoint out of the

@@ -132,49 +132,130 @@ pub fn payload_digest(kind: &str, name: &str, args: &Value) -> [u8; 32] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part);
     }
-    let mut canonical = String::new();
-    canonical_json(args, &mut canonical);
+    let mut canonical = Vec::with_capacity(64);
+    canonical_bytes(args, &mut canonical);
     hasher.update((canonical.len() as u64).to_be_bytes());
-    hasher.update(canonical.as_bytes());
+    hasher.update(&canonical);
     hasher.finalize().into()
 }
 
 /// JSON with object keys sorted bytewise and no whitespace, independent of
 /// how `serde_json` was configured (`preserve_order`).
 pub fn canonical_json(value: &Value, out: &mut String) {
+    let mut bytes = Vec::new();
+    canonical_bytes(value, &mut bytes);
+    out.push_str(std::str::from_utf8(&bytes).expect("serde_json writes UTF-8"));
+}
+
+/// [`canonical_json`] written straight into `out`: strings and scalars are
+/// encoded by `serde_json`'s compact writer in place (as its `Display`
+/// does), with no string per key or value.
+fn canonical_bytes(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.push(b'{');
             for (i, key) in keys.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                canonical_json(&map[key], out);
+                write_compact(out, key);
+                out.push(b':');
+                canonical_bytes(&map[key], out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                canonical_json(item, out);
+                canonical_bytes(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => write_compact(out, scalar),
     }
+}
+
+fn write_compact<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    // Writing a string or a scalar into memory cannot fail.
+    serde_json::to_writer(&mut *out, value).expect("a JSON scalar encodes");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The encoding before it wrote in place: one string per key and
+    /// scalar through `Display`. Digests stored in ledgers were made by it.
+    fn canonical_reference(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, key) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(key.clone()).to_string());
+                    out.push(':');
+                    canonical_reference(&map[key], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical_reference(item, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+            r#"[\\"\x{0}-\x{1f}\x{7f}-\x{a0}\x{2028}a-z]{0,8}"#.prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..6)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Ledgers hold digests of the old encoding: the in-place one is
+        /// byte for byte the same, so a retried command still matches.
+        #[test]
+        fn the_in_place_encoding_is_the_reference_one(value in arb_json()) {
+            let mut reference = String::new();
+            canonical_reference(&value, &mut reference);
+            let mut fast = String::new();
+            canonical_json(&value, &mut fast);
+            proptest::prop_assert_eq!(fast, reference);
+        }
+    }
 
     #[test]
     fn digest_ignores_key_order_but_not_values() {

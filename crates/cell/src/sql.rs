@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use rusqlite::fallible_iterator::FallibleIterator;
-use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, Statement};
 use serde_json::{Map, Value};
 
@@ -128,7 +128,6 @@ pub(crate) fn run_named(
             limits.statements_max,
         ));
     }
-    let mut used = BTreeSet::new();
     let mut output = Output {
         limits,
         rows_total: 0,
@@ -145,7 +144,7 @@ pub(crate) fn run_named(
     }
     check_parameters(&prepared, args)?;
     for stmt in &mut prepared {
-        run_one(conn, stmt, args, &mut used, &mut output, mode)?;
+        run_one(conn, stmt, args, &mut output, mode)?;
     }
     Ok(output.finish(mode))
 }
@@ -157,19 +156,25 @@ fn check_parameters(
     statements: &[rusqlite::CachedStatement<'_>],
     args: &Map<String, Value>,
 ) -> Result<(), KindError> {
-    let mut wanted = BTreeSet::new();
+    // Borrowed names: a command checks its parameters without allocating.
+    let mut wanted: BTreeSet<&str> = BTreeSet::new();
     for stmt in statements {
         for index in 1..=stmt.parameter_count() {
             if let Some(name) = stmt.parameter_name(index).and_then(|full| full.get(1..)) {
-                wanted.insert(name.to_owned());
+                wanted.insert(name);
             }
         }
     }
-    let missing: Vec<&String> = wanted
+    let missing: Vec<&str> = wanted
         .iter()
+        .copied()
         .filter(|name| !args.contains_key(*name))
         .collect();
-    let unknown: Vec<&String> = args.keys().filter(|key| !wanted.contains(*key)).collect();
+    let unknown: Vec<&str> = args
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !wanted.contains(key))
+        .collect();
     if missing.is_empty() && unknown.is_empty() {
         return Ok(());
     }
@@ -183,7 +188,7 @@ fn check_parameters(
     let takes = if wanted.is_empty() {
         "no parameters".to_owned()
     } else {
-        quoted(&wanted.iter().collect::<Vec<_>>())
+        quoted(&wanted.iter().copied().collect::<Vec<_>>())
     };
     Err(KindError::reject(
         RejectCode::BadParameters,
@@ -191,7 +196,7 @@ fn check_parameters(
     ))
 }
 
-fn quoted(names: &[&String]) -> String {
+fn quoted(names: &[&str]) -> String {
     names
         .iter()
         .map(|name| format!("{name:?}"))
@@ -209,7 +214,6 @@ pub(crate) fn run_batch(
     mode: Mode,
 ) -> Result<Value, KindError> {
     let args = args_object(params)?;
-    let mut used = BTreeSet::new();
     let mut output = Output {
         limits,
         rows_total: 0,
@@ -225,7 +229,7 @@ pub(crate) fn run_batch(
         if count > limits.statements_max {
             return Err(limit("statement count", count, limits.statements_max));
         }
-        run_one(conn, &mut stmt, args, &mut used, &mut output, mode)?;
+        run_one(conn, &mut stmt, args, &mut output, mode)?;
     }
     if count == 0 {
         return Err(KindError::reject(RejectCode::Sql, "empty sql batch"));
@@ -237,7 +241,6 @@ fn run_one(
     conn: &Connection,
     stmt: &mut Statement<'_>,
     args: &Map<String, Value>,
-    used: &mut BTreeSet<String>,
     output: &mut Output<'_>,
     mode: Mode,
 ) -> Result<(), KindError> {
@@ -247,7 +250,7 @@ fn run_one(
             "a query may only read: statement is not read-only",
         ));
     }
-    bind(stmt, args, used)?;
+    bind(stmt, args)?;
     let columns = stmt.column_count();
     if columns == 0 {
         let changes = stmt.raw_execute()?;
@@ -270,49 +273,53 @@ fn run_one(
     Ok(())
 }
 
-fn bind(
-    stmt: &mut Statement<'_>,
-    args: &Map<String, Value>,
-    used: &mut BTreeSet<String>,
-) -> Result<(), KindError> {
+fn bind(stmt: &mut Statement<'_>, args: &Map<String, Value>) -> Result<(), KindError> {
     for index in 1..=stmt.parameter_count() {
-        let Some(full) = stmt.parameter_name(index).map(str::to_string) else {
-            return Err(KindError::reject(
-                RejectCode::BadParameters,
-                "positional parameters (?) are not supported: use :name",
-            ));
-        };
-        let name = full.get(1..).unwrap_or_default();
-        let Some(value) = args.get(name) else {
-            return Err(KindError::reject(
-                RejectCode::BadParameters,
-                format!("missing parameter {name:?}"),
-            ));
+        // The argument's own key names it from here on, so the statement
+        // is free to bind (no copy of the name).
+        let (name, value) = match stmt.parameter_name(index) {
+            None => {
+                return Err(KindError::reject(
+                    RejectCode::BadParameters,
+                    "positional parameters (?) are not supported: use :name",
+                ))
+            }
+            Some(full) => {
+                let name = full.get(1..).unwrap_or_default();
+                match args.get_key_value(name) {
+                    Some((name, value)) => (name.as_str(), value),
+                    None => {
+                        return Err(KindError::reject(
+                            RejectCode::BadParameters,
+                            format!("missing parameter {name:?}"),
+                        ))
+                    }
+                }
+            }
         };
         stmt.raw_bind_parameter(index, to_sql(name, value)?)?;
-        used.insert(name.to_string());
     }
     Ok(())
 }
 
-/// A JSON argument as a SQL value.
-pub(crate) fn to_sql(name: &str, value: &Value) -> Result<SqlValue, KindError> {
+/// A JSON argument as a SQL value (a string is bound where it lies).
+pub(crate) fn to_sql<'a>(name: &str, value: &'a Value) -> Result<ToSqlOutput<'a>, KindError> {
     Ok(match value {
-        Value::Null => SqlValue::Null,
-        Value::Bool(b) => SqlValue::Integer(i64::from(*b)),
+        Value::Null => ToSqlOutput::Owned(SqlValue::Null),
+        Value::Bool(b) => ToSqlOutput::Owned(SqlValue::Integer(i64::from(*b))),
         Value::Number(n) => {
             if let Some(i) = n.as_i64() {
-                SqlValue::Integer(i)
+                ToSqlOutput::Owned(SqlValue::Integer(i))
             } else if n.is_u64() {
                 return Err(KindError::reject(
                     RejectCode::BadParameters,
                     format!("parameter {name:?} is out of the 64-bit signed range"),
                 ));
             } else {
-                SqlValue::Real(n.as_f64().unwrap_or(f64::NAN))
+                ToSqlOutput::Owned(SqlValue::Real(n.as_f64().unwrap_or(f64::NAN)))
             }
         }
-        Value::String(s) => SqlValue::Text(s.clone()),
+        Value::String(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
         Value::Object(map) if map.len() == 1 && map.contains_key("$blob") => {
             let hex = map["$blob"].as_str().unwrap_or("");
             let bytes = crate::hex::decode(hex).ok_or_else(|| {
@@ -321,9 +328,9 @@ pub(crate) fn to_sql(name: &str, value: &Value) -> Result<SqlValue, KindError> {
                     format!("parameter {name:?}: $blob must be hex"),
                 )
             })?;
-            SqlValue::Blob(bytes)
+            ToSqlOutput::Owned(SqlValue::Blob(bytes))
         }
-        other => SqlValue::Text(other.to_string()),
+        other => ToSqlOutput::Owned(SqlValue::Text(other.to_string())),
     })
 }
 

@@ -225,11 +225,10 @@ impl Actor {
         );
         self.root = root;
         let txid = front.txid;
-        // The root holds the group now: its replies are true whatever the
-        // local engine does next, so they leave before the engine's confirm
-        // (a blocking-pool hop, and at times a WAL checkpoint).
-        self.release_held(txid);
         let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
+        // The root holds the group now: its replies are true whatever the
+        // local engine does next.
+        self.release_held(txid);
         if !self.confirmed(confirmed).await {
             return;
         }

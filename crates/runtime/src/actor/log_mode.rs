@@ -128,10 +128,9 @@ impl Actor {
             .checkpoint_lag_records
             .fetch_add(1, Ordering::Relaxed);
         let txid = front.txid;
+        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
         // The log holds the group now: its replies are true whatever the
-        // local engine does next, so they leave before the engine's confirm
-        // (a blocking-pool hop, and at times a WAL checkpoint). Queries
-        // still wait for it: the actor serves them after this returns.
+        // local engine does next.
         self.acked_txid = txid;
         self.unckpt.push(Unckpt {
             file: front.file,
@@ -142,7 +141,6 @@ impl Actor {
         self.ckpt_due =
             Some(tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id));
         self.release_held(txid);
-        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
         if !self.confirmed(confirmed).await {
             return;
         }

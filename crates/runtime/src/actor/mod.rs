@@ -12,10 +12,8 @@
 //!    request can never cut a CAS in half) once its upload finished; the
 //!    next group may execute meanwhile (up to the engine's
 //!    `pending_publications_max`);
-//! 5. on success: release every held reply whose `depends_on_txid` is now
-//!    published — so replies keep commit order — then [`Cell::confirm`]
-//!    (the group is durable: nothing the engine does next changes its
-//!    replies; queries are served after the confirm);
+//! 5. on success: [`Cell::confirm`], then release every held reply whose
+//!    `depends_on_txid` is now published — so replies keep commit order;
 //! 6. on a fence: abort, answer the held replies `NotCommitted`, discard the
 //!    local files and stop; on an unknown fate: that group's replies are
 //!    `Unknown`, later ones `NotCommitted` (their CAS never ran), local

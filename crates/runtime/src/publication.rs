@@ -293,10 +293,7 @@ pub(crate) async fn merge_files(
 
 /// Lowercase hex SHA-256 of `bytes` (the digest in LTX keys).
 pub fn content_digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    cellfleet_authority::hex_lower(&Sha256::digest(bytes))
 }
 
 #[async_trait]

@@ -222,6 +222,9 @@ mod tests {
         }
     }
 
+    /// Strings heavy in what JSON escapes.
+    const ESCAPES: &str = r#"[\\"\x{0}-\x{1f}\x{7f}-\x{a0}\x{2028}a-z]{0,8}"#;
+
     fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
         use proptest::prelude::*;
         let leaf = prop_oneof![
@@ -233,12 +236,12 @@ mod tests {
                 .prop_filter("finite", |f| f.is_finite())
                 .prop_map(Value::from),
             any::<String>().prop_map(Value::String),
-            r#"[\\"\x{0}-\x{1f}\x{7f}-\x{a0}\x{2028}a-z]{0,8}"#.prop_map(Value::String),
+            ESCAPES.prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 32, 6, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::btree_map(any::<String>(), inner, 0..6)
+                proptest::collection::btree_map(prop_oneof![any::<String>(), ESCAPES], inner, 0..6)
                     .prop_map(|map| Value::Object(map.into_iter().collect())),
             ]
         })

@@ -302,7 +302,8 @@ fn bind(stmt: &mut Statement<'_>, args: &Map<String, Value>) -> Result<(), KindE
     Ok(())
 }
 
-/// A JSON argument as a SQL value (a string is bound where it lies).
+/// A JSON argument as a SQL value (a string is bound from the argument
+/// itself, with no copy of ours: SQLite takes its own).
 pub(crate) fn to_sql<'a>(name: &str, value: &'a Value) -> Result<ToSqlOutput<'a>, KindError> {
     Ok(match value {
         Value::Null => ToSqlOutput::Owned(SqlValue::Null),

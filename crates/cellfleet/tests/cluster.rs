@@ -1449,11 +1449,15 @@ fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
 
 fn start_dev_on(data: &std::path::Path, base: u16) -> (std::process::Child, String) {
     use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new(cluster_common::BIN)
         .args(["dev", "--nodes", "1", "--lease-ms", "2000", "--data"])
         .arg(data)
         .arg("--port-base")
         .arg(base.to_string())
+        // Its own process group, so a start that is given up on takes its
+        // node with it.
+        .process_group(0)
         .stdout(std::process::Stdio::piped())
         // A file, not a pipe nobody reads: the nodes' logs land here too.
         .stderr(
@@ -1481,7 +1485,11 @@ fn start_dev_on(data: &std::path::Path, base: u16) -> (std::process::Child, Stri
             return (child, printed);
         }
     }
-    // Not ready: stop it (a no-op when it exited) so a retry owns `data`.
+    // Not ready: stop `dev` and any node it started (a no-op when they
+    // exited), so a retry owns `data` and its nodes' locks.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &format!("-{}", child.id())])
+        .status();
     let _ = child.kill();
     let _ = child.wait();
     let stderr = std::fs::read_to_string(data.with_extension(format!("{base}.stderr")));

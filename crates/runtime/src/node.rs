@@ -1071,7 +1071,7 @@ impl NodeHandle {
         // below is signalled, one before it is in the description.
         let (mut receiver, fresh) = watches.subscribe(&cell);
         if !self.shared.holds(&cell) {
-            watches.closed(&cell);
+            watches.closed_if_same(&cell, &receiver);
             return Err(not_owner(cell));
         }
         if fresh {
@@ -1080,7 +1080,7 @@ impl NodeHandle {
             // learns it from the actor. Until then it holds zero, which
             // later watchers would trust: if this watch is dropped before
             // the TXID is known, the guard drops the signal.
-            let unknown = crate::watch::Unknown::new(watches, &cell);
+            let unknown = crate::watch::Unknown::new(watches, &cell, &receiver);
             match self.describe_cell(kind, key).await {
                 Some(described) => {
                     watches.acknowledged(&cell, described.txid);

@@ -96,6 +96,20 @@ impl Watches {
         self.watched.store(cells.senders.len(), Ordering::Release);
     }
 
+    /// Drops `cell`'s signal if it is still the one `receiver` watches (a
+    /// signal made since by another watcher stays).
+    pub fn closed_if_same(&self, cell: &CellId, receiver: &watch::Receiver<Txid>) {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let same = cells
+            .senders
+            .get(cell)
+            .is_some_and(|sender| sender.subscribe().same_channel(receiver));
+        if same {
+            cells.senders.remove(cell);
+            self.watched.store(cells.senders.len(), Ordering::Release);
+        }
+    }
+
     /// The node holds nothing any more (drained or halted): every watcher
     /// is answered now.
     pub fn close_all(&self) {
@@ -121,14 +135,21 @@ impl Watches {
 pub(crate) struct Unknown<'a> {
     watches: &'a Watches,
     cell: &'a CellId,
+    /// The signal this watch made: only it is dropped.
+    receiver: &'a watch::Receiver<Txid>,
     known: bool,
 }
 
 impl<'a> Unknown<'a> {
-    pub(crate) fn new(watches: &'a Watches, cell: &'a CellId) -> Self {
+    pub(crate) fn new(
+        watches: &'a Watches,
+        cell: &'a CellId,
+        receiver: &'a watch::Receiver<Txid>,
+    ) -> Self {
         Self {
             watches,
             cell,
+            receiver,
             known: false,
         }
     }
@@ -142,7 +163,7 @@ impl<'a> Unknown<'a> {
 impl Drop for Unknown<'_> {
     fn drop(&mut self) {
         if !self.known {
-            self.watches.closed(self.cell);
+            self.watches.closed_if_same(self.cell, self.receiver);
         }
     }
 }
@@ -174,13 +195,13 @@ mod tests {
     async fn a_new_signal_left_unknown_is_dropped_and_answers_its_watchers() {
         let watches = Watches::default();
         let a = cell("a");
-        let (_first, fresh) = watches.subscribe(&a);
+        let (first, fresh) = watches.subscribe(&a);
         assert!(fresh);
         // A second watcher joins while the first learns the TXID...
         let (mut second, fresh) = watches.subscribe(&a);
         assert!(!fresh);
         // ...and the first is cancelled before it knew it.
-        drop(Unknown::new(&watches, &a));
+        drop(Unknown::new(&watches, &a, &first));
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         let answered = tokio::time::timeout(
             Duration::from_secs(1),
@@ -190,14 +211,19 @@ mod tests {
         .expect("answered at once, not at its bound");
         assert_eq!(answered, Txid(4));
         // The next watcher makes a new signal and learns the TXID itself.
-        let (_third, fresh) = watches.subscribe(&a);
+        let (third, fresh) = watches.subscribe(&a);
         assert!(fresh, "the zero of an unknown signal is never trusted");
+        // A guard of the first signal, dropped late, leaves the new one.
+        drop(Unknown::new(&watches, &a, &first));
+        watches.acknowledged(&a, Txid(6));
+        assert_eq!(*third.borrow(), Txid(6), "the new signal is still there");
+        assert!(!watches.subscribe(&a).1);
         // A signal whose TXID became known stays.
         let b = cell("b");
-        let (_rx, fresh) = watches.subscribe(&b);
+        let (rx, fresh) = watches.subscribe(&b);
         assert!(fresh);
         watches.acknowledged(&b, Txid(2));
-        Unknown::new(&watches, &b).known();
+        Unknown::new(&watches, &b, &rx).known();
         assert!(!watches.subscribe(&b).1);
     }
 

@@ -141,8 +141,9 @@ impl fmt::Debug for SessionId {
 pub struct CellId(String);
 
 /// `bytes` as lowercase hex, written into one string (every request names
-/// its Cell this way, so no string per byte).
-pub fn hex_lower(bytes: &[u8]) -> String {
+/// its Cell this way, so no string per byte). The same as
+/// `cellfleet_cell::hex::encode`, which this crate cannot depend on.
+fn hex_lower(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {

@@ -35,7 +35,7 @@ pub use cellfleet_ltx::Txid;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{check_cluster, ClusterCheck, ClusterRecord};
 pub use error::{Error, Result};
-pub use ids::{hex_lower, CellId, Epoch, IdError, NodeId, SessionId};
+pub use ids::{CellId, Epoch, IdError, NodeId, SessionId};
 pub use layout::{LaneId, Layout, LtxKey, SegmentKey};
 pub use lease::{Endpoints, LeaseConfig, LeaseRecord, LeaseState, Liveness};
 pub use node_lease::{HeldLease, NodeLeases};

@@ -444,7 +444,8 @@ impl Shared {
             slots.remove(cell);
             self.slots_count.store(slots.len(), Ordering::SeqCst);
             // Closed (parked or gone): its watchers ask again, so a
-            // signal never outlives the actor that raised it.
+            // signal never outlives the actor that raised it. (Every
+            // actor's exit comes here, right after `Actor::run` returns.)
             self.actor_context.watches.closed(cell);
         }
     }

@@ -293,7 +293,7 @@ pub(crate) async fn merge_files(
 
 /// Lowercase hex SHA-256 of `bytes` (the digest in LTX keys).
 pub fn content_digest(bytes: &[u8]) -> String {
-    cellfleet_authority::hex_lower(&Sha256::digest(bytes))
+    cellfleet_cell::hex::encode(&Sha256::digest(bytes))
 }
 
 #[async_trait]

@@ -9,12 +9,12 @@
 //! load per group (once signals exist, one uncontended lock and lookup).
 //!
 //! Every way a Cell leaves the node, or closes, drops its signal
-//! ([`Watches::closed`]: the actor's exit, a failed activation, a parked
-//! Cell's release, fence or loss with the lease, and
-//! [`Watches::close_all`] at the end of a drain or halt), and a new signal
-//! whose TXID was never learned is dropped too ([`Unknown`]), so a
-//! signal that existed without a break holds the Cell's acknowledged TXID
-//! and its watchers are answered at once when the Cell goes.
+//! ([`Watches::closed`]: the actor's exit, when its slot is removed; a
+//! failed activation; a parked Cell's release, fence or loss with the
+//! lease; and [`Watches::close_all`] at the end of a drain or halt), and a
+//! new signal whose TXID was never learned is dropped too ([`Unknown`]),
+//! so a signal that existed without a break holds the Cell's acknowledged
+//! TXID and its watchers are answered at once when the Cell goes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

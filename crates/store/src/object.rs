@@ -197,6 +197,8 @@ impl fmt::Display for Op {
 }
 
 /// SHA-256 hex of `bytes`: the ETag of the local and memory backends.
+/// (Its hex is `cellfleet_cell::hex::encode`'s, which this crate, the
+/// lowest, cannot depend on.)
 pub(crate) fn content_etag(bytes: &[u8]) -> ETag {
     use sha2::{Digest, Sha256};
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

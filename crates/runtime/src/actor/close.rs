@@ -174,11 +174,6 @@ impl Actor {
                 )
             }
         };
-        if matches!(exit.0, Exit::Gone) {
-            // Released or lost: whoever waits on it here asks again, and
-            // learns where it went.
-            self.ctx.watches.closed(&self.cell_id);
-        }
         for done in self.stop_done.drain(..) {
             let _ = done.send(exit.1.clone());
         }

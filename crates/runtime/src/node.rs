@@ -83,6 +83,14 @@ impl ActorHandle {
         let mut exited = self.exited.clone();
         let _ = tokio::time::timeout(bound, exited.wait_for(|done| *done)).await;
     }
+
+    /// Waits until the actor has fully exited; false if its task ended
+    /// without saying so (it panicked: its slot stays).
+    async fn exited(&self) -> bool {
+        let mut exited = self.exited.clone();
+        let done = exited.wait_for(|done| *done).await.is_ok();
+        done
+    }
 }
 
 type ActivationResult = Option<Result<ActorHandle>>;
@@ -1082,24 +1090,9 @@ impl NodeHandle {
             // later watchers would trust: if this watch is dropped before
             // the TXID is known, the guard drops the signal.
             let unknown = crate::watch::Unknown::new(watches, &cell, &receiver);
-            match self.describe_cell(kind, key).await {
-                Some(described) => {
-                    watches.acknowledged(&cell, described.txid);
-                    unknown.known();
-                }
-                None => {
-                    drop(unknown);
-                    return Err(if self.shared.holds(&cell) {
-                        // Open, but its mailbox is full: busy, not moved.
-                        Error::ResourceExhausted {
-                            what: "mailbox_commands_max (a watch's description)",
-                            retry_after_ms: self.shared.config.limits.retry_after_ms,
-                        }
-                    } else {
-                        not_owner(cell)
-                    });
-                }
-            }
+            let described = self.describe_for_watch(&cell, until).await?;
+            watches.acknowledged(&cell, described.txid);
+            unknown.known();
         }
         let seen = crate::watch::wait_past(&mut receiver, after, until).await;
         let metrics = &self.shared.metrics;
@@ -1108,6 +1101,64 @@ impl NodeHandle {
             metrics.watch_wakes_total.fetch_add(1, Ordering::Relaxed);
         }
         Ok(seen)
+    }
+
+    /// The description a new watch signal starts from. A Cell this node
+    /// is still activating is waited for, and one whose actor is exiting
+    /// is asked again until it is parked (described from its root) or gone
+    /// (`NotOwner`, so the caller's router looks for the owner); only a
+    /// full mailbox, or `until` passing first, is "busy, retry".
+    async fn describe_for_watch(
+        &self,
+        cell: &CellId,
+        until: tokio::time::Instant,
+    ) -> Result<CellDescription> {
+        let busy = |what: &'static str| Error::ResourceExhausted {
+            what,
+            retry_after_ms: self.shared.config.limits.retry_after_ms,
+        };
+        loop {
+            let slot = self.shared.slots().get(cell).cloned();
+            match slot {
+                Some(Slot::Active(handle)) => {
+                    let (tx, rx) = oneshot::channel();
+                    match handle.tx.try_send(Msg::Describe { reply: tx }) {
+                        Ok(()) => {
+                            if let Ok(described) = rx.await {
+                                return Ok(described);
+                            }
+                            // The actor exited with the request queued.
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            return Err(busy("mailbox_commands_max (a watch's description)"));
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {}
+                    }
+                    // Exiting: its slot goes once it is parked or gone.
+                    match tokio::time::timeout_at(until, handle.exited()).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(Error::Closed("the Cell's actor failed".into())),
+                        Err(_) => return Err(busy("a watched Cell's actor still exiting")),
+                    }
+                }
+                Some(Slot::Activating(rx)) => {
+                    // Active next (described then), or failed with the
+                    // reason every request to it gets.
+                    match tokio::time::timeout_at(until, wait_activation(rx)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => return Err(error),
+                        Err(_) => return Err(busy("a watched Cell still activating")),
+                    }
+                }
+                None => {
+                    return self.describe_id(cell).await.ok_or(Error::NotOwner {
+                        cell: cell.clone(),
+                        owner: None,
+                        endpoint: None,
+                    });
+                }
+            }
+        }
     }
 
     /// The fate of `command_id` on Cell `(kind, key)`: COMMITTED with the
@@ -1157,7 +1208,12 @@ impl NodeHandle {
     /// Describes an owned Cell, `None` if this node does not own it.
     pub async fn describe_cell(&self, kind: &str, key: &[u8]) -> Option<CellDescription> {
         let cell = CellId::for_kind_key(kind, key);
-        let slot = self.shared.slots().get(&cell).cloned();
+        self.describe_id(&cell).await
+    }
+
+    /// [`NodeHandle::describe_cell`] by id.
+    async fn describe_id(&self, cell: &CellId) -> Option<CellDescription> {
+        let slot = self.shared.slots().get(cell).cloned();
         if let Some(Slot::Active(handle)) = slot {
             let (tx, rx) = oneshot::channel();
             if handle.tx.try_send(Msg::Describe { reply: tx }).is_ok() {
@@ -1169,10 +1225,10 @@ impl NodeHandle {
         let (parked, txid) = self
             .shared
             .parked()
-            .get(&cell)
+            .get(cell)
             .map(|parked| (parked.root.clone(), parked.txid()))?;
         Some(CellDescription {
-            cell,
+            cell: cell.clone(),
             kind: parked.record.kind.clone(),
             epoch: parked.record.epoch,
             txid,

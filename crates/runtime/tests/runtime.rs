@@ -909,6 +909,53 @@ async fn readers_are_charged_against_fds_max_and_every_query_answers() {
     );
 }
 
+/// A watch that reaches a Cell while this node is still activating it
+/// waits for the activation and is answered by the Cell's first group,
+/// not refused as busy (it used to answer `ResourceExhausted`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_cell_being_activated_waits_for_it() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let store = Arc::new(FaultStore::new(inner));
+    let clock = manual_clock();
+    let node = start(
+        node_config("n1", dir.path(), "watch-activating"),
+        store.clone(),
+        clock.clone(),
+    )
+    .await;
+    // Every store call is slow for now: the activation takes a while.
+    store.inject(Fault::delay(None, Duration::from_millis(300)));
+    let executing = {
+        let (node, clock) = (node.clone(), clock.clone());
+        tokio::spawn(async move { node.execute(KIND, KEY, append(clock.as_ref(), 1)).await })
+    };
+    // Until the slot exists the node holds nothing of the Cell.
+    let watched = loop {
+        let answer = node
+            .watch(KIND, KEY, Txid::ZERO, Duration::from_secs(20))
+            .await;
+        match answer {
+            Err(Error::NotOwner { .. }) if !executing.is_finished() => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => break other,
+        }
+    };
+    store.clear();
+    let executed = executing.await.unwrap().unwrap();
+    // The first group past zero: the new Cell's migrations (TXID 1), or
+    // the command's own group.
+    let watched = watched.expect("answered, not refused as busy");
+    assert!(
+        watched >= Txid(1) && watched <= executed.receipt.txid,
+        "{watched:?} of {:?}",
+        executed.receipt.txid
+    );
+}
+
 /// A watch is answered by the next acknowledged group, whatever sent it,
 /// and at its bound with what it gave; a Cell this node holds no root of
 /// is NotOwner. In both publication modes.

@@ -60,6 +60,9 @@ const PARK_DELAY: Duration = Duration::from_millis(20);
 const SSE_DRAIN: Duration = Duration::from_secs(15);
 /// SSE connections opened at once while subscribing.
 const SSE_CONNECTS_CONCURRENT: usize = 50;
+/// Cells a bench node may own beyond its streams (latency streams, the
+/// subscription registry, anything the node keeps for itself).
+const CELLS_OWNED_MARGIN: usize = 1_000;
 /// Concurrent stream creations.
 const CREATE_CONCURRENCY: usize = 64;
 /// Attempts per stream creation.
@@ -69,6 +72,7 @@ const WRITERS_MAX: usize = 1_024;
 const SUBSCRIBERS_MAX: usize = 10_000;
 const STREAMS_MAX: usize = 1_000_000;
 const CONTENT_TYPE: &str = "text/plain";
+const MIB: f64 = 1024.0 * 1024.0;
 /// Largest latency a histogram holds, in microseconds (longer ones are clamped).
 const HISTOGRAM_MAX_MICROS: u64 = 120_000_000;
 /// Pause of a writer after a failed append, so a failing server is not spun on.
@@ -152,6 +156,106 @@ struct Target {
     description: String,
     /// `HOST:PORT` the latency measurements' appends go to (`--writer`).
     writer: String,
+    /// The process and directory of a server this bench started, whose
+    /// footprint it samples.
+    started: Option<Started>,
+}
+
+/// A server the bench started: its process id and its directory (data,
+/// and for a Cellfleet node on the local-directory store the store too).
+#[derive(Debug, Clone)]
+struct Started {
+    pid: u32,
+    dir: PathBuf,
+}
+
+/// What a started server holds at one moment.
+#[derive(Debug, Default, PartialEq)]
+struct Footprint {
+    rss_bytes: u64,
+    rss_peak_bytes: u64,
+    open_files: u64,
+    /// The soft open-file limit of the process (`None`: unlimited).
+    open_files_limit: Option<u64>,
+    /// Bytes allocated on disk (blocks, as `du` counts) and files, per
+    /// top-level entry of the server's directory.
+    disk: BTreeMap<String, (u64, u64)>,
+}
+
+impl Footprint {
+    /// Reads `/proc/PID/status`, `/proc/PID/fd` and walks the directory.
+    fn sample(started: &Started) -> anyhow::Result<Footprint> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", started.pid))
+            .with_context(|| format!("reading /proc/{}/status", started.pid))?;
+        let (rss_bytes, rss_peak_bytes) = rss_of_status(&status);
+        let open_files = std::fs::read_dir(format!("/proc/{}/fd", started.pid))?.count() as u64;
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", started.pid))?;
+        let mut disk = BTreeMap::new();
+        for entry in std::fs::read_dir(&started.dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            disk.insert(name, usage(&entry.path()));
+        }
+        Ok(Footprint {
+            rss_bytes,
+            rss_peak_bytes,
+            open_files,
+            open_files_limit: open_files_limit(&limits),
+            disk,
+        })
+    }
+
+    fn disk_total(&self) -> (u64, u64) {
+        self.disk
+            .values()
+            .fold((0, 0), |(b, f), (bytes, files)| (b + bytes, f + files))
+    }
+}
+
+/// `VmRSS` and `VmHWM` of a `/proc/PID/status` text, in bytes (0 where
+/// absent).
+fn rss_of_status(status: &str) -> (u64, u64) {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The soft limit of `Max open files` in a `/proc/PID/limits` text.
+fn open_files_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Bytes allocated and regular files under `path` (files vanishing during
+/// the walk are skipped: the server keeps running).
+fn usage(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return (0, 0);
+    };
+    if meta.is_dir() {
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return (meta.blocks() * 512, 0);
+        };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| usage(&e.path()))
+            .fold((meta.blocks() * 512, 0), |(b, f), (bytes, files)| {
+                (b + bytes, f + files)
+            })
+    } else {
+        (meta.blocks() * 512, u64::from(meta.is_file()))
+    }
 }
 
 impl Target {
@@ -172,6 +276,7 @@ impl Target {
             prefix: prefix.to_owned(),
             description,
             writer: authority.to_owned(),
+            started: None,
         })
     }
 
@@ -838,13 +943,26 @@ async fn sse_fanout(
 }
 
 /// Starts one `cellfleet node` with its streams listener on a kernel-chosen port.
-fn start_cellfleet(exe: &Path, store: &StoreSetup) -> anyhow::Result<(Server, Target)> {
+fn start_cellfleet(
+    exe: &Path,
+    store: &StoreSetup,
+    streams_max: usize,
+) -> anyhow::Result<(Server, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("cellfleet-bench-streams-")
         .tempdir()
         .context("creating the node directory")?;
     let configs = crate::cluster::write_cluster_files(exe, dir.path(), 1, 5_000)?;
     let config = configs.first().context("dev wrote no node config")?;
+    // The node owns every stream plus the latency streams' and the
+    // subscription registry's Cells; the default bound (100,000) would
+    // refuse the last few of a 100k run.
+    let mut toml = std::fs::read_to_string(config)?;
+    toml.push_str(&format!(
+        "\n[limits]\ncells_owned_max = {}\n",
+        streams_max.max(100_000) + CELLS_OWNED_MARGIN
+    ));
+    std::fs::write(config, toml)?;
     let log_path = dir.path().join("n1.log");
     let log = std::fs::File::create(&log_path)?;
     let mut child = Command::new(exe)
@@ -881,7 +999,11 @@ fn start_cellfleet(exe: &Path, store: &StoreSetup) -> anyhow::Result<(Server, Ta
             config.endpoint.as_deref().unwrap_or("(aws)")
         ),
     };
-    let target = Target::parse("cellfleet", &url, description)?;
+    let mut target = Target::parse("cellfleet", &url, description)?;
+    target.started = Some(Started {
+        pid: server.child.id(),
+        dir: server._dir.path().to_owned(),
+    });
     Ok((server, target))
 }
 
@@ -912,11 +1034,15 @@ fn start_reference(binary: &PathBuf) -> anyhow::Result<(Server, Target)> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let target = Target::parse(
+    let mut target = Target::parse(
         "reference",
         &format!("http://{address}"),
         format!("{} (default flags: WAL durability)", binary.display()),
     )?;
+    target.started = Some(Started {
+        pid: server.child.id(),
+        dir: server._dir.path().to_owned(),
+    });
     Ok((server, target))
 }
 
@@ -974,7 +1100,8 @@ pub fn run(exe: &Path, args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
             "bench-streams: starting a cellfleet node ({:?} store)",
             args.store
         );
-        let (server, target) = start_cellfleet(exe, &store)?;
+        let streams_max = args.streams.iter().copied().max().unwrap_or(0);
+        let (server, target) = start_cellfleet(exe, &store, streams_max)?;
         servers.push(server);
         targets.push(target);
     }
@@ -1049,20 +1176,49 @@ async fn measure(
         *created = first;
     }
     measure_latencies(args, targets, run, rows).await?;
+    // A target that cannot create the next stream count (a server that
+    // keeps a file open per stream runs out of descriptors) leaves the
+    // run; the others go on to the larger counts.
+    let mut failed = vec![false; targets.len()];
     for &streams in &args.streams {
-        for (target, created) in targets.iter().zip(created.iter_mut()) {
-            if *created < streams {
+        for (i, (target, created)) in targets.iter().zip(created.iter_mut()).enumerate() {
+            if *created < streams && !failed[i] {
                 eprintln!(
                     "bench-streams: {} creating streams {}..{streams}",
                     target.name, *created
                 );
-                let took = create_streams(target, run, *created, streams).await?;
-                rows.push(create_row(target, *created, streams, took));
-                *created = streams;
+                let started = Instant::now();
+                match create_streams(target, run, *created, streams).await {
+                    Ok(took) => {
+                        rows.push(create_row(target, *created, streams, took));
+                        *created = streams;
+                    }
+                    Err(error) => {
+                        eprintln!("bench-streams: {} leaves the run: {error:#}", target.name);
+                        rows.push(json!({
+                            "measure": "create_failed",
+                            "target": target.name,
+                            "from": *created,
+                            "to": streams,
+                            "seconds": started.elapsed().as_secs_f64(),
+                            "error": format!("{error:#}"),
+                        }));
+                        failed[i] = true;
+                    }
+                }
             }
         }
+        if failed.iter().all(|f| *f) {
+            bail!("no target could create {streams} streams");
+        }
+        let live: Vec<&Arc<Target>> = targets
+            .iter()
+            .zip(&failed)
+            .filter(|(_, failed)| !**failed)
+            .map(|(target, _)| target)
+            .collect();
         for repeat in 0..args.repeats {
-            for target in targets {
+            for target in &live {
                 eprintln!(
                     "bench-streams: {} appends over {streams} streams #{repeat}",
                     target.name
@@ -1079,8 +1235,36 @@ async fn measure(
                 rows.push(append_row(target, streams, repeat, args.writers, result));
             }
         }
+        for target in live {
+            if let Some(started) = &target.started {
+                let footprint = Footprint::sample(started)
+                    .with_context(|| format!("sampling {}'s footprint", target.name))?;
+                rows.push(footprint_row(target, streams, &footprint));
+            }
+        }
     }
     Ok(())
+}
+
+/// What a started server holds after the appends over `streams` streams.
+fn footprint_row(target: &Target, streams: usize, footprint: &Footprint) -> Value {
+    let (disk_bytes, disk_files) = footprint.disk_total();
+    json!({
+        "measure": "footprint",
+        "target": target.name,
+        "streams": streams,
+        "rss_bytes": footprint.rss_bytes,
+        "rss_peak_bytes": footprint.rss_peak_bytes,
+        "open_files": footprint.open_files,
+        "open_files_limit": footprint.open_files_limit,
+        "disk_bytes": disk_bytes,
+        "disk_files": disk_files,
+        "disk_bytes_per_stream": disk_bytes as f64 / streams as f64,
+        "disk_files_per_stream": disk_files as f64 / streams as f64,
+        "disk": footprint.disk.iter().map(|(name, (bytes, files))| {
+            (name.clone(), json!({ "bytes": bytes, "files": files }))
+        }).collect::<serde_json::Map<_, _>>(),
+    })
 }
 
 /// The long-poll and SSE fan-out repeats on every target. The latency
@@ -1219,14 +1403,24 @@ fn summarize(targets: &[Arc<Target>], levels: &[usize], rows: &[Value]) -> Value
         let name = target.name.as_str();
         let mut entry = serde_json::Map::new();
         for &n in levels {
-            entry.insert(
-                format!("appends_per_s_{n}"),
-                json!(median(values("appends", name, "appends_per_s", Some(n)))),
-            );
-            entry.insert(
-                format!("append_p50_ms_{n}"),
-                json!(median(values("appends", name, "p50_ms", Some(n)))),
-            );
+            // Only what was measured: a target that left the run before
+            // `n` streams has no entry for `n`.
+            for (measure, field, key) in [
+                ("appends", "appends_per_s", "appends_per_s"),
+                ("appends", "p50_ms", "append_p50_ms"),
+                ("footprint", "rss_bytes", "rss_bytes"),
+                ("footprint", "open_files", "open_files"),
+                (
+                    "footprint",
+                    "disk_bytes_per_stream",
+                    "disk_bytes_per_stream",
+                ),
+            ] {
+                let sampled = values(measure, name, field, Some(n));
+                if !sampled.is_empty() {
+                    entry.insert(format!("{key}_{n}"), json!(median(sampled)));
+                }
+            }
         }
         for measure in ["long_poll", "sse_fanout"] {
             for q in ["p50_ms", "p99_ms"] {
@@ -1237,15 +1431,17 @@ fn summarize(targets: &[Arc<Target>], levels: &[usize], rows: &[Value]) -> Value
             }
         }
         let low = median(values("appends", name, "appends_per_s", Some(levels[0])));
-        let high = median(values(
-            "appends",
-            name,
-            "appends_per_s",
-            Some(*levels.last().expect("levels are checked non-empty")),
-        ));
-        let ratio = if low > 0.0 { high / low } else { 0.0 };
-        entry.insert("cardinality_ratio".into(), json!(ratio));
-        entry.insert("cardinality_goal_met".into(), json!(ratio >= 0.8));
+        let largest = *levels.last().expect("levels are checked non-empty");
+        let high = median(values("appends", name, "appends_per_s", Some(largest)));
+        if values("appends", name, "appends_per_s", Some(largest)).is_empty() {
+            // It left the run before the largest count: not measured.
+            entry.insert("cardinality_ratio".into(), Value::Null);
+            entry.insert("cardinality_goal_met".into(), Value::Null);
+        } else {
+            let ratio = if low > 0.0 { high / low } else { 0.0 };
+            entry.insert("cardinality_ratio".into(), json!(ratio));
+            entry.insert("cardinality_goal_met".into(), json!(ratio >= 0.8));
+        }
         per_target.insert(name.to_owned(), Value::Object(entry));
     }
     let mut ratios = BTreeMap::new();
@@ -1294,6 +1490,30 @@ fn table(report: &Value) -> String {
                 "-",
                 row["from"],
                 row["seconds"].as_f64().unwrap_or(0.0),
+            ),
+            "create_failed" => format!(
+                "{:<12} {:<12} {:>7} {:>6}  failed after {:.1} s, leaves the run: {}\n",
+                "create",
+                row["target"].as_str().unwrap_or(""),
+                row["to"],
+                "-",
+                row["seconds"].as_f64().unwrap_or(0.0),
+                row["error"].as_str().unwrap_or(""),
+            ),
+            "footprint" => format!(
+                "{:<12} {:<12} {:>7} {:>6}  RSS {:.0} MiB (peak {:.0}), {} open files (limit {}), {:.0} MiB and {} files on disk ({:.1} KiB, {:.2} files per stream)\n",
+                measure,
+                row["target"].as_str().unwrap_or(""),
+                row["streams"],
+                "-",
+                row["rss_bytes"].as_f64().unwrap_or(0.0) / MIB,
+                row["rss_peak_bytes"].as_f64().unwrap_or(0.0) / MIB,
+                row["open_files"],
+                row["open_files_limit"],
+                row["disk_bytes"].as_f64().unwrap_or(0.0) / MIB,
+                row["disk_files"],
+                row["disk_bytes_per_stream"].as_f64().unwrap_or(0.0) / 1024.0,
+                row["disk_files_per_stream"].as_f64().unwrap_or(0.0),
             ),
             "appends" => format!(
                 "{:<12} {:<12} {:>7} {:>6} {:>8.0} {:>9.2} {:>9.2}  {}\n",
@@ -1458,5 +1678,48 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    #[test]
+    fn rss_is_read_from_proc_status_in_bytes() {
+        let status = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nThreads:\t3\n";
+        assert_eq!(rss_of_status(status), (1024 * 1024, 2048 * 1024));
+        assert_eq!(rss_of_status("Name:\tzombie\n"), (0, 0));
+    }
+
+    #[test]
+    fn the_soft_open_file_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max processes             63840                63840                processes\n\
+                      Max open files            20000                40000                files\n";
+        assert_eq!(open_files_limit(limits), Some(20_000));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(open_files_limit(unlimited), None);
+        let own = std::fs::read_to_string("/proc/self/limits").unwrap();
+        assert!(open_files_limit(&own).is_some_and(|n| n > 0), "{own}");
+    }
+
+    #[test]
+    fn a_footprint_counts_this_process_and_every_file_per_part() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data/a/b")).unwrap();
+        std::fs::write(dir.path().join("data/a/b/one"), vec![1u8; 10_000]).unwrap();
+        std::fs::write(dir.path().join("data/two"), b"x").unwrap();
+        std::fs::write(dir.path().join("server.log"), b"").unwrap();
+        let started = Started {
+            pid: std::process::id(),
+            dir: dir.path().to_owned(),
+        };
+        let held = std::fs::File::open(dir.path().join("data/two")).unwrap();
+        let footprint = Footprint::sample(&started).unwrap();
+        drop(held);
+        assert!(footprint.rss_bytes > 0 && footprint.rss_peak_bytes >= footprint.rss_bytes);
+        assert!(footprint.open_files >= 4, "{footprint:?}");
+        let (data_bytes, data_files) = footprint.disk["data"];
+        assert_eq!(data_files, 2);
+        assert!(data_bytes >= 10_000, "{footprint:?}");
+        assert_eq!(footprint.disk["server.log"].1, 1);
+        assert_eq!(footprint.disk_total().1, 3);
     }
 }

@@ -86,7 +86,38 @@ fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
         assert_eq!(row["wrong"], 0, "{row}");
         assert_eq!(row["unconnected"], 0, "{row}");
     }
+    // The node's footprint after each stream count: a live process with
+    // open files, and on disk its cache and the local store, at least one
+    // file per stream Cell somewhere.
+    let footprints = rows(&report, "footprint");
+    assert_eq!(
+        footprints
+            .iter()
+            .map(|r| r["streams"].as_u64())
+            .collect::<Vec<_>>(),
+        [Some(20), Some(40)],
+        "{report}"
+    );
+    for row in footprints {
+        assert!(row["rss_bytes"].as_u64().unwrap_or(0) > 1 << 20, "{row}");
+        assert!(row["open_files"].as_u64().unwrap_or(0) > 10, "{row}");
+        let files = row["disk_files"].as_u64().unwrap_or(0);
+        assert!(files >= row["streams"].as_u64().unwrap(), "{row}");
+        assert!(
+            row["disk"]["n1"]["files"].as_u64().unwrap_or(0) > 0,
+            "{row}"
+        );
+        assert!(
+            row["disk"]["store"]["files"].as_u64().unwrap_or(0) > 0,
+            "{row}"
+        );
+    }
+    assert!(stdout.contains("footprint"), "{stdout}");
     let median = &report["summary"]["median"]["cellfleet"];
+    assert!(
+        median["rss_bytes_40"].as_f64().unwrap_or(0.0) > 0.0,
+        "{median}"
+    );
     assert!(
         median["appends_per_s_40"].as_f64().unwrap_or(0.0) > 0.0,
         "{median}"

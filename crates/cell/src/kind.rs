@@ -122,6 +122,14 @@ pub trait Kind: Send + Sync + fmt::Debug {
     fn raw_sql(&self) -> bool {
         false
     }
+    /// The SQLite page size of this kind's new Cells, or `None` for the
+    /// node's ([`crate::CellConfig::page_size`]). A Cell keeps the page
+    /// size it was created with (its root records it). Small pages suit
+    /// small rows written one at a time: every write copies, checksums
+    /// and compresses each page it dirties.
+    fn page_size(&self) -> Option<u32> {
+        None
+    }
     /// Run command `name` inside the engine's savepoint.
     fn execute(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError>;
     /// Run query `name` on a read-only connection.
@@ -145,6 +153,10 @@ pub trait RustKind: Send + Sync + 'static {
     /// Bounds on commands and queries.
     fn limits(&self) -> Limits {
         Limits::default()
+    }
+    /// The SQLite page size of new Cells ([`Kind::page_size`]).
+    fn page_size(&self) -> Option<u32> {
+        None
     }
     /// Run one command inside the engine's savepoint.
     fn execute(&self, conn: &Connection, command: Self::Command)
@@ -252,6 +264,9 @@ impl<K: RustKind> Kind for Typed<K> {
     }
     fn limits(&self) -> Limits {
         self.0.limits()
+    }
+    fn page_size(&self) -> Option<u32> {
+        self.0.page_size()
     }
     fn execute(&self, conn: &Connection, name: &str, args: &Value) -> Result<Value, KindError> {
         let command = from_wire::<K::Command>(name, args)?;

@@ -201,7 +201,7 @@ impl Activator {
         };
         let (root, how) = match parked {
             Some(root) => (root, OwnedHow::Adopted),
-            None => match self.win(cell_id, kind.name(), key).await? {
+            None => match self.win(cell_id, kind.as_ref(), key).await? {
                 Ok(won) => won,
                 Err(owner) => return Ok(Activation::OwnerLive { owner }),
             },
@@ -217,7 +217,7 @@ impl Activator {
         let first = open_blocking(
             path.clone(),
             kind.clone(),
-            self.cell_config.clone(),
+            self.config_for(&root.record),
             position,
             now_ms,
         )
@@ -329,7 +329,7 @@ impl Activator {
         let opened = open_blocking(
             path.to_path_buf(),
             kind,
-            self.cell_config.clone(),
+            self.config_for(record),
             position,
             now_ms,
         )
@@ -397,22 +397,32 @@ impl Activator {
         i64::try_from(self.clock.now_wall_ms()).unwrap_or(i64::MAX)
     }
 
+    /// The Cell's engine settings: the node's, with the page size its root
+    /// records (a kind may create its Cells with another than the node's;
+    /// it matters only when the file is created).
+    fn config_for(&self, record: &RootRecord) -> CellConfig {
+        CellConfig {
+            page_size: record.page_size,
+            ..self.cell_config.clone()
+        }
+    }
+
     /// Wins ownership, or names the live owner. Retries lost races (which
     /// wrote nothing) up to `attempts_max` times.
     async fn win(
         &self,
         cell_id: &CellId,
-        kind: &str,
+        kind: &dyn Kind,
         key: &[u8],
     ) -> Result<std::result::Result<(Versioned<RootRecord>, OwnedHow), NodeId>> {
         let new = NewCell {
             cell_id: cell_id.clone(),
-            kind: kind.to_owned(),
+            kind: kind.name().to_owned(),
             key: std::str::from_utf8(key)
                 .ok()
                 .filter(|k| k.len() <= 1024 && !k.chars().any(char::is_control))
                 .map(str::to_owned),
-            page_size: self.cell_config.page_size,
+            page_size: kind.page_size().unwrap_or(self.cell_config.page_size),
             schema_version: 0,
         };
         let mut last = None;

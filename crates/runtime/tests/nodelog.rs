@@ -1464,3 +1464,127 @@ async fn checkpoints_in_flight_stay_within_the_node_s_bound() {
         most_seen[1]
     );
 }
+
+/// The journal with 1 KiB pages, as a kind that declares its own page size.
+#[derive(Debug)]
+struct SmallPages(cellfleet_cell::Typed<cellfleet_runtime::testkit::Journal>);
+
+const SMALL: &str = "small-journal";
+
+impl cellfleet_cell::Kind for SmallPages {
+    fn name(&self) -> &str {
+        SMALL
+    }
+    fn migrations(&self) -> Vec<String> {
+        self.0.migrations()
+    }
+    fn limits(&self) -> cellfleet_cell::Limits {
+        self.0.limits()
+    }
+    fn page_size(&self) -> Option<u32> {
+        Some(1024)
+    }
+    fn execute(
+        &self,
+        conn: &rusqlite::Connection,
+        name: &str,
+        args: &serde_json::Value,
+    ) -> Result<serde_json::Value, cellfleet_cell::KindError> {
+        self.0.execute(conn, name, args)
+    }
+    fn query(
+        &self,
+        conn: &rusqlite::Connection,
+        name: &str,
+        args: &serde_json::Value,
+    ) -> Result<serde_json::Value, cellfleet_cell::KindError> {
+        self.0.query(conn, name, args)
+    }
+}
+
+/// The page size in a SQLite file's header.
+fn file_page_size(path: &std::path::Path) -> u32 {
+    let bytes = std::fs::read(path).unwrap();
+    match u16::from_be_bytes([bytes[16], bytes[17]]) {
+        1 => 65_536,
+        n => u32::from(n),
+    }
+}
+
+/// A kind may create its Cells with other SQLite pages than the node's:
+/// the root records the kind's page size and the file has it; another
+/// kind's Cells keep the node's; and a node that rebuilds the Cell from
+/// the bucket (a fresh data directory) keeps the Cell's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_creates_its_cells_with_its_own_page_size() {
+    use cellfleet_runtime::testkit::{as_a_client, Journal};
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let prefix = "small-pages";
+    let kinds = || {
+        Arc::new(
+            cellfleet_runtime::Kinds::builtin()
+                .with(Arc::new(cellfleet_cell::Typed(Journal)))
+                .with(Arc::new(SmallPages(cellfleet_cell::Typed(Journal)))),
+        )
+    };
+    let root = |kind: &'static str| {
+        let store = store.clone();
+        async move {
+            let cell = CellId::for_kind_key(kind, KEY);
+            let object = store
+                .get(&Layout::new(prefix).unwrap().root_key(&cell))
+                .await
+                .unwrap();
+            RootRecord::decode(&object.body).unwrap()
+        }
+    };
+    let db = |node: &str, kind: &str| {
+        let cell = CellId::for_kind_key(kind, KEY);
+        dir.path()
+            .join(node)
+            .join("cells")
+            .join(format!("{cell}.db"))
+    };
+    let clock = manual_clock();
+    let a = cellfleet_runtime::Node::start(
+        node_config("a", dir.path(), prefix),
+        store.clone(),
+        clock.clone(),
+        kinds(),
+    )
+    .await
+    .unwrap();
+    for n in 0..3 {
+        a.execute(SMALL, KEY, append(clock.as_ref(), n))
+            .await
+            .unwrap();
+    }
+    a.execute(KIND, KEY, append(clock.as_ref(), 100))
+        .await
+        .unwrap();
+    assert_eq!(root(SMALL).await.page_size, 1024);
+    assert_eq!(file_page_size(&db("a", SMALL)), 1024);
+    assert_eq!(root(KIND).await.page_size, 4096);
+    assert_eq!(file_page_size(&db("a", KIND)), 4096);
+    a.drain().await.unwrap();
+
+    let b = cellfleet_runtime::Node::start(
+        node_config("b", dir.path(), prefix),
+        store.clone(),
+        clock.clone(),
+        kinds(),
+    )
+    .await
+    .unwrap();
+    let tags = as_a_client(|| b.query(SMALL, KEY, "all", serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(tags.value, serde_json::json!(["t0", "t1", "t2"]));
+    b.execute(SMALL, KEY, append(clock.as_ref(), 3))
+        .await
+        .unwrap();
+    assert_eq!(file_page_size(&db("b", SMALL)), 1024);
+    assert_eq!(root(SMALL).await.page_size, 1024);
+}

@@ -18,7 +18,11 @@
 //! 3. appends/s: `--writers` closed-loop writers (one HTTP/1.1 connection
 //!    each) appending `--append-bytes` to streams chosen uniformly among the
 //!    first N, for each N of `--streams` (created before, and the creation
-//!    rate reported too).
+//!    rate reported too);
+//! 4. footprint, after the appends at each stream count, of every server
+//!    the bench started: RSS, open files against its limit, and disk
+//!    blocks and files per part of its directory. A server that cannot
+//!    create the next count leaves the run; the others go on.
 //!
 //! Correctness is checked on the way (never timings): a long-poll must
 //! deliver exactly the append it waited for, every SSE subscriber must get

@@ -961,12 +961,20 @@ fn start_cellfleet(
     // The node owns every stream plus the latency streams' and the
     // subscription registry's Cells; the default bound (100,000) would
     // refuse the last few of a 100k run.
-    let mut toml = std::fs::read_to_string(config)?;
-    toml.push_str(&format!(
-        "\n[limits]\ncells_owned_max = {}\n",
-        streams_max.max(100_000) + CELLS_OWNED_MARGIN
-    ));
-    std::fs::write(config, toml)?;
+    let text = std::fs::read_to_string(config)?;
+    let mut file: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
+    let limits = file
+        .entry("limits")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .context("the node config's `limits` is not a table")?;
+    let owned = streams_max.max(100_000) + CELLS_OWNED_MARGIN;
+    limits.insert(
+        "cells_owned_max".into(),
+        toml::Value::Integer(i64::try_from(owned)?),
+    );
+    std::fs::write(config, toml::to_string(&file)?)?;
     let log_path = dir.path().join("n1.log");
     let log = std::fs::File::create(&log_path)?;
     let mut child = Command::new(exe)
@@ -1241,9 +1249,16 @@ async fn measure(
         }
         for target in live {
             if let Some(started) = &target.started {
-                let footprint = Footprint::sample(started)
-                    .with_context(|| format!("sampling {}'s footprint", target.name))?;
-                rows.push(footprint_row(target, streams, &footprint));
+                match Footprint::sample(started) {
+                    Ok(footprint) => rows.push(footprint_row(target, streams, &footprint)),
+                    // Reported, and the appends rows say whether it still served.
+                    Err(error) => rows.push(json!({
+                        "measure": "footprint_failed",
+                        "target": target.name,
+                        "streams": streams,
+                        "error": format!("{error:#}"),
+                    })),
+                }
             }
         }
     }
@@ -1504,6 +1519,14 @@ fn table(report: &Value) -> String {
                 row["seconds"].as_f64().unwrap_or(0.0),
                 row["error"].as_str().unwrap_or(""),
             ),
+            "footprint_failed" => format!(
+                "{:<12} {:<12} {:>7} {:>6}  not sampled: {}\n",
+                "footprint",
+                row["target"].as_str().unwrap_or(""),
+                row["streams"],
+                "-",
+                row["error"].as_str().unwrap_or(""),
+            ),
             "footprint" => format!(
                 "{:<12} {:<12} {:>7} {:>6}  RSS {:.0} MiB (peak {:.0}), {} open files (limit {}), {:.0} MiB and {} files on disk ({:.1} KiB, {:.2} files per stream)\n",
                 measure,
@@ -1513,7 +1536,9 @@ fn table(report: &Value) -> String {
                 row["rss_bytes"].as_f64().unwrap_or(0.0) / MIB,
                 row["rss_peak_bytes"].as_f64().unwrap_or(0.0) / MIB,
                 row["open_files"],
-                row["open_files_limit"],
+                row["open_files_limit"]
+                    .as_u64()
+                    .map_or("unlimited".to_owned(), |n| n.to_string()),
                 row["disk_bytes"].as_f64().unwrap_or(0.0) / MIB,
                 row["disk_files"],
                 row["disk_bytes_per_stream"].as_f64().unwrap_or(0.0) / 1024.0,

@@ -45,8 +45,19 @@ impl Kinds {
     }
 
     /// Adds `kind`, or refuses if its name is taken.
+    ///
+    /// # Panics
+    /// If the kind declares a page size SQLite cannot use: only code
+    /// declares one (a manifest cannot), so that is a programming error,
+    /// caught here rather than at its first Cell's activation.
     pub fn try_with(mut self, kind: Arc<dyn Kind>) -> Result<Self, DuplicateKind> {
         let name = kind.name().to_owned();
+        if let Some(size) = kind.page_size() {
+            assert!(
+                size.is_power_of_two() && (512..=65_536).contains(&size),
+                "kind {name} declares page size {size}: give a power of two in 512..=65536"
+            );
+        }
         if self.kinds.contains_key(&name) {
             return Err(DuplicateKind { name });
         }
@@ -99,5 +110,45 @@ migrations = ["CREATE TABLE notes (text TEXT NOT NULL)"]
                 name: "notes".into()
             }
         );
+    }
+
+    #[derive(Debug)]
+    struct OddPages;
+
+    impl Kind for OddPages {
+        fn name(&self) -> &str {
+            "odd"
+        }
+        fn migrations(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn limits(&self) -> cellfleet_cell::Limits {
+            cellfleet_cell::Limits::default()
+        }
+        fn page_size(&self) -> Option<u32> {
+            Some(1000)
+        }
+        fn execute(
+            &self,
+            _: &rusqlite::Connection,
+            _: &str,
+            _: &serde_json::Value,
+        ) -> Result<serde_json::Value, cellfleet_cell::KindError> {
+            Ok(serde_json::Value::Null)
+        }
+        fn query(
+            &self,
+            _: &rusqlite::Connection,
+            _: &str,
+            _: &serde_json::Value,
+        ) -> Result<serde_json::Value, cellfleet_cell::KindError> {
+            Ok(serde_json::Value::Null)
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "kind odd declares page size 1000")]
+    fn a_kind_declaring_a_page_size_sqlite_cannot_use_is_refused_when_added() {
+        let _ = Kinds::builtin().try_with(Arc::new(OddPages));
     }
 }

@@ -1079,6 +1079,7 @@ impl NodeHandle {
         // Subscribe first: a group acknowledged after the description
         // below is signalled, one before it is in the description.
         let (mut receiver, fresh) = watches.subscribe(&cell);
+        let mut known = None;
         if !self.shared.holds(&cell) {
             watches.closed_if_same(&cell, &receiver);
             return Err(not_owner(cell));
@@ -1093,8 +1094,15 @@ impl NodeHandle {
             let described = self.describe_for_watch(&cell, until).await?;
             watches.acknowledged(&cell, described.txid);
             unknown.known();
+            // Past `after` already: the answer. (An actor that exited
+            // while this watch waited for it closed the signal this watch
+            // holds, so only the description carries its TXID.)
+            known = Some(described.txid);
         }
-        let seen = crate::watch::wait_past(&mut receiver, after, until).await;
+        let seen = match known {
+            Some(txid) if txid > after => txid,
+            _ => crate::watch::wait_past(&mut receiver, after, until).await,
+        };
         let metrics = &self.shared.metrics;
         metrics.watches_total.fetch_add(1, Ordering::Relaxed);
         if seen > after {
@@ -1123,12 +1131,14 @@ impl NodeHandle {
                 Some(Slot::Active(handle)) => {
                     let (tx, rx) = oneshot::channel();
                     match handle.tx.try_send(Msg::Describe { reply: tx }) {
-                        Ok(()) => {
-                            if let Ok(described) = rx.await {
-                                return Ok(described);
-                            }
+                        Ok(()) => match tokio::time::timeout_at(until, rx).await {
+                            Ok(Ok(described)) => return Ok(described),
                             // The actor exited with the request queued.
-                        }
+                            Ok(Err(_)) => {}
+                            Err(_) => {
+                                return Err(busy("a watched Cell's actor (a watch's description)"))
+                            }
+                        },
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             return Err(busy("mailbox_commands_max (a watch's description)"));
                         }
@@ -1150,13 +1160,18 @@ impl NodeHandle {
                         Err(_) => return Err(busy("a watched Cell still activating")),
                     }
                 }
-                None => {
-                    return self.describe_id(cell).await.ok_or(Error::NotOwner {
-                        cell: cell.clone(),
-                        owner: None,
-                        endpoint: None,
-                    });
-                }
+                None => match self.describe_id(cell).await {
+                    Some(described) => return Ok(described),
+                    // An activation took the parked root meanwhile.
+                    None if self.shared.slots().contains_key(cell) => {}
+                    None => {
+                        return Err(Error::NotOwner {
+                            cell: cell.clone(),
+                            owner: None,
+                            endpoint: None,
+                        })
+                    }
+                },
             }
         }
     }

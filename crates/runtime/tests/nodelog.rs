@@ -1513,8 +1513,9 @@ fn file_page_size(path: &std::path::Path) -> u32 {
 
 /// A kind may create its Cells with other SQLite pages than the node's:
 /// the root records the kind's page size and the file has it; another
-/// kind's Cells keep the node's; and a node that rebuilds the Cell from
-/// the bucket (a fresh data directory) keeps the Cell's.
+/// kind's Cells keep the node's; and a successor that rebuilds the Cell
+/// from the dead owner's lane alone (no checkpoint yet) keeps the Cell's
+/// (the lane's first record is a snapshot in the Cell's page size).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kind_creates_its_cells_with_its_own_page_size() {
     use cellfleet_runtime::testkit::{as_a_client, Journal};
@@ -1549,7 +1550,7 @@ async fn a_kind_creates_its_cells_with_its_own_page_size() {
     };
     let clock = manual_clock();
     let a = cellfleet_runtime::Node::start(
-        node_config("a", dir.path(), prefix),
+        lazy(node_config("a", dir.path(), prefix)),
         store.clone(),
         clock.clone(),
         kinds(),
@@ -1568,10 +1569,17 @@ async fn a_kind_creates_its_cells_with_its_own_page_size() {
     assert_eq!(file_page_size(&db("a", SMALL)), 1024);
     assert_eq!(root(KIND).await.page_size, 4096);
     assert_eq!(file_page_size(&db("a", KIND)), 4096);
-    a.drain().await.unwrap();
-
+    assert!(
+        root(SMALL).await.chain.is_empty(),
+        "no checkpoint: the successor rebuilds from the lane alone"
+    );
+    // a stops renewing (as if paused); b takes the Cell once its lease is gone.
+    a.lease().pause_renewals(true);
+    let clock_b = manual_clock();
+    clock_b.advance(lease_expiry());
+    let clock = clock_b;
     let b = cellfleet_runtime::Node::start(
-        node_config("b", dir.path(), prefix),
+        lazy(node_config("b", dir.path(), prefix)),
         store.clone(),
         clock.clone(),
         kinds(),

@@ -927,7 +927,7 @@ async fn a_watch_on_a_cell_being_activated_waits_for_it() {
     )
     .await;
     // Every store call is slow for now: the activation takes a while.
-    store.inject(Fault::delay(None, Duration::from_millis(300)));
+    store.inject(Fault::delay(None, Duration::from_millis(300)).times(u64::MAX));
     let executing = {
         let (node, clock) = (node.clone(), clock.clone());
         tokio::spawn(async move { node.execute(KIND, KEY, append(clock.as_ref(), 1)).await })

@@ -138,11 +138,11 @@ migrations = ["CREATE TABLE notes (text TEXT NOT NULL)"]
         }
         fn query(
             &self,
-            _: &rusqlite::Connection,
-            _: &str,
-            _: &serde_json::Value,
+            conn: &rusqlite::Connection,
+            name: &str,
+            args: &serde_json::Value,
         ) -> Result<serde_json::Value, cellfleet_cell::KindError> {
-            Ok(serde_json::Value::Null)
+            self.execute(conn, name, args)
         }
     }
 

@@ -80,8 +80,7 @@ struct ActorHandle {
 impl ActorHandle {
     /// Waits (bounded) until the actor has fully exited.
     async fn wait_exit(&self, bound: Duration) {
-        let mut exited = self.exited.clone();
-        let _ = tokio::time::timeout(bound, exited.wait_for(|done| *done)).await;
+        let _ = tokio::time::timeout(bound, self.exited()).await;
     }
 
     /// Waits until the actor has fully exited; false if its task ended

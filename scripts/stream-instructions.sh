@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# What one Durable Streams append costs the node, in instructions counted
+# by valgrind (callgrind): repeatable whatever else the machine does,
+# unlike appends/s on shared cores.
+#
+# A one-node `cellfleet dev` cluster (local store) runs under callgrind.
+# A small HTTP client (python3, one keep-alive connection) creates STREAMS
+# streams, appends a few times to each so they are open and warm, then
+# sends N and then 2N appends of 256 bytes, round robin over the streams.
+# Per append = (count(2N) - count(N)) / N, between zero and dump of the
+# node's counters: the whole path (HTTP, routing, actor, SQLite, capture,
+# node log, local store) with set-up and warm-up cancelled.
+#
+#   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 400 and 50)
+# CELLFLEET_COST_PORT_BASE moves the node's ports (default 17500);
+# CELLFLEET_COST_BIN runs that `cellfleet` binary instead of this
+# checkout's release build (to compare two builds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-400}"
+STREAMS="${2:-50}"
+PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17500}"
+for tool in valgrind callgrind_control python3; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "$tool is not installed (apt-get install valgrind python3)" >&2
+        exit 1
+    fi
+done
+if [ -z "${CELLFLEET_COST_BIN:-}" ]; then
+    cargo build --release -q -p cellfleet --bin cellfleet
+fi
+CELLFLEET="${CELLFLEET_COST_BIN:-target/release/cellfleet}"
+STREAMS_PORT=$((PORT_BASE + 301))
+
+work="$(mktemp -d)"
+node_pid=""
+cleanup() {
+    if [ -n "$node_pid" ]; then
+        kill "$node_pid" 2>/dev/null || true
+        wait "$node_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$CELLFLEET" dev --nodes 1 --data "$work/d" --port-base "$PORT_BASE" --no-start >/dev/null
+valgrind --tool=callgrind --callgrind-out-file="$work/node.out" \
+    "$CELLFLEET" node --config "$work/d/n1.toml" >"$work/node.log" 2>&1 &
+node_pid=$!
+for _ in $(seq 1 120); do
+    if grep -q ' ready ' "$work/node.log"; then break; fi
+    if ! kill -0 "$node_pid" 2>/dev/null; then
+        echo "the node under valgrind exited:" >&2
+        cat "$work/node.log" >&2
+        exit 1
+    fi
+    sleep 1
+done
+if ! grep -q ' ready ' "$work/node.log"; then
+    echo "the node under valgrind was not ready after 120 s:" >&2
+    cat "$work/node.log" >&2
+    exit 1
+fi
+
+# client.py MODE COUNT: MODE "setup" creates the streams and appends to
+# each twice; "append" sends COUNT appends round robin. Exits non-zero on
+# any answer other than the protocol's success.
+cat >"$work/client.py" <<'EOF'
+import http.client, os, sys
+mode, count, streams, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+body = os.urandom(256)
+def call(method, path, data, want):
+    conn.request(method, path, body=data, headers={"Content-Type": "application/octet-stream"})
+    r = conn.getresponse()
+    r.read()
+    if r.status not in want:
+        sys.exit(f"{method} {path}: HTTP {r.status}")
+if mode == "setup":
+    for s in range(streams):
+        call("PUT", f"/v1/stream/cost-{s}", b"", (200, 201))
+    for _ in range(2):
+        for s in range(streams):
+            call("POST", f"/v1/stream/cost-{s}", body, (200, 204))
+else:
+    for i in range(count):
+        call("POST", f"/v1/stream/cost-{i % streams}", body, (200, 204))
+EOF
+python3 "$work/client.py" setup 0 "$STREAMS" "$STREAMS_PORT"
+
+# Node instructions for COUNT appends.
+run() {
+    local dump
+    callgrind_control -z "$node_pid" >/dev/null 2>&1
+    python3 "$work/client.py" append "$1" "$STREAMS" "$STREAMS_PORT"
+    callgrind_control -d "$node_pid" >/dev/null 2>&1
+    dump=""
+    for _ in $(seq 1 50); do
+        dump=$(ls -t "$work"/node.out.* 2>/dev/null | head -1 || true)
+        if [ -n "$dump" ] && grep -q '^totals:' "$dump"; then break; fi
+        sleep 0.2
+    done
+    sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump"
+    # Keep the 2N dump for callgrind_annotate when asked.
+    if [ -n "${CELLFLEET_COST_KEEP:-}" ]; then
+        cp "$dump" "$CELLFLEET_COST_KEEP"
+    fi
+    rm -f "$work"/node.out.*
+}
+
+n1=$(run "$N")
+n2=$(run $((2 * N)))
+echo "node instructions per append: $(((n2 - n1) / N)) (N: $n1, 2N: $n2)"
+echo "(256-byte appends, one keep-alive HTTP connection, round robin over $STREAMS open streams;"
+echo " N = $N, set-up cancelled by the 2N - N difference; one node, local store)"

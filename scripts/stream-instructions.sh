@@ -14,7 +14,8 @@
 #   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 400 and 50)
 # CELLFLEET_COST_PORT_BASE moves the node's ports (default 17500);
 # CELLFLEET_COST_BIN runs that `cellfleet` binary instead of this
-# checkout's release build (to compare two builds).
+# checkout's release build (to compare two builds); CELLFLEET_COST_KEEP=P
+# keeps the two callgrind dumps as P.N and P.2N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-400}"
@@ -101,9 +102,9 @@ run() {
         sleep 0.2
     done
     sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump"
-    # Keep the 2N dump for callgrind_annotate when asked.
+    # Keep the dumps for callgrind_annotate when asked (PREFIX.N, PREFIX.2N).
     if [ -n "${CELLFLEET_COST_KEEP:-}" ]; then
-        cp "$dump" "$CELLFLEET_COST_KEEP"
+        cp "$dump" "$CELLFLEET_COST_KEEP.$1"
     fi
     rm -f "$work"/node.out.*
 }

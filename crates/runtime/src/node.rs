@@ -412,8 +412,23 @@ fn spawn_node_tasks(
 /// flight to be decided before it fences every Cell.
 const SESSION_END_SETTLE: Duration = Duration::from_secs(5);
 
+/// The bytes a command charges against the mailbox budget: its name and
+/// its arguments as JSON, counted without building the text.
 fn command_bytes(command: &Command) -> usize {
-    command.name.len() + command.args.to_string().len()
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing JSON into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, &command.args);
+    command.name.len() + count.0
 }
 
 impl Shared {
@@ -1497,3 +1512,23 @@ where
 /// Rounds of stopping actors during a drain (activations racing the drain
 /// may start new ones; each round catches those).
 const DRAIN_ROUNDS_MAX: usize = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // The mailbox charge is the JSON text's length, counted without
+        // building the text.
+        #[test]
+        fn a_command_is_charged_its_name_and_json_length(
+            name in "[a-z_]{0,12}",
+            args in proptest::collection::btree_map("[a-z\"\\\\é]{0,6}", ".{0,40}", 0..6),
+        ) {
+            let args = serde_json::to_value(&args).expect("a map is JSON");
+            let command = Command::new([7; 16], name.clone(), args.clone(), 0);
+            prop_assert_eq!(command_bytes(&command), name.len() + args.to_string().len());
+        }
+    }
+}

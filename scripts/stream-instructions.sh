@@ -11,14 +11,21 @@
 # node's counters: the whole path (HTTP, routing, actor, SQLite, capture,
 # node log, local store) with set-up and warm-up cancelled.
 #
-#   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 400 and 50)
+# Read with care: valgrind's CPU has no SHA extensions, so SHA-256 (the
+# local store's ETags, command digests, Cell ids) runs the sha2 crate's
+# software path here, about a quarter of the count, where a CPU with
+# SHA-NI (perf, same workload) puts under 1% of the node's samples in it.
+# The count also grows with the streams' size (checkpoints merge more
+# records), so compare builds at the same N and STREAMS.
+#
+#   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 1000 and 50)
 # CELLFLEET_COST_PORT_BASE moves the node's ports (default 17500);
 # CELLFLEET_COST_BIN runs that `cellfleet` binary instead of this
 # checkout's release build (to compare two builds); CELLFLEET_COST_KEEP=P
 # keeps the two callgrind dumps as P.N and P.2N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N="${1:-400}"
+N="${1:-1000}"
 STREAMS="${2:-50}"
 PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17500}"
 for tool in valgrind callgrind_control python3; do

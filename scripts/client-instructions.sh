@@ -31,54 +31,20 @@ cargo build --release -q -p cellfleet-client --example query_cost
 CELLFLEET="${CELLFLEET_COST_BIN:-target/release/cellfleet}"
 CLIENT=target/release/examples/query_cost
 
-work="$(mktemp -d)"
-node_pid=""
-cleanup() {
-    if [ -n "$node_pid" ]; then
-        kill "$node_pid" 2>/dev/null || true
-        wait "$node_pid" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$CELLFLEET" dev --nodes 1 --data "$work/d" --port-base "$PORT_BASE" --no-start >/dev/null
-valgrind --tool=callgrind --callgrind-out-file="$work/node.out" \
-    "$CELLFLEET" node --config "$work/d/n1.toml" >"$work/node.log" 2>&1 &
-node_pid=$!
-for _ in $(seq 1 120); do
-    if grep -q ' ready ' "$work/node.log"; then break; fi
-    if ! kill -0 "$node_pid" 2>/dev/null; then
-        echo "the node under valgrind exited:" >&2
-        cat "$work/node.log" >&2
-        exit 1
-    fi
-    sleep 1
-done
-if ! grep -q ' ready ' "$work/node.log"; then
-    echo "the node under valgrind was not ready after 120 s:" >&2
-    cat "$work/node.log" >&2
-    exit 1
-fi
+# shellcheck source=lib/callgrind-node.sh
+source scripts/lib/callgrind-node.sh
+callgrind_node_start "$CELLFLEET" "$PORT_BASE"
 config="$work/d/client.toml"
 "$CLIENT" --config "$config" raw 10 >/dev/null # the Cell exists, warm
 
 # One run of VARIANT with COUNT queries: "client node" instructions.
 run() {
-    local client node dump
+    local client node
     callgrind_control -z "$node_pid" >/dev/null 2>&1
     client=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null \
         "$CLIENT" --config "$config" "$1" "$2" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
-    callgrind_control -d "$node_pid" >/dev/null 2>&1
-    dump=""
-    for _ in $(seq 1 50); do
-        dump=$(ls -t "$work"/node.out.* 2>/dev/null | head -1 || true)
-        if [ -n "$dump" ] && grep -q '^totals:' "$dump"; then break; fi
-        sleep 0.2
-    done
-    node=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump")
-    rm -f "$work"/node.out.*
+    node=$(callgrind_node_count)
     echo "$client $node"
 }
 

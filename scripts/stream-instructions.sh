@@ -40,35 +40,9 @@ fi
 CELLFLEET="${CELLFLEET_COST_BIN:-target/release/cellfleet}"
 STREAMS_PORT=$((PORT_BASE + 301))
 
-work="$(mktemp -d)"
-node_pid=""
-cleanup() {
-    if [ -n "$node_pid" ]; then
-        kill "$node_pid" 2>/dev/null || true
-        wait "$node_pid" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$CELLFLEET" dev --nodes 1 --data "$work/d" --port-base "$PORT_BASE" --no-start >/dev/null
-valgrind --tool=callgrind --callgrind-out-file="$work/node.out" \
-    "$CELLFLEET" node --config "$work/d/n1.toml" >"$work/node.log" 2>&1 &
-node_pid=$!
-for _ in $(seq 1 120); do
-    if grep -q ' ready ' "$work/node.log"; then break; fi
-    if ! kill -0 "$node_pid" 2>/dev/null; then
-        echo "the node under valgrind exited:" >&2
-        cat "$work/node.log" >&2
-        exit 1
-    fi
-    sleep 1
-done
-if ! grep -q ' ready ' "$work/node.log"; then
-    echo "the node under valgrind was not ready after 120 s:" >&2
-    cat "$work/node.log" >&2
-    exit 1
-fi
+# shellcheck source=lib/callgrind-node.sh
+source scripts/lib/callgrind-node.sh
+callgrind_node_start "$CELLFLEET" "$PORT_BASE"
 
 # client.py MODE COUNT: MODE "setup" creates the streams and appends to
 # each twice; "append" sends COUNT appends round robin. Exits non-zero on
@@ -96,24 +70,12 @@ else:
 EOF
 python3 "$work/client.py" setup 0 "$STREAMS" "$STREAMS_PORT"
 
-# Node instructions for COUNT appends.
+# Node instructions for COUNT appends (the dump kept as KEEP.COUNT when
+# asked).
 run() {
-    local dump
     callgrind_control -z "$node_pid" >/dev/null 2>&1
     python3 "$work/client.py" append "$1" "$STREAMS" "$STREAMS_PORT"
-    callgrind_control -d "$node_pid" >/dev/null 2>&1
-    dump=""
-    for _ in $(seq 1 50); do
-        dump=$(ls -t "$work"/node.out.* 2>/dev/null | head -1 || true)
-        if [ -n "$dump" ] && grep -q '^totals:' "$dump"; then break; fi
-        sleep 0.2
-    done
-    sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump"
-    # Keep the dumps for callgrind_annotate when asked (PREFIX.N, PREFIX.2N).
-    if [ -n "${CELLFLEET_COST_KEEP:-}" ]; then
-        cp "$dump" "$CELLFLEET_COST_KEEP.$1"
-    fi
-    rm -f "$work"/node.out.*
+    callgrind_node_count "${CELLFLEET_COST_KEEP:+$CELLFLEET_COST_KEEP.$1}"
 }
 
 n1=$(run "$N")

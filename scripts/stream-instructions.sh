@@ -19,7 +19,7 @@
 # records), so compare builds at the same N and STREAMS.
 #
 #   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 1000 and 50)
-# CELLFLEET_COST_PORT_BASE moves the node's ports (default 17500);
+# CELLFLEET_COST_PORT_BASE moves the node's ports (default 17450);
 # CELLFLEET_COST_BIN runs that `cellfleet` binary instead of this
 # checkout's release build (to compare two builds); CELLFLEET_COST_KEEP=P
 # keeps the two callgrind dumps as P.N and P.2N.
@@ -27,7 +27,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
 STREAMS="${2:-50}"
-PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17500}"
+PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17450}"
+if ! [[ "$N" =~ ^[1-9][0-9]*$ && "$STREAMS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "N and STREAMS must be whole numbers of at least 1" >&2
+    exit 1
+fi
 for tool in valgrind callgrind_control python3; do
     if ! command -v "$tool" >/dev/null; then
         echo "$tool is not installed (apt-get install valgrind python3)" >&2

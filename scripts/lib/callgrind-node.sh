@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the instruction-count scripts: a one-node `cellfleet dev`
 # cluster whose node runs under valgrind's callgrind.
 #
@@ -6,6 +7,9 @@
 #       is ready, or exits 1 with its log.
 #   callgrind_node_count                       dumps the node's counters
 #       and prints the instructions since the last `callgrind_control -z`.
+
+# A failing command inside $(...) fails the script too.
+shopt -s inherit_errexit
 
 work="$(mktemp -d)"
 node_pid=""
@@ -38,7 +42,8 @@ callgrind_node_start() {
     exit 1
 }
 
-# Prints the count; with KEEP set, also copies the dump to KEEP.
+# Prints the count; with KEEP set, also copies the dump to KEEP. Exits 1
+# when no dump appears (callers run it in $(...): see inherit_errexit).
 callgrind_node_count() {
     local keep="${1:-}" dump=""
     callgrind_control -d "$node_pid" >/dev/null 2>&1
@@ -47,6 +52,10 @@ callgrind_node_count() {
         if [ -n "$dump" ] && grep -q '^totals:' "$dump"; then break; fi
         sleep 0.2
     done
+    if [ -z "$dump" ] || ! grep -q '^totals:' "$dump"; then
+        echo "callgrind wrote no dump of the node's counters" >&2
+        exit 1
+    fi
     sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump"
     if [ -n "$keep" ]; then
         cp "$dump" "$keep"

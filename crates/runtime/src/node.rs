@@ -426,8 +426,8 @@ fn command_bytes(command: &Command) -> usize {
         }
     }
     let mut count = Count(0);
-    // Writing JSON into a counter cannot fail.
-    let _ = serde_json::to_writer(&mut count, &command.args);
+    serde_json::to_writer(&mut count, &command.args)
+        .expect("a JSON value writes into a counter, which never fails");
     command.name.len() + count.0
 }
 

@@ -17,6 +17,10 @@
 # CELLFLEET_COST_BIN runs that `cellfleet` binary as the node instead of
 # this checkout's release build (to compare two builds).
 set -euo pipefail
+# Paths the caller gives are relative to where it runs this script.
+if [[ "${CELLFLEET_COST_BIN:-}" == */* ]]; then
+    CELLFLEET_COST_BIN="$(realpath -m -- "$CELLFLEET_COST_BIN")"
+fi
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
 PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17400}"

@@ -24,6 +24,13 @@
 # checkout's release build (to compare two builds); CELLFLEET_COST_KEEP=P
 # keeps the two callgrind dumps as P.N and P.2N.
 set -euo pipefail
+# Paths the caller gives are relative to where it runs this script.
+if [[ "${CELLFLEET_COST_BIN:-}" == */* ]]; then
+    CELLFLEET_COST_BIN="$(realpath -m -- "$CELLFLEET_COST_BIN")"
+fi
+if [ -n "${CELLFLEET_COST_KEEP:-}" ]; then
+    CELLFLEET_COST_KEEP="$(realpath -m -- "$CELLFLEET_COST_KEEP")"
+fi
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
 STREAMS="${2:-50}"

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cellfleet_authority::CellId;
 use cellfleet_cell::{Command, Outcome, RejectCode, Rejection};
 use cellfleet_proto::v1;
-use cellfleet_router::forward::{Routed, Router};
+use cellfleet_router::forward::{NodeExecuted, NodeQueried, Routed, Router};
 use cellfleet_router::status::detail_from_status;
 use cellfleet_streams::{BackendError, BackendFuture, StreamBackend};
 use serde_json::Value;
@@ -84,23 +84,15 @@ impl StreamBackend for RoutedBackend {
     ) -> BackendFuture<'a, Outcome> {
         Box::pin(async move {
             let cell = CellId::for_kind_key(kind, key);
-            let request = Routed::NodeCommand(v1::NodeCommand {
-                kind: kind.to_owned(),
-                key: key.to_vec(),
-                command: command.name,
-                args_json: command.args.to_string().into_bytes(),
-                command_id: command.id.0.to_vec(),
-                expires_at_ms: command.expires_at_ms,
-            });
-            let response = self
+            let executed = self
                 .router
-                .route(&cell, request, None)
+                .route_node_command(&cell, kind, key, &command)
                 .await
                 .map_err(status_error)?;
-            let v1::forward_response::Response::Execute(executed) = response else {
-                return Err(BackendError::Internal(
-                    "the owner sent no execute response".into(),
-                ));
+            let executed = match executed {
+                // Run here: the runtime's outcome as it is.
+                NodeExecuted::Here(executed) => return Ok(executed.outcome),
+                NodeExecuted::Forwarded(executed) => executed,
             };
             match executed.outcome {
                 Some(v1::execute_response::Outcome::ResultJson(json)) => Ok(Outcome::Applied {
@@ -126,23 +118,16 @@ impl StreamBackend for RoutedBackend {
     ) -> BackendFuture<'a, Value> {
         Box::pin(async move {
             let cell = CellId::for_kind_key(kind, key);
-            let request = Routed::NodeQuery(v1::NodeQuery {
-                kind: kind.to_owned(),
-                key: key.to_vec(),
-                query: name.to_owned(),
-                args_json: args.to_string().into_bytes(),
-            });
-            let response = self
+            let queried = self
                 .router
-                .route(&cell, request, None)
+                .route_node_query(&cell, kind, key, name, &args)
                 .await
                 .map_err(status_error)?;
-            let v1::forward_response::Response::Query(queried) = response else {
-                return Err(BackendError::Internal(
-                    "the owner sent no query response".into(),
-                ));
-            };
-            parse_json(&queried.result_json)
+            match queried {
+                // Run here: the runtime's value as it is.
+                NodeQueried::Here(queried) => Ok(queried.value),
+                NodeQueried::Forwarded(queried) => parse_json(&queried.result_json),
+            }
         })
     }
 

@@ -39,9 +39,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cellfleet_authority::{CellId, Clock, LeaseRecord, Liveness, NodeId, NodeLeases, Roots};
+use cellfleet_cell::Command;
 use cellfleet_proto::v1;
 use cellfleet_proto::v1::peer_client::PeerClient;
-use cellfleet_runtime::NodeHandle;
+use cellfleet_runtime::{Executed, NodeHandle, Queried};
 use tonic::transport::Channel;
 
 use crate::envelope::{VerifiedCommand, VerifiedQuery, VerifiedResolve, Verifier};
@@ -160,6 +161,105 @@ impl Routed {
     fn is_command(&self) -> bool {
         matches!(self, Routed::Execute(_) | Routed::NodeCommand(_))
     }
+}
+
+/// A routed request as [`Router::route_as`] runs it.
+enum Request<'a> {
+    /// Its wire form, with the ingress's verified form when it has one.
+    Wire {
+        request: Routed,
+        verified: Option<&'a Verified>,
+    },
+    /// An unsigned command this node issues, kept in memory: run here as
+    /// it is, put in its wire form only when it must be forwarded.
+    NodeCommand {
+        kind: &'a str,
+        key: &'a [u8],
+        command: &'a Command,
+        wire: Option<Routed>,
+    },
+    /// An unsigned query this node issues, kept in memory likewise.
+    NodeQuery {
+        kind: &'a str,
+        key: &'a [u8],
+        name: &'a str,
+        args: &'a serde_json::Value,
+        wire: Option<Routed>,
+    },
+}
+
+impl Request<'_> {
+    fn is_command(&self) -> bool {
+        match self {
+            Request::Wire { request, .. } => request.is_command(),
+            Request::NodeCommand { .. } => true,
+            Request::NodeQuery { .. } => false,
+        }
+    }
+
+    /// The wire form, made once.
+    fn wire(&mut self) -> &Routed {
+        match self {
+            Request::Wire { request, .. } => request,
+            Request::NodeCommand {
+                kind,
+                key,
+                command,
+                wire,
+            } => wire.get_or_insert_with(|| {
+                Routed::NodeCommand(v1::NodeCommand {
+                    kind: (*kind).to_owned(),
+                    key: key.to_vec(),
+                    command: command.name.clone(),
+                    args_json: command.args.to_string().into_bytes(),
+                    command_id: command.id.0.to_vec(),
+                    expires_at_ms: command.expires_at_ms,
+                })
+            }),
+            Request::NodeQuery {
+                kind,
+                key,
+                name,
+                args,
+                wire,
+            } => wire.get_or_insert_with(|| {
+                Routed::NodeQuery(v1::NodeQuery {
+                    kind: (*kind).to_owned(),
+                    key: key.to_vec(),
+                    query: (*name).to_owned(),
+                    args_json: args.to_string().into_bytes(),
+                })
+            }),
+        }
+    }
+}
+
+/// What a routed request returned.
+enum Answer {
+    /// A peer's answer, or a wire request's run here.
+    Wire(v1::forward_response::Response),
+    /// A node command run here, as the runtime returned it.
+    Executed(Executed),
+    /// A node query run here, as the runtime returned it.
+    Queried(Queried),
+}
+
+/// What [`Router::route_node_command`] returned.
+#[derive(Debug)]
+pub enum NodeExecuted {
+    /// This node ran it: the runtime's own answer.
+    Here(Executed),
+    /// A peer ran it: its wire answer.
+    Forwarded(v1::ExecuteResponse),
+}
+
+/// What [`Router::route_node_query`] returned.
+#[derive(Debug)]
+pub enum NodeQueried {
+    /// This node ran it: the runtime's own answer.
+    Here(Queried),
+    /// A peer ran it: its wire answer.
+    Forwarded(v1::QueryResponse),
 }
 
 /// Where a request should run.
@@ -397,19 +497,38 @@ impl Router {
         Ok(channel)
     }
 
-    async fn run_local(
-        &self,
-        request: &Routed,
-        verified: Option<&Verified>,
-    ) -> Result<v1::forward_response::Response, Error> {
-        run_local(
-            &self.node,
-            &self.verifier,
-            &self.node_kinds,
-            request,
-            verified,
-        )
-        .await
+    async fn run_local(&self, request: &Request<'_>) -> Result<Answer, Error> {
+        match request {
+            Request::Wire { request, verified } => run_local(
+                &self.node,
+                &self.verifier,
+                &self.node_kinds,
+                request,
+                *verified,
+            )
+            .await
+            .map(Answer::Wire),
+            Request::NodeCommand {
+                kind, key, command, ..
+            } => {
+                allow_node_kind(&self.node_kinds, kind)?;
+                crate::local::own_node_command(&self.node, kind, key, command)
+                    .await
+                    .map(Answer::Executed)
+            }
+            Request::NodeQuery {
+                kind,
+                key,
+                name,
+                args,
+                ..
+            } => {
+                allow_node_kind(&self.node_kinds, kind)?;
+                crate::local::own_node_query(&self.node, kind, key, name, args)
+                    .await
+                    .map(Answer::Queried)
+            }
+        }
     }
 
     async fn forward(
@@ -479,7 +598,11 @@ impl Router {
         request: Routed,
         deadline_unix_ms: Option<i64>,
     ) -> Result<v1::forward_response::Response, tonic::Status> {
-        self.route_as(cell, request, None, deadline_unix_ms).await
+        let request = Request::Wire {
+            request,
+            verified: None,
+        };
+        self.route_wire(cell, request, deadline_unix_ms).await
     }
 
     /// Routes a client request this node verified as `verified`, as
@@ -491,17 +614,97 @@ impl Router {
         verified: &Verified,
         deadline_unix_ms: Option<i64>,
     ) -> Result<v1::forward_response::Response, tonic::Status> {
-        self.route_as(cell, request, Some(verified), deadline_unix_ms)
-            .await
+        let request = Request::Wire {
+            request,
+            verified: Some(verified),
+        };
+        self.route_wire(cell, request, deadline_unix_ms).await
+    }
+
+    /// Routes an unsigned command of a node-request kind that this node
+    /// issues, as [`Router::route`] routes a [`Routed::NodeCommand`]: the
+    /// same targets, retry and UNKNOWN_OUTCOME rules. Run here, the command
+    /// goes to the runtime as it is and its outcome comes back as it is,
+    /// with no JSON text either way; only a forward makes the wire form.
+    pub async fn route_node_command(
+        &self,
+        cell: &CellId,
+        kind: &str,
+        key: &[u8],
+        command: &Command,
+    ) -> Result<NodeExecuted, tonic::Status> {
+        let request = Request::NodeCommand {
+            kind,
+            key,
+            command,
+            wire: None,
+        };
+        match self.route_as(cell, request, None).await? {
+            Answer::Executed(executed) => Ok(NodeExecuted::Here(executed)),
+            Answer::Wire(v1::forward_response::Response::Execute(executed)) => {
+                Ok(NodeExecuted::Forwarded(executed))
+            }
+            Answer::Wire(_) | Answer::Queried(_) => Err(to_status(&Error::Internal {
+                message: "the owner sent no execute response".into(),
+                retryable: false,
+            })),
+        }
+    }
+
+    /// Routes an unsigned query of a node-request kind that this node
+    /// issues, as [`Router::route`] routes a [`Routed::NodeQuery`]. Run
+    /// here, its arguments and value stay in memory, as
+    /// [`Router::route_node_command`]'s do.
+    pub async fn route_node_query(
+        &self,
+        cell: &CellId,
+        kind: &str,
+        key: &[u8],
+        name: &str,
+        args: &serde_json::Value,
+    ) -> Result<NodeQueried, tonic::Status> {
+        let request = Request::NodeQuery {
+            kind,
+            key,
+            name,
+            args,
+            wire: None,
+        };
+        match self.route_as(cell, request, None).await? {
+            Answer::Queried(queried) => Ok(NodeQueried::Here(queried)),
+            Answer::Wire(v1::forward_response::Response::Query(queried)) => {
+                Ok(NodeQueried::Forwarded(queried))
+            }
+            Answer::Wire(_) | Answer::Executed(_) => Err(to_status(&Error::Internal {
+                message: "the owner sent no query response".into(),
+                retryable: false,
+            })),
+        }
+    }
+
+    async fn route_wire(
+        &self,
+        cell: &CellId,
+        request: Request<'_>,
+        deadline_unix_ms: Option<i64>,
+    ) -> Result<v1::forward_response::Response, tonic::Status> {
+        match self.route_as(cell, request, deadline_unix_ms).await? {
+            Answer::Wire(response) => Ok(response),
+            // Only a node request kept in memory is answered in memory.
+            Answer::Executed(_) | Answer::Queried(_) => Err(to_status(&Error::Internal {
+                message: "a wire request was answered in memory".into(),
+                retryable: false,
+            })),
+        }
     }
 
     async fn route_as(
         &self,
         cell: &CellId,
-        request: Routed,
-        verified: Option<&Verified>,
+        mut request: Request<'_>,
         deadline_unix_ms: Option<i64>,
-    ) -> Result<v1::forward_response::Response, tonic::Status> {
+    ) -> Result<Answer, tonic::Status> {
+        let command = request.is_command();
         let mut excluded: Vec<NodeId> = Vec::new();
         let mut hint: Option<OwnerHint> = None;
         let mut maybe_sent = false;
@@ -512,33 +715,34 @@ impl Router {
             attempt += 1;
             let result = match &target {
                 Target::Local => self
-                    .run_local(&request, verified)
+                    .run_local(&request)
                     .await
                     .map_err(|e| (to_status(&e), Delivery::Answered)),
                 Target::Remote { peer, .. } => {
                     hops += 1;
-                    self.forward(peer, &request, hops, deadline_unix_ms)
+                    self.forward(peer, request.wire(), hops, deadline_unix_ms)
                         .await
+                        .map(Answer::Wire)
                         .map_err(|status| classify_transport(status, peer))
                 }
             };
             let (status, delivery) = match result {
-                Ok(response) => {
-                    self.learn(cell, &target, &response);
-                    return Ok(response);
+                Ok(answer) => {
+                    self.learn(cell, &target, &answer);
+                    return Ok(answer);
                 }
                 Err(failed) => failed,
             };
             let code = code_of(&status);
             let judged = judge_attempt(
-                request.is_command(),
+                command,
                 matches!(target, Target::Remote { .. }),
                 delivery,
                 code,
             );
             maybe_sent |= judged.maybe_sent;
             if !judged.reroute || attempt >= 2 || hops >= HOPS_MAX {
-                return Err(self.final_status(status, maybe_sent, &request));
+                return Err(self.final_status(status, maybe_sent, command));
             }
             // Forget what this target taught us and refresh once.
             let tried = match &target {
@@ -561,9 +765,9 @@ impl Router {
                 Some(node) => self.target_for(&node, true).await,
                 None => self.locate(cell, true, &excluded).await,
             }
-            .map_err(|e| self.final_status(to_status(&e), maybe_sent, &request))?;
+            .map_err(|e| self.final_status(to_status(&e), maybe_sent, command))?;
             if target == Target::Local && tried == *self.me() {
-                return Err(self.final_status(status, maybe_sent, &request));
+                return Err(self.final_status(status, maybe_sent, command));
             }
         }
     }
@@ -572,10 +776,10 @@ impl Router {
         &self,
         status: tonic::Status,
         maybe_sent: bool,
-        request: &Routed,
+        command: bool,
     ) -> tonic::Status {
         let code = code_of(&status);
-        if maybe_sent && request.is_command() && code != Some(v1::ErrorCode::UnknownOutcome) {
+        if maybe_sent && command && code != Some(v1::ErrorCode::UnknownOutcome) {
             let provable = matches!(
                 code,
                 Some(v1::ErrorCode::ResourceExhausted | v1::ErrorCode::NotCommitted)
@@ -591,12 +795,18 @@ impl Router {
         status
     }
 
-    fn learn(&self, cell: &CellId, target: &Target, response: &v1::forward_response::Response) {
-        let epoch = match response {
-            v1::forward_response::Response::Execute(r) => r.receipt.as_ref().map(|r| r.epoch),
-            v1::forward_response::Response::Resolve(r) => r.receipt.as_ref().map(|r| r.epoch),
-            v1::forward_response::Response::Query(r) => r.receipt.as_ref().map(|r| r.epoch),
-            v1::forward_response::Response::Watch(_) => None,
+    fn learn(&self, cell: &CellId, target: &Target, answer: &Answer) {
+        let epoch = match answer {
+            Answer::Wire(response) => match response {
+                v1::forward_response::Response::Execute(r) => r.receipt.as_ref().map(|r| r.epoch),
+                v1::forward_response::Response::Resolve(r) => r.receipt.as_ref().map(|r| r.epoch),
+                v1::forward_response::Response::Query(r) => r.receipt.as_ref().map(|r| r.epoch),
+                v1::forward_response::Response::Watch(_) => None,
+            },
+            Answer::Executed(executed) => {
+                crate::local::stored_receipt(executed).map(|r| r.epoch.get())
+            }
+            Answer::Queried(queried) => Some(queried.receipt.epoch.get()),
         }
         .unwrap_or(0);
         let (node_id, endpoint) = match target {
@@ -733,6 +943,62 @@ pub fn deadline_from_metadata(metadata: &tonic::metadata::MetadataMap, now_ms: i
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn json_objects() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            "[a-z\"\\\\é+/=]{0,12}".prop_map(serde_json::Value::String),
+        ];
+        let value = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map("[a-z_]{1,6}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        });
+        proptest::collection::btree_map("[a-z_]{1,8}", value, 0..5)
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect()))
+    }
+
+    proptest! {
+        /// A node request kept in memory is forwarded as the wire form a
+        /// peer reads back to the same command (same digest, so the same
+        /// ledger entry) or the same query.
+        #[test]
+        fn a_node_request_kept_in_memory_forwards_as_itself(
+            id in any::<[u8; 16]>(),
+            name in "[a-z_]{1,12}",
+            args in json_objects(),
+            expires_at_ms in any::<i64>(),
+            kind in "[a-z_]{1,10}",
+            key in proptest::collection::vec(any::<u8>(), 0..24),
+        ) {
+            let command = Command::new(id, name.clone(), args.clone(), expires_at_ms);
+            let mut request = Request::NodeCommand { kind: &kind, key: &key, command: &command, wire: None };
+            prop_assert!(request.is_command());
+            let Routed::NodeCommand(wire) = request.wire().clone() else {
+                return Err(TestCaseError::fail("not a node command"));
+            };
+            prop_assert_eq!(&wire.kind, &kind);
+            prop_assert_eq!(&wire.key, &key);
+            let read = crate::local::node_command_of(&wire).expect("a peer reads it");
+            prop_assert_eq!(read.digest(&kind), command.digest(&kind));
+            prop_assert_eq!(read, command);
+
+            let mut request = Request::NodeQuery { kind: &kind, key: &key, name: &name, args: &args, wire: None };
+            prop_assert!(!request.is_command());
+            let Routed::NodeQuery(wire) = request.wire().clone() else {
+                return Err(TestCaseError::fail("not a node query"));
+            };
+            prop_assert_eq!(&wire.kind, &kind);
+            prop_assert_eq!(&wire.key, &key);
+            prop_assert_eq!(&wire.query, &name);
+            prop_assert_eq!(crate::local::node_args(&wire.args_json).expect("an object"), args);
+        }
+    }
 
     #[test]
     fn grpc_timeouts_become_deadlines() {

@@ -7,7 +7,7 @@
 use cellfleet_authority::{CellId, Epoch, Txid};
 use cellfleet_cell::{Command, CommandId, Outcome, RejectCode};
 use cellfleet_proto::v1;
-use cellfleet_runtime::{Executed, NodeHandle, Receipt, Resolution};
+use cellfleet_runtime::{Executed, NodeHandle, Queried, Receipt, Resolution};
 
 use crate::envelope::{VerifiedCommand, VerifiedQuery, VerifiedResolve};
 use crate::error::{Error, Result};
@@ -47,16 +47,23 @@ pub fn outcome_to_proto(outcome: &Outcome) -> v1::execute_response::Outcome {
     }
 }
 
-fn executed_to_proto(node: &NodeHandle, id: [u8; 16], executed: &Executed) -> v1::ExecuteResponse {
+/// The receipt an execute answer carries: none for a command refused
+/// before it ran (expired, or its id reused with other content), whose
+/// "receipt" proves nothing was stored.
+pub(crate) fn stored_receipt(executed: &Executed) -> Option<&Receipt> {
     let stored = !matches!(
         &executed.outcome,
         Outcome::Rejected { rejection }
             if matches!(rejection.code, RejectCode::Expired | RejectCode::IdReused)
     );
+    stored.then_some(&executed.receipt)
+}
+
+fn executed_to_proto(node: &NodeHandle, id: [u8; 16], executed: &Executed) -> v1::ExecuteResponse {
     v1::ExecuteResponse {
         command_id: id.to_vec(),
         outcome: Some(outcome_to_proto(&executed.outcome)),
-        receipt: stored.then(|| receipt_to_proto(&executed.receipt)),
+        receipt: stored_receipt(executed).map(receipt_to_proto),
         duplicate: executed.duplicate,
         served_by: node.node_id().as_str().to_owned(),
         served_by_endpoint: node.endpoints().grpc.clone(),
@@ -151,13 +158,45 @@ pub async fn resolve(node: &NodeHandle, resolve: &VerifiedResolve) -> Result<v1:
     Ok(response)
 }
 
-fn node_args(args_json: &[u8]) -> Result<serde_json::Value> {
+pub(crate) fn node_args(args_json: &[u8]) -> Result<serde_json::Value> {
     let args: serde_json::Value = serde_json::from_slice(args_json)
         .map_err(|e| Error::Malformed(format!("args_json: {e}")))?;
+    object_args(&args)?;
+    Ok(args)
+}
+
+/// A node request's arguments are a JSON object, whichever form they came in.
+fn object_args(args: &serde_json::Value) -> Result<()> {
     if !args.is_object() {
         return Err(Error::Malformed("args_json is not a JSON object".into()));
     }
-    Ok(args)
+    Ok(())
+}
+
+/// Executes a node command this node issued itself, as it is in memory
+/// (the caller checked its kind): the same run as [`node_command`] without
+/// the wire form's JSON text either way.
+pub(crate) async fn own_node_command(
+    node: &NodeHandle,
+    kind: &str,
+    key: &[u8],
+    command: &Command,
+) -> Result<Executed> {
+    object_args(&command.args)?;
+    Ok(node.execute(kind, key, command.clone()).await?)
+}
+
+/// Runs a node query this node issued itself, as it is in memory (the
+/// caller checked its kind): [`node_query`] without the JSON text.
+pub(crate) async fn own_node_query(
+    node: &NodeHandle,
+    kind: &str,
+    key: &[u8],
+    name: &str,
+    args: &serde_json::Value,
+) -> Result<Queried> {
+    object_args(args)?;
+    Ok(node.query(kind, key, name, args.clone(), None).await?)
 }
 
 /// Executes an unsigned node command on this node (the caller checked its kind).
@@ -165,19 +204,25 @@ pub async fn node_command(
     node: &NodeHandle,
     request: &v1::NodeCommand,
 ) -> Result<v1::ExecuteResponse> {
+    let command = node_command_of(request)?;
+    let id = command.id.0;
+    let executed = node.execute(&request.kind, &request.key, command).await?;
+    Ok(executed_to_proto(node, id, &executed))
+}
+
+/// The command a node command's wire form carries.
+pub(crate) fn node_command_of(request: &v1::NodeCommand) -> Result<Command> {
     let id: [u8; 16] = request
         .command_id
         .as_slice()
         .try_into()
         .map_err(|_| Error::Malformed("command_id must be 16 bytes".into()))?;
-    let command = Command::new(
+    Ok(Command::new(
         id,
         request.command.clone(),
         node_args(&request.args_json)?,
         request.expires_at_ms,
-    );
-    let executed = node.execute(&request.kind, &request.key, command).await?;
-    Ok(executed_to_proto(node, id, &executed))
+    ))
 }
 
 /// Runs an unsigned node query on this node (the caller checked its kind).

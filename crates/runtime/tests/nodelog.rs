@@ -863,6 +863,65 @@ async fn a_busy_lane_batches_many_cells_into_few_segments() {
     }
 }
 
+/// A Cell this node creates reads its root once and nothing of the node
+/// log: no lane can hold a record of a Cell that had no root. (Each
+/// creation of a burst used to wait for the lane's segments in flight and
+/// then read the index of every segment written since its pointer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_cells_reads_nothing_of_the_log() {
+    const CELLS: u64 = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let store = Arc::new(FaultStore::new(inner));
+    let clock = manual_clock();
+    let prefix = "log-create";
+    let mut config = lazy(node_config("n1", dir.path(), prefix));
+    config.log.lanes = 1;
+    let node = start(config, store.clone(), clock.clone()).await;
+    // Segments land slowly, so the burst's creations overlap other Cells'
+    // segments in flight and landing.
+    store.inject(
+        Fault::delay(Some(Op::PutIfNoneMatch), Duration::from_millis(40))
+            .key_prefix(logs_prefix(prefix)),
+    );
+    store.reset_counts();
+    let burst: Vec<_> = (0..CELLS)
+        .map(|n| {
+            let (node, clock) = (node.clone(), clock.clone());
+            tokio::spawn(async move {
+                let key = format!("new-{n}").into_bytes();
+                let executed = node.execute(KIND, &key, append(clock.as_ref(), n)).await;
+                (key, n, executed)
+            })
+        })
+        .collect();
+    let mut logs = Vec::new();
+    for task in burst {
+        let (key, n, executed) = task.await.unwrap();
+        let log = AckLog::default();
+        log.ack(
+            n,
+            executed
+                .expect("every new Cell applies its command")
+                .outcome,
+        );
+        logs.push((key, log));
+    }
+    let counts = store.counts();
+    assert_eq!(counts.get(Op::GetRange), 0, "{counts:?}");
+    assert_eq!(
+        node.metrics()
+            .activations_created_total
+            .load(Ordering::Relaxed),
+        CELLS,
+        "{counts:?}"
+    );
+    for (key, log) in &logs {
+        log.verify(&node, key).await;
+    }
+}
+
 /// Commands to `cells` Cells in turn, `rounds` times, on a node that keeps
 /// at most two open: nearly every command passivates another Cell.
 async fn churn(

@@ -113,10 +113,6 @@ struct Pending {
     /// `None` while this is the newest pending publication (its state is
     /// the latest one, and nothing needs to hold it).
     reader: Option<Reader>,
-    /// Whether the group carried commands; one without only applied the
-    /// kind's migrations, and does not count against
-    /// [`CellConfig::pending_publications_max`].
-    commands: bool,
 }
 
 /// One open Cell.
@@ -137,7 +133,7 @@ pub struct Cell {
     /// Cells a node keeps open).
     published_reader: OnceCell<Reader>,
     /// Free readers for the next pins, opened on first need (at most
-    /// `pending_publications_max` are ever pinned at once besides the
+    /// `pending_publications_max - 1` are ever pinned at once besides the
     /// published one).
     spare_readers: Vec<Reader>,
     /// The next group pins a published reader even if none is open yet:
@@ -150,8 +146,7 @@ pub struct Cell {
     lingering_fds: Counter<usize>,
     capture: CaptureState,
     published: Position,
-    /// Oldest first; at most `pending_publications_max` groups of
-    /// commands, and the migrations' group before them.
+    /// Oldest first; at most `pending_publications_max`.
     pending: VecDeque<Pending>,
     poisoned: bool,
     stats: CaptureStats,
@@ -420,8 +415,7 @@ impl Cell {
         let Some(oldest) = self.pending_txid() else {
             return Ok(());
         };
-        let groups = self.pending.iter().filter(|p| p.commands).count();
-        if groups >= self.config.pending_publications_max {
+        if self.pending.len() >= self.config.pending_publications_max {
             return Err(Error::PipelineFull {
                 oldest,
                 pending: self.pending.len(),
@@ -564,7 +558,7 @@ impl Cell {
                 });
             }
         };
-        match self.capture(txid, now_ms, !group.is_empty()) {
+        match self.capture(txid, now_ms) {
             Ok(publication) => Ok(GroupResult {
                 results,
                 publication: Some(publication),
@@ -909,9 +903,9 @@ impl Cell {
     }
 
     /// Read the frames the last commit wrote and encode them.
-    fn capture(&mut self, txid: Txid, now_ms: i64, commands: bool) -> Result<Publication> {
+    fn capture(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
         let started = std::time::Instant::now();
-        let captured = self.capture_inner(txid, now_ms, commands);
+        let captured = self.capture_inner(txid, now_ms);
         self.stats.captures_total += 1;
         self.stats.capture_nanos_total += started.elapsed().as_nanos() as u64;
         if let Ok(p) = &captured {
@@ -920,7 +914,7 @@ impl Cell {
         captured
     }
 
-    fn capture_inner(&mut self, txid: Txid, now_ms: i64, commands: bool) -> Result<Publication> {
+    fn capture_inner(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
         let committed: Committed =
             wal::read_committed(&self.wal_path, &self.capture.cursor, self.capture.page_size)?
                 .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?;
@@ -940,7 +934,6 @@ impl Cell {
                     post: publication.post,
                     undo,
                     reader: None,
-                    commands,
                 });
                 Ok(publication)
             }

@@ -23,12 +23,8 @@ pub struct CellConfig {
     /// this big; while anything is pending, a WAL this big refuses new
     /// groups ([`crate::Error::CheckpointDue`]) until the pipeline drains.
     pub checkpoint_wal_bytes: u64,
-    /// Most groups of commands pending at once (at least 1): a group may
-    /// execute while this many minus one earlier ones are still being
-    /// published. A group of no commands (the kind's migrations, run at
-    /// open) is not counted: a new Cell's first command runs while its
-    /// schema is still being published, instead of a whole publication
-    /// later.
+    /// Most publications pending at once (at least 1): a group may execute
+    /// while this many minus one earlier ones are still being published.
     pub pending_publications_max: usize,
     /// Furthest a command's expiry may lie in the future.
     pub validity_ms_max: i64,

@@ -371,66 +371,6 @@ fn one_pending_publication_at_most_keeps_groups_serial_but_queries_answer() {
     assert!(matches!(err, Error::BadParameters(_)), "{err}");
 }
 
-/// The group a new Cell's migrations run in holds no command, so it does
-/// not count against the bound: the first command's group executes while
-/// the schema is still pending, and the bound applies to command groups.
-#[test]
-fn a_new_cell_s_first_group_runs_while_its_schema_is_pending() {
-    let config = CellConfig {
-        pending_publications_max: 1,
-        ..CellConfig::default()
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("new.db");
-    let opened = Cell::open(&path, kind(), config.clone(), Position::EMPTY, NOW).unwrap();
-    let mut cell = opened.cell;
-    let schema = opened.migration.expect("a new Cell applies its migrations");
-    assert_eq!(cell.pending_txids(), vec![schema.txid]);
-    assert!(
-        cell.can_execute(),
-        "the schema's group does not fill the pipeline"
-    );
-    let mut first = cell.execute(&[create(1, 1, "one")], NOW).unwrap();
-    let first = first
-        .publication
-        .take()
-        .expect("the group changed something");
-    assert_eq!(
-        first.pre, schema.post,
-        "the group builds on the pending schema"
-    );
-    assert_eq!(cell.pending_txids(), vec![schema.txid, first.txid]);
-    // One command group pending: the bound of 1 is reached.
-    assert!(!cell.can_execute());
-    let err = cell.execute(&[set(2, 2, "two")], NOW).unwrap_err();
-    assert!(
-        matches!(err, Error::PipelineFull { oldest, pending: 2 } if oldest == schema.txid),
-        "{err}"
-    );
-    // Confirms stay in order, and queries see only what is confirmed.
-    let err = cell.confirm(first.txid).unwrap_err();
-    assert!(matches!(err, Error::WrongPublication { .. }), "{err}");
-    cell.confirm(schema.txid).unwrap();
-    assert_eq!(items(&cell), json!([]));
-    assert!(!cell.can_execute(), "the command group is still pending");
-    cell.confirm(first.txid).unwrap();
-    assert_eq!(items(&cell), json!([[1, "one"]]));
-    assert!(cell.can_execute());
-
-    // An abort of the schema voids the group built on it too.
-    let path = dir.path().join("aborted.db");
-    let opened = Cell::open(&path, kind(), config, Position::EMPTY, NOW).unwrap();
-    let mut cell = opened.cell;
-    let schema = opened.migration.expect("a new Cell applies its migrations");
-    let mut first = cell.execute(&[create(1, 1, "one")], NOW).unwrap();
-    let first = first
-        .publication
-        .take()
-        .expect("the group changed something");
-    assert_eq!(cell.abort().unwrap(), vec![schema.txid, first.txid]);
-    assert_eq!(cell.pending_txids(), Vec::<Txid>::new());
-}
-
 #[test]
 fn an_interrupted_query_keeps_the_published_view() {
     let config = CellConfig {

@@ -151,8 +151,17 @@ pub(crate) fn open_connection(
         // on a new file is itself a commit (four syncs otherwise).
         conn.execute_batch("PRAGMA synchronous = OFF;")?;
         if !exists {
+            // A new file's first writes (setting auto_vacuum, then the
+            // switch to WAL) would each create and delete a rollback
+            // journal. On ext4 without a journal, each file creation steps
+            // over every inode of its group deleted in the last minute or
+            // more (BENCHMARKS.md, eighteenth measurement), so a node that
+            // creates Cells should not delete files to do it. The journal
+            // of these two writes is kept in memory instead: the file is a
+            // cache, and one a crash left half written fails the open's
+            // position check and is rebuilt.
             conn.execute_batch(&format!(
-                "PRAGMA page_size = {}; PRAGMA auto_vacuum = {};",
+                "PRAGMA journal_mode = MEMORY; PRAGMA page_size = {}; PRAGMA auto_vacuum = {};",
                 config.page_size,
                 if config.auto_vacuum { "FULL" } else { "NONE" }
             ))?;

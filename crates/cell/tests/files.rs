@@ -1,0 +1,103 @@
+//! The files a Cell creates and deletes, watched with inotify: a new Cell
+//! makes its database, lock, WAL and WAL index, and deletes nothing. (Every
+//! deleted inode slows each later file creation on ext4 without a journal,
+//! so a node that creates Cells must not churn files to do it.)
+
+use std::collections::BTreeSet;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use cellfleet_cell::kind::to_wire;
+use cellfleet_cell::kv::{Kv, KvCommand};
+use cellfleet_cell::{Cell, CellConfig, Command, Kind, Position, Typed};
+use rustix::fs::inotify;
+use rustix::io::Errno;
+
+const NOW: i64 = 1_700_000_000_000;
+
+fn kv() -> Arc<dyn Kind> {
+    Arc::new(Typed(Kv))
+}
+
+fn put(n: u64) -> Command {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&n.to_be_bytes());
+    let (name, args) = to_wire(&KvCommand::Put {
+        key: format!("k{n}"),
+        value: serde_json::json!(n),
+    })
+    .unwrap();
+    Command::new(id, name, args, NOW + 60_000)
+}
+
+fn watch(dir: &Path) -> OwnedFd {
+    let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+        .expect("inotify");
+    inotify::add_watch(
+        &fd,
+        dir,
+        inotify::WatchFlags::CREATE | inotify::WatchFlags::DELETE,
+    )
+    .expect("watch the directory");
+    fd
+}
+
+/// The names created and deleted in the watched directory so far.
+fn events(fd: &OwnedFd) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+    let mut reader = inotify::Reader::new(fd, &mut buf);
+    let (mut created, mut deleted) = (BTreeSet::new(), BTreeSet::new());
+    loop {
+        match reader.next() {
+            Ok(event) => {
+                let name = event
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if event.events().contains(inotify::ReadFlags::CREATE) {
+                    created.insert(name);
+                } else if event.events().contains(inotify::ReadFlags::DELETE) {
+                    deleted.insert(name);
+                }
+            }
+            Err(Errno::AGAIN) => return (created, deleted),
+            Err(e) => panic!("reading inotify events: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_new_cell_creates_its_four_files_and_deletes_none() {
+    for page_size in [1024, 4096] {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = watch(dir.path());
+        let config = CellConfig {
+            page_size,
+            ..CellConfig::default()
+        };
+        let path = dir.path().join("new.db");
+        let opened = Cell::open(&path, kv(), config, Position::EMPTY, NOW).unwrap();
+        let mut cell = opened.cell;
+        if let Some(migration) = opened.migration {
+            cell.confirm(migration.txid).unwrap();
+        }
+        let mut group = cell.execute(&[put(1)], NOW).unwrap();
+        let publication = group.publication.take().expect("a write");
+        cell.confirm(publication.txid).unwrap();
+        let (created, deleted) = events(&fd);
+        let expected: BTreeSet<String> = ["new.db", "new.db.lock", "new.db-wal", "new.db-shm"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(created, expected, "page size {page_size}");
+        assert!(deleted.is_empty(), "page size {page_size}: {deleted:?}");
+        assert_eq!(
+            cell.query("get", &serde_json::json!({"key": "k1"}))
+                .unwrap(),
+            serde_json::json!({"type": "value", "value": 1}),
+            "page size {page_size}"
+        );
+    }
+}

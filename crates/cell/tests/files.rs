@@ -7,30 +7,13 @@ use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
 
-use cellfleet_cell::kind::to_wire;
-use cellfleet_cell::kv::{Kv, KvCommand};
-use cellfleet_cell::{Cell, CellConfig, Command, Kind, Position, Typed};
+mod common;
+
+use cellfleet_cell::{Cell, CellConfig, Position};
+use common::{kv, kv_put as put, NOW};
 use rustix::fs::inotify;
 use rustix::io::Errno;
-
-const NOW: i64 = 1_700_000_000_000;
-
-fn kv() -> Arc<dyn Kind> {
-    Arc::new(Typed(Kv))
-}
-
-fn put(n: u64) -> Command {
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&n.to_be_bytes());
-    let (name, args) = to_wire(&KvCommand::Put {
-        key: format!("k{n}"),
-        value: serde_json::json!(n),
-    })
-    .unwrap();
-    Command::new(id, name, args, NOW + 60_000)
-}
 
 fn watch(dir: &Path) -> OwnedFd {
     let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)

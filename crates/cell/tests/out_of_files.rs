@@ -4,29 +4,11 @@
 //!
 //! Its own test binary: it lowers this process's open-file limit.
 
-use std::sync::Arc;
+mod common;
 
-use cellfleet_cell::kind::to_wire;
-use cellfleet_cell::kv::{Kv, KvCommand};
-use cellfleet_cell::{Cell, CellConfig, Command, Error, Kind, Position, Typed};
+use cellfleet_cell::{Cell, CellConfig, Error, Position};
+use common::{kv, kv_put as put, NOW};
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-
-const NOW: i64 = 1_700_000_000_000;
-
-fn kv() -> Arc<dyn Kind> {
-    Arc::new(Typed(Kv))
-}
-
-fn put(n: u64) -> Command {
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&n.to_be_bytes());
-    let (name, args) = to_wire(&KvCommand::Put {
-        key: format!("k{n}"),
-        value: serde_json::json!(n),
-    })
-    .unwrap();
-    Command::new(id, name, args, NOW + 60_000)
-}
 
 #[test]
 fn opening_past_the_open_file_limit_is_out_of_files_and_harms_no_file() {

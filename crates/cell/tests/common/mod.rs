@@ -12,6 +12,23 @@ use cellfleet_cell::{
 
 pub const NOW: i64 = 1_700_000_000_000;
 
+/// The built-in key-value kind.
+pub fn kv() -> Arc<dyn Kind> {
+    Arc::new(cellfleet_cell::Typed(cellfleet_cell::kv::Kv))
+}
+
+/// A `kv` put of key `k{n}` to the value `n`, with command id `n`.
+pub fn kv_put(n: u64) -> Command {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&n.to_be_bytes());
+    let (name, args) = cellfleet_cell::kind::to_wire(&cellfleet_cell::kv::KvCommand::Put {
+        key: format!("k{n}"),
+        value: serde_json::json!(n),
+    })
+    .expect("a kv command is JSON");
+    Command::new(id, name, args, NOW + 60_000)
+}
+
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,

@@ -97,7 +97,9 @@ pub struct CaptureStats {
     pub ltx_bytes_total: u64,
 }
 
-/// A freshly opened Cell, with the migration it had to run (pending).
+/// A freshly opened Cell, with the migration it had to run (pending;
+/// `None` when nothing was due or [`CellConfig::defer_migrations`] left it
+/// to the next group).
 #[derive(Debug)]
 pub struct Opened {
     pub cell: Cell,
@@ -236,7 +238,8 @@ impl Cell {
     /// position, is an error: recover it from the published chain first.
     /// When the kind declares migrations the Cell has not applied (or the
     /// Cell is new) they run now as one captured transaction, returned as
-    /// [`Opened::migration`] and pending like any group.
+    /// [`Opened::migration`] and pending like any group; with
+    /// [`CellConfig::defer_migrations`] the next group runs them instead.
     ///
     /// [`Error::OutOfFiles`] when the process could open no more files: the
     /// file is not at fault then, and must not be rebuilt.
@@ -330,11 +333,10 @@ impl Cell {
         cell.check_migrations()?;
         cell.migrations_declared = cell.kind.migrations().len();
         cell.migrations_published = ledger::applied_migrations(&cell.write)?.len();
-        let migration = if cell.behind()? {
-            let result = cell.execute(&[], now_ms)?;
-            result.publication
-        } else {
+        let migration = if cell.config.defer_migrations {
             None
+        } else {
+            cell.migrate(now_ms)?
         };
         Ok(Opened { cell, migration })
     }
@@ -445,6 +447,25 @@ impl Cell {
             }
         }
         Ok(())
+    }
+
+    /// Whether the Cell's state, pending groups included, lacks the engine's
+    /// tables or one of the kind's migrations: the next group applies them
+    /// first. Only true after an open with
+    /// [`CellConfig::defer_migrations`], or after a group that failed to
+    /// apply them.
+    pub fn schema_due(&self) -> Result<bool> {
+        self.check_not_poisoned()?;
+        self.behind()
+    }
+
+    /// Applies what [`Cell::schema_due`] reports as one group without
+    /// commands, pending like any group; `None` when nothing was due.
+    pub fn migrate(&mut self, now_ms: i64) -> Result<Option<Publication>> {
+        if !self.behind()? {
+            return Ok(None);
+        }
+        Ok(self.execute(&[], now_ms)?.publication)
     }
 
     fn behind(&self) -> Result<bool> {

@@ -48,6 +48,19 @@ pub struct CellConfig {
     /// [`crate::Error::ViewPending`]; [`crate::Cell::want_view`] makes the
     /// next group keep one. Off by default: queries always answer.
     pub reader_on_demand: bool,
+    /// A Cell that opens behind its kind's schema (a new Cell, or a kind
+    /// with migrations the file has not applied) does not run them as a
+    /// group of its own at open: the next group applies them first, so a
+    /// new Cell's schema and its first commands are one publication.
+    /// [`Opened::migration`] is then `None`; [`Cell::schema_due`] says the
+    /// schema is still to be applied, and [`Cell::migrate`] applies it
+    /// alone (before a query, which must not read a state without the
+    /// kind's tables). Off by default.
+    ///
+    /// [`Opened::migration`]: crate::Opened::migration
+    /// [`Cell::schema_due`]: crate::Cell::schema_due
+    /// [`Cell::migrate`]: crate::Cell::migrate
+    pub defer_migrations: bool,
 }
 
 impl Default for CellConfig {
@@ -65,6 +78,7 @@ impl Default for CellConfig {
             statement_steps_max: 50_000_000,
             ltx_checksums_in_file: false,
             reader_on_demand: false,
+            defer_migrations: false,
         }
     }
 }

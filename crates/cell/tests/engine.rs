@@ -393,6 +393,69 @@ fn migrations_append_on_reopen_and_refuse_edits() {
     assert!(matches!(err, Error::MigrationChanged { index: 0 }), "{err}");
 }
 
+#[test]
+fn a_deferred_schema_publishes_with_the_first_group() {
+    let deferred = CellConfig {
+        defer_migrations: true,
+        ..CellConfig::default()
+    };
+    // A new Cell: nothing runs at open; its first group carries the
+    // engine's tables and the command, as one snapshot.
+    let mut h = Harness::new(kv(), deferred.clone());
+    assert_eq!(h.position(), Position::EMPTY, "nothing published at open");
+    assert!(h.cell().schema_due().unwrap());
+    let result = h.run(&[put(1, "a", json!(1))]);
+    let publication = result.publication.expect("the first group publishes");
+    assert_eq!(publication.txid.0, 1);
+    assert!(
+        publication.is_snapshot(),
+        "a new Cell's first file is a snapshot"
+    );
+    assert!(!h.cell().schema_due().unwrap());
+    assert_eq!(get(h.cell.as_ref().unwrap(), "a"), Some(json!(1)));
+    let (position, recovered) = h.recover_bytes("r.db");
+    assert_eq!(position, h.position());
+    assert_eq!(recovered, h.live_bytes());
+
+    // The same command on a Cell that migrates at open: two publications,
+    // the same database.
+    let mut eager = Harness::new(kv(), CellConfig::default());
+    eager.run(&[put(1, "a", json!(1))]);
+    assert_eq!(eager.position().txid.0, 2);
+    assert!(
+        !eager.cell().schema_due().unwrap(),
+        "an eager open leaves nothing due"
+    );
+    assert_eq!(get(eager.cell.as_ref().unwrap(), "a"), Some(json!(1)));
+
+    // Before any command: `migrate` applies the schema alone, so a query
+    // has the kind's tables; then nothing is due.
+    let mut h = Harness::new(kv(), deferred.clone());
+    let schema = h.cell().migrate(NOW).unwrap().expect("the schema was due");
+    assert_eq!(schema.txid.0, 1);
+    h.publish(schema);
+    assert_eq!(get(h.cell.as_ref().unwrap(), "a"), None);
+    assert!(h.cell().migrate(NOW).unwrap().is_none());
+
+    // A migration the kind gains later is deferred the same way.
+    let v1 = Manifest::parse(MANIFEST).unwrap();
+    let mut h = Harness::new(v1.kind("locked").unwrap(), deferred);
+    let schema = h.cell().migrate(NOW).unwrap().expect("the schema was due");
+    h.publish(schema);
+    let v2 = Manifest::parse(&MANIFEST.replace(
+        "migrations = [\"CREATE TABLE t (x)\"]",
+        "migrations = [\"CREATE TABLE t (x)\", \"CREATE TABLE u (y)\"]",
+    ))
+    .unwrap();
+    h.reopen_with(v2.kind("locked").unwrap());
+    assert_eq!(h.position().txid.0, 1, "the new migration waits");
+    assert!(h.cell().schema_due().unwrap());
+    let publication = h.cell().migrate(NOW).unwrap().expect("one migration due");
+    assert_eq!(publication.txid.0, 2);
+    h.publish(publication);
+    assert!(!h.cell().schema_due().unwrap());
+}
+
 fn shrinking_database_and_snapshots_and_compaction(checksums_in_file: bool) {
     let manifest = Manifest::parse(
         r#"

@@ -279,6 +279,9 @@ fn node_activator(
 fn cell_config(config: &NodeConfig) -> cellfleet_cell::CellConfig {
     let mut cell_config = config.cell.clone();
     cell_config.group_commands_max = config.limits.group_commands_max;
+    // A new Cell's schema publishes with its first commands (the actor
+    // applies it alone before a query that comes first).
+    cell_config.defer_migrations = true;
     if config.publication == PublicationMode::Log {
         cell_config.pending_publications_max = config.log.cell_groups_inflight_max.max(1);
     }

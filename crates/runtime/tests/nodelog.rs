@@ -922,6 +922,58 @@ async fn creating_cells_reads_nothing_of_the_log() {
     }
 }
 
+/// A new Cell's schema publishes with its first command, in both modes:
+/// the command's receipt is TXID 1 (it was 2 behind a publication of the
+/// schema alone). A query that comes first applies the schema alone and
+/// reads the kind's tables; the command after it is TXID 2. A node of the
+/// other mode then recovers both Cells exactly from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cells_schema_publishes_with_its_first_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    for (mode, config, other) in [
+        (
+            "log",
+            lazy(node_config("l", dir.path(), "schema-log")),
+            cell_node_config("lr", dir.path(), "schema-log"),
+        ),
+        (
+            "cell",
+            cell_node_config("c", dir.path(), "schema-cell"),
+            node_config("cr", dir.path(), "schema-cell"),
+        ),
+    ] {
+        let clock = manual_clock();
+        let node = start(config, store.clone(), clock.clone()).await;
+        let first = node
+            .execute(KIND, b"command-first", append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            first.receipt.txid.0, 1,
+            "{mode}: schema and command are one publication"
+        );
+        assert!(
+            journal(&node, b"query-first").await.is_empty(),
+            "{mode}: a new Cell's query reads its (empty) tables"
+        );
+        let after_query = node
+            .execute(KIND, b"query-first", append(clock.as_ref(), 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            after_query.receipt.txid.0, 2,
+            "{mode}: the schema published alone first"
+        );
+        node.drain().await.unwrap();
+        let reader = start(other, store.clone(), manual_clock()).await;
+        assert_eq!(journal(&reader, b"command-first").await, ["t1"], "{mode}");
+        assert_eq!(journal(&reader, b"query-first").await, ["t2"], "{mode}");
+        reader.drain().await.unwrap();
+    }
+}
+
 /// Commands to `cells` Cells in turn, `rounds` times, on a node that keeps
 /// at most two open: nearly every command passivates another Cell.
 async fn churn(

@@ -68,7 +68,45 @@ impl Actor {
         let ids: Vec<CommandId> = group.iter().map(|q| q.command.id).collect();
         self.answer_or_hold(group, result.results);
         if let Some(publication) = result.publication {
+            if std::mem::take(&mut self.schema_due) {
+                // This group applied the schema first: nothing before it
+                // has the kind's tables.
+                self.queries_from_txid = publication.txid;
+            }
             self.start_publication(publication, commands, ids);
+        }
+    }
+
+    /// Applies a deferred schema as a group of its own, for a query that
+    /// came before any command. An engine that cannot run a group now
+    /// (one is pending, or it failed) leaves it due; the query then finds
+    /// `ResourceExhausted` or the engine's error.
+    pub(super) async fn migrate(&mut self) -> Result<()> {
+        if !self.schema_due {
+            return Ok(());
+        }
+        if !self.cell.as_ref().is_some_and(Cell::can_execute) {
+            return Err(Error::ResourceExhausted {
+                what: "a new Cell's schema (its first group is not executed yet)",
+                retry_after_ms: self.ctx.retry_after_ms,
+            });
+        }
+        let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
+        match self.with_cell(move |cell| cell.migrate(now_ms)).await {
+            None => {
+                self.fail("the cell engine was lost".into(), FailKind::NotCommitted)
+                    .await;
+                Err(Error::Closed("the cell engine was lost".into()))
+            }
+            Some(Err(error)) => Err(Error::from(error)),
+            Some(Ok(publication)) => {
+                self.schema_due = false;
+                if let Some(publication) = publication {
+                    self.queries_from_txid = publication.txid;
+                    self.start_publication(publication, 0, Vec::new());
+                }
+                Ok(())
+            }
         }
     }
 

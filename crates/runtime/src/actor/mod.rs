@@ -401,6 +401,11 @@ pub(crate) struct Actor {
     /// needed when it opened (a fresh Cell's schema), so no query ever
     /// reads a state without the kind's tables.
     queries_from_txid: Txid,
+    /// The Cell opened without its schema (a new Cell: the engine defers
+    /// its migrations to the next group, so they publish with its first
+    /// commands): the first group's TXID becomes `queries_from_txid`, and
+    /// a query before any group applies the schema alone first.
+    schema_due: bool,
     stopping: Option<StopHow>,
     stop_done: Vec<oneshot::Sender<Result<()>>>,
     failed: Option<String>,
@@ -467,6 +472,7 @@ impl Actor {
             snapshot_compaction: false,
             waiters: Vec::new(),
             queries_from_txid: Txid::ZERO,
+            schema_due: false,
             stopping: None,
             stop_done: Vec::new(),
             failed: None,
@@ -523,6 +529,12 @@ impl Actor {
         if let Some(migration) = migration {
             self.queries_from_txid = migration.txid;
             self.start_publication(migration, 0, Vec::new());
+        } else {
+            // When in doubt, due: applying a schema that is there is a no-op.
+            self.schema_due = self
+                .cell
+                .as_ref()
+                .is_some_and(|cell| cell.schema_due().unwrap_or(true));
         }
         // A chain left long by an earlier owner (or by compactions that
         // failed) is compacted from the start, not only after a commit.

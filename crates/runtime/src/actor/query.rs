@@ -43,6 +43,10 @@ impl Actor {
         min_txid: Option<Txid>,
         reply: Reply<Queried>,
     ) {
+        if let Err(error) = self.migrate().await {
+            reply.send(Err(error));
+            return;
+        }
         let min_txid = match (min_txid, self.queries_from_txid) {
             (min, Txid::ZERO) => min,
             (min, ready) => Some(min.unwrap_or(Txid::ZERO).max(ready)),

@@ -946,26 +946,21 @@ async fn a_new_cells_schema_publishes_with_its_first_command() {
     ] {
         let clock = manual_clock();
         let node = start(config, store.clone(), clock.clone()).await;
-        let first = node
-            .execute(KIND, b"command-first", append(clock.as_ref(), 1))
-            .await
-            .unwrap();
-        assert_eq!(
-            first.receipt.txid.0, 1,
-            "{mode}: schema and command are one publication"
-        );
+        let txid_of = |key: &'static [u8], n: u64| {
+            let (node, clock) = (node.clone(), clock.clone());
+            async move {
+                let executed = node.execute(KIND, key, append(clock.as_ref(), n)).await;
+                executed.unwrap().receipt.txid.0
+            }
+        };
+        let first = txid_of(b"command-first", 1).await;
+        assert_eq!(first, 1, "{mode}: schema and command are one publication");
         assert!(
             journal(&node, b"query-first").await.is_empty(),
             "{mode}: a new Cell's query reads its (empty) tables"
         );
-        let after_query = node
-            .execute(KIND, b"query-first", append(clock.as_ref(), 2))
-            .await
-            .unwrap();
-        assert_eq!(
-            after_query.receipt.txid.0, 2,
-            "{mode}: the schema published alone first"
-        );
+        let after_query = txid_of(b"query-first", 2).await;
+        assert_eq!(after_query, 2, "{mode}: the schema published alone first");
         node.drain().await.unwrap();
         let reader = start(other, store.clone(), manual_clock()).await;
         assert_eq!(journal(&reader, b"command-first").await, ["t1"], "{mode}");

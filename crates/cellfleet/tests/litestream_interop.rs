@@ -17,7 +17,8 @@ use std::process::Command;
 use common::{cellfleet, litestream, run};
 
 use cellfleet_ltx::{
-    database_checksum, Checksum, Encoder, Header, PageReader, Txid, HEADER_FLAG_NO_CHECKSUM,
+    database_checksum, Checksum, Compression, Encoder, Header, PageReader, Txid,
+    HEADER_FLAG_NO_CHECKSUM,
 };
 use rusqlite::Connection;
 
@@ -210,7 +211,12 @@ fn states(dir: &Path, page_size: u32) -> Vec<Vec<u8>> {
 /// checksums into the files; Litestream 0.5.17's restore refuses such files
 /// ("post-apply checksum not allowed"), so chains for it are written
 /// without, as Litestream itself writes them.
-fn encode_chain(states: &[Vec<u8>], page_size: u32, tracked: bool) -> Vec<Vec<u8>> {
+fn encode_chain(
+    states: &[Vec<u8>],
+    page_size: u32,
+    tracked: bool,
+    compression: Compression,
+) -> Vec<Vec<u8>> {
     let ps = page_size as usize;
     let mut files = Vec::new();
     let mut previous: &[u8] = &[];
@@ -224,7 +230,7 @@ fn encode_chain(states: &[Vec<u8>], page_size: u32, tracked: bool) -> Vec<Vec<u8
         } else if i > 0 {
             header.pre_apply_checksum = database_checksum(previous, page_size).unwrap();
         }
-        let mut encoder = Encoder::new(Vec::new(), header).unwrap();
+        let mut encoder = Encoder::with_compression(Vec::new(), header, compression).unwrap();
         for (p, page) in state.chunks(ps).enumerate() {
             let old = previous.get(p * ps..(p + 1) * ps);
             if i == 0 || old != Some(page) {
@@ -262,7 +268,7 @@ fn litestream_restore(replica: &Path, out: &Path) {
 fn cellfleet_to_litestream(page_size: u32) {
     let dir = tempfile::tempdir().unwrap();
     let states = states(dir.path(), page_size);
-    let files = encode_chain(&states, page_size, false);
+    let files = encode_chain(&states, page_size, false, Compression::Lz4);
     let expected = states.last().unwrap();
 
     // Per-step files only.
@@ -284,6 +290,21 @@ fn cellfleet_to_litestream(page_size: u32) {
     });
     assert_eq!(&std::fs::read(&by_us).unwrap(), expected);
 
+    // The same steps compressed as a Cell's groups are (zero runs only):
+    // Litestream's LZ4 decoder reads them too.
+    let runs = dir.path().join("zero-runs");
+    let runs_files = encode_chain(&states, page_size, false, Compression::ZeroRuns);
+    assert_ne!(
+        runs_files, files,
+        "the two compressions wrote the same bytes"
+    );
+    for file in &runs_files {
+        write_replica(&runs, 0, file);
+    }
+    let by_litestream = dir.path().join("litestream-zero-runs.db");
+    litestream_restore(&runs, &by_litestream);
+    assert_eq!(&std::fs::read(&by_litestream).unwrap(), expected);
+
     // Our merge as a level-9 snapshot of the first four files plus the
     // remaining deltas: both restores still agree.
     let mut merged = Vec::new();
@@ -304,7 +325,7 @@ fn cellfleet_to_litestream(page_size: u32) {
     // The same chain with checksum tracking (how Cells write it) restores
     // with our tool, which checks every pre- and post-apply checksum.
     let tracked = dir.path().join("tracked");
-    for file in encode_chain(&states, page_size, true) {
+    for file in encode_chain(&states, page_size, true, Compression::ZeroRuns) {
         write_replica(&tracked, 0, &file);
     }
     let by_us = dir.path().join("cellfleet-tracked.db");
@@ -357,7 +378,7 @@ fn litestream_files_carry_no_checksums_and_refuses_ours_with_them() {
         HEADER_FLAG_NO_CHECKSUM
     );
     assert_eq!(theirs.trailer.post_apply_checksum, Checksum::NONE);
-    let chain = encode_chain(&states(dir.path(), 4096)[..1], 4096, true);
+    let chain = encode_chain(&states(dir.path(), 4096)[..1], 4096, true, Compression::Lz4);
     let ours = cellfleet_ltx::decode_all(&chain[0]).unwrap();
     assert_eq!(ours.header.flags, 0);
     assert!(ours.trailer.post_apply_checksum.is_flagged());

@@ -21,8 +21,10 @@ pub struct Encoder<W: Write> {
     index: Vec<IndexEntry>,
     sequence: PageSequence,
     compressed: Vec<u8>,
-    /// LZ4's hash table, reused across pages instead of allocated per page.
-    table: lz4_flex::block::CompressTable,
+    compression: Compression,
+    /// LZ4's hash table for [`Compression::Lz4`], made on the first page
+    /// and reused across pages instead of allocated per page.
+    table: Option<lz4_flex::block::CompressTable>,
     /// For snapshots that track checksums: the database checksum of the
     /// pages written, checked against the caller's post-apply checksum.
     snapshot_checksum: Option<RollingChecksum>,
@@ -37,9 +39,35 @@ impl<W: Write> std::fmt::Debug for Encoder<W> {
     }
 }
 
+/// How an [`Encoder`] compresses pages. Both write ordinary LZ4 blocks that
+/// any LTX reader decodes; they trade CPU for bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// A full LZ4 search (`lz4_flex`): the smallest files, for files that
+    /// stay (snapshots, merges, compaction).
+    #[default]
+    Lz4,
+    /// Runs of zero bytes only, the rest as literals: a SQLite page's free
+    /// space shrinks the same, repeated content does not, at a fraction of
+    /// the CPU. For files written on a request's path that a merge later
+    /// rewrites.
+    ZeroRuns,
+}
+
 impl<W: Write> Encoder<W> {
-    /// Validate `header` and write it.
-    pub fn new(mut writer: W, header: Header) -> Result<Self> {
+    /// Validate `header` and write it; pages get a full LZ4 search
+    /// ([`Compression::Lz4`]).
+    pub fn new(writer: W, header: Header) -> Result<Self> {
+        Self::with_compression(writer, header, Compression::Lz4)
+    }
+
+    /// Validate `header` and write it; pages are compressed as `compression`
+    /// says.
+    pub fn with_compression(
+        mut writer: W,
+        header: Header,
+        compression: Compression,
+    ) -> Result<Self> {
         header.validate()?;
         let bytes = header.encode();
         writer.write_all(&bytes)?;
@@ -55,7 +83,8 @@ impl<W: Write> Encoder<W> {
             index: Vec::new(),
             sequence: PageSequence::new(&header),
             compressed: vec![0; max_block_size(header.page_size) as usize],
-            table: lz4_flex::block::CompressTable::default(),
+            compression,
+            table: None,
             snapshot_checksum,
         })
     }
@@ -68,9 +97,15 @@ impl<W: Write> Encoder<W> {
     /// Append one page; `pgno` must be above every page written so far.
     pub fn encode_page(&mut self, pgno: u32, data: &[u8]) -> Result<()> {
         self.check_page(pgno, data)?;
-        let size =
-            lz4_flex::block::compress_into_with_table(data, &mut self.compressed, &mut self.table)
-                .map_err(|_| Error::Usage("compression buffer too small"))?;
+        let size = match self.compression {
+            Compression::Lz4 => lz4_flex::block::compress_into_with_table(
+                data,
+                &mut self.compressed,
+                self.table.get_or_insert_with(Default::default),
+            )
+            .map_err(|_| Error::Usage("compression buffer too small"))?,
+            Compression::ZeroRuns => crate::runs::compress(data, &mut self.compressed),
+        };
         let page_header = encode_page_header(pgno, PAGE_FLAG_SIZE_PREFIX);
         let prefix = (size as u32).to_be_bytes();
         self.writer.write_all(&page_header)?;

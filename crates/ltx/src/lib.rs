@@ -35,13 +35,14 @@ mod header;
 mod index;
 mod merge;
 mod reader;
+mod runs;
 mod sequence;
 mod varint;
 
 pub use apply::apply;
 pub use checksum::{database_checksum, page_checksum, Checksum, RollingChecksum, CHECKSUM_FLAG};
 pub use decoder::{decode_all, verify, DecodedFile, Decoder};
-pub use encoder::{encode_to_vec, Encoder};
+pub use encoder::{encode_to_vec, Compression, Encoder};
 pub use error::{Error, Result};
 pub use frame::{PAGE_FLAG_SIZE_PREFIX, PAGE_HEADER_SIZE};
 pub use header::{

@@ -1,0 +1,245 @@
+//! A fast LZ4 block encoder for database pages: it finds runs of zero bytes
+//! and nothing else.
+//!
+//! A SQLite page is mostly a header, a cell pointer array, free space
+//! (zeros) and cell content. A full LZ4 search hashes every position of the
+//! page, which made compression the largest single cost of capturing a
+//! group (BENCHMARKS.md, twentieth measurement). This encoder writes a run
+//! of at least [`MIN_RUN`] zeros as one literal zero followed by a match at
+//! offset 1 (the overlapping copy every LZ4 decoder performs), and
+//! everything else as literals. The output is an ordinary LZ4 block: any
+//! decoder reads it, Litestream's included. It obeys the block format's end
+//! rules: the last sequence is literals only, the last
+//! [`LAST_LITERALS`] bytes are literals, and no match starts within
+//! [`MATCH_START_LIMIT`] bytes of the end.
+
+/// Shortest zero run written as a match. Shorter runs stay literals: a
+/// match costs a token, an offset and the literal zero it copies from, and
+/// a run of 16 or more always holds one aligned 8-byte zero word, which is
+/// what the scan looks for.
+pub(crate) const MIN_RUN: usize = 16;
+/// The block format's rule: the last 5 bytes of a block are literals.
+const LAST_LITERALS: usize = 5;
+/// The block format's rule: the last match starts at least 12 bytes before
+/// the end of the block.
+const MATCH_START_LIMIT: usize = 12;
+
+/// The most bytes [`compress`] writes for `len` input bytes: all literals,
+/// one token and the literal length's extra bytes.
+pub(crate) fn max_output(len: usize) -> usize {
+    len + len / 255 + 2
+}
+
+/// Compress `input` into `out` as one LZ4 block and return its length.
+/// `out` must hold at least [`max_output`]`(input.len())` bytes.
+pub(crate) fn compress(input: &[u8], out: &mut [u8]) -> usize {
+    debug_assert!(out.len() >= max_output(input.len()));
+    let n = input.len();
+    let mut sink = Sink { out, at: 0 };
+    // Start of the literals not written yet.
+    let mut literals = 0usize;
+    // Where the scan for the next zero word resumes (8-aligned).
+    let mut word = 0usize;
+    let last_start = n.saturating_sub(MATCH_START_LIMIT);
+    let last_end = n.saturating_sub(LAST_LITERALS);
+    while word + 8 <= n {
+        if u64::from_ne_bytes(input[word..word + 8].try_into().expect("8 bytes")) != 0 {
+            word += 8;
+            continue;
+        }
+        // A zero word: widen it to the whole run of zeros around it.
+        let mut start = word;
+        while start > literals && input[start - 1] == 0 {
+            start -= 1;
+        }
+        let mut end = word + 8;
+        while end + 8 <= n
+            && u64::from_ne_bytes(input[end..end + 8].try_into().expect("8 bytes")) == 0
+        {
+            end += 8;
+        }
+        while end < n && input[end] == 0 {
+            end += 1;
+        }
+        // The run's first zero is a literal; the match copies it forward.
+        let match_start = start + 1;
+        let match_end = end.min(last_end);
+        if end - start >= MIN_RUN && match_start <= last_start && match_end >= match_start + 4 {
+            sink.sequence(&input[literals..match_start], match_end - match_start);
+            literals = match_end;
+        }
+        word = end.next_multiple_of(8);
+        if word > n {
+            break;
+        }
+    }
+    sink.last_literals(&input[literals..]);
+    sink.at
+}
+
+struct Sink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Sink<'_> {
+    fn byte(&mut self, b: u8) {
+        self.out[self.at] = b;
+        self.at += 1;
+    }
+
+    /// The bytes of a length past the token's 15: 255s, then the rest.
+    fn length_tail(&mut self, mut rest: usize) {
+        while rest >= 255 {
+            self.byte(255);
+            rest -= 255;
+        }
+        self.byte(rest as u8);
+    }
+
+    fn literals(&mut self, bytes: &[u8]) {
+        self.out[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+
+    /// A sequence: `literals`, then a match of `len` (at least 4) bytes at
+    /// offset 1.
+    fn sequence(&mut self, literals: &[u8], len: usize) {
+        let lit = literals.len();
+        let extra = len - 4;
+        self.byte(((lit.min(15) as u8) << 4) | extra.min(15) as u8);
+        if lit >= 15 {
+            self.length_tail(lit - 15);
+        }
+        self.literals(literals);
+        self.byte(1);
+        self.byte(0);
+        if extra >= 15 {
+            self.length_tail(extra - 15);
+        }
+    }
+
+    fn last_literals(&mut self, literals: &[u8]) {
+        let lit = literals.len();
+        self.byte((lit.min(15) as u8) << 4);
+        if lit >= 15 {
+            self.length_tail(lit - 15);
+        }
+        self.literals(literals);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(input: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; max_output(input.len())];
+        let size = compress(input, &mut out);
+        let mut back = vec![0u8; input.len()];
+        let n = lz4_flex::block::decompress_into(&out[..size], &mut back)
+            .unwrap_or_else(|e| panic!("{e} for {} bytes", input.len()));
+        assert_eq!(n, input.len());
+        assert_eq!(back, input);
+        out.truncate(size);
+        out
+    }
+
+    /// The block format's end rules, read back from the encoded sequences:
+    /// every match starts at least 12 bytes before the end and ends at
+    /// least 5 bytes before it, and the block ends with a literals-only
+    /// sequence.
+    fn check_end_rules(block: &[u8], n: usize) {
+        let mut at = 0usize;
+        let mut produced = 0usize;
+        let length = |at: &mut usize, mut value: usize| {
+            if value == 15 {
+                loop {
+                    let b = block[*at];
+                    *at += 1;
+                    value += usize::from(b);
+                    if b != 255 {
+                        break;
+                    }
+                }
+            }
+            value
+        };
+        loop {
+            let token = block[at];
+            at += 1;
+            let lit = length(&mut at, usize::from(token >> 4));
+            at += lit;
+            produced += lit;
+            if at == block.len() {
+                assert_eq!(produced, n);
+                if n > 0 {
+                    assert!(lit >= LAST_LITERALS.min(n), "{lit} last literals of {n}");
+                }
+                return;
+            }
+            let offset = u16::from_le_bytes([block[at], block[at + 1]]);
+            at += 2;
+            assert_eq!(offset, 1);
+            let len = length(&mut at, usize::from(token & 15)) + 4;
+            assert!(
+                produced + MATCH_START_LIMIT <= n,
+                "match at {produced} of {n}"
+            );
+            produced += len;
+            assert!(produced + LAST_LITERALS <= n, "match to {produced} of {n}");
+        }
+    }
+
+    /// Pages shaped like SQLite's: bytes and zero runs of any length.
+    fn pages() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec((any::<u8>(), 0usize..40, any::<bool>()), 0..120).prop_map(|pieces| {
+            let mut page = Vec::new();
+            for (byte, len, zeros) in pieces {
+                page.extend(std::iter::repeat_n(if zeros { 0 } else { byte }, len));
+                page.push(byte);
+            }
+            page
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_page_decodes_to_itself_within_the_bound(page in pages()) {
+            let block = roundtrip(&page);
+            prop_assert!(block.len() <= max_output(page.len()));
+            check_end_rules(&block, page.len());
+        }
+
+        #[test]
+        fn any_bytes_decode_to_themselves(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+            let block = roundtrip(&bytes);
+            check_end_rules(&block, bytes.len());
+        }
+    }
+
+    #[test]
+    fn the_readers_bound_admits_every_block() {
+        for shift in 9..=16 {
+            let page = 1usize << shift;
+            assert!(max_output(page) <= crate::frame::max_block_size(page as u32) as usize);
+        }
+    }
+
+    #[test]
+    fn zero_runs_shrink_and_edges_hold() {
+        for n in 0..80 {
+            check_end_rules(&roundtrip(&vec![0u8; n]), n);
+        }
+        let zeros = roundtrip(&[0u8; 4096]);
+        assert!(zeros.len() < 32, "{} bytes for a zero page", zeros.len());
+        let mut page = vec![0u8; 4096];
+        page[..100].fill(7);
+        page[3000..].fill(9);
+        let block = roundtrip(&page);
+        // 1,196 bytes of content stay literals; the 2,900 zeros take a few.
+        assert!(block.len() <= 1196 + 24, "{} bytes", block.len());
+        check_end_rules(&block, page.len());
+    }
+}

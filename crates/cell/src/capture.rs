@@ -20,6 +20,10 @@
 //! authority root) and hands it back to [`crate::recover`], which checks
 //! every step. With `checksums_in_file` the files carry the checksums too
 //! (flags 0, as LiteFS writes them).
+//!
+//! Pages are compressed as [`Compression::ZeroRuns`]: a group's file is
+//! written on its commands' path, and the merges that outlast it
+//! (checkpoints, compaction) compress it fully again.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -27,7 +31,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use cellfleet_ltx::{
-    lock_pgno, page_checksum, Checksum, Encoder, Header, Position, Trailer, Txid,
+    lock_pgno, page_checksum, Checksum, Compression, Encoder, Header, Position, Trailer, Txid,
     HEADER_FLAG_NO_CHECKSUM,
 };
 
@@ -269,7 +273,11 @@ impl CaptureState {
         header.wal_salt1 = committed.cursor.salt1;
         header.wal_salt2 = committed.cursor.salt2;
         let lock = lock_pgno(self.page_size);
-        let mut encoder = Encoder::new(Vec::with_capacity(delta_bytes as usize / 2 + 256), header)?;
+        let mut encoder = Encoder::with_compression(
+            Vec::with_capacity(delta_bytes as usize / 2 + 256),
+            header,
+            Compression::ZeroRuns,
+        )?;
         for (&pgno, data) in committed.pages.range(..=self.commit) {
             if pgno != lock {
                 encoder.encode_page(pgno, data)?;
@@ -309,7 +317,7 @@ impl CaptureState {
         } else {
             Some(File::open(files.wal)?)
         };
-        let mut encoder = Encoder::new(Vec::new(), header)?;
+        let mut encoder = Encoder::with_compression(Vec::new(), header, Compression::ZeroRuns)?;
         let mut page = vec![0u8; self.page_size as usize];
         for pgno in 1..=self.commit {
             if pgno == lock {

@@ -21,7 +21,7 @@
 //! every step. With `checksums_in_file` the files carry the checksums too
 //! (flags 0, as LiteFS writes them).
 //!
-//! Pages are compressed as [`Compression::ZeroRuns`]: a group's file is
+//! Pages are compressed as [`Compression::Runs`]: a group's file is
 //! written on its commands' path, and the merges that outlast it
 //! (checkpoints, compaction) compress it fully again.
 
@@ -276,7 +276,7 @@ impl CaptureState {
         let mut encoder = Encoder::with_compression(
             Vec::with_capacity(delta_bytes as usize / 2 + 256),
             header,
-            Compression::ZeroRuns,
+            Compression::Runs,
         )?;
         for (&pgno, data) in committed.pages.range(..=self.commit) {
             if pgno != lock {
@@ -317,7 +317,7 @@ impl CaptureState {
         } else {
             Some(File::open(files.wal)?)
         };
-        let mut encoder = Encoder::with_compression(Vec::new(), header, Compression::ZeroRuns)?;
+        let mut encoder = Encoder::with_compression(Vec::new(), header, Compression::Runs)?;
         let mut page = vec![0u8; self.page_size as usize];
         for pgno in 1..=self.commit {
             if pgno == lock {

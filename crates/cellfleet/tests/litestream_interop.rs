@@ -290,10 +290,10 @@ fn cellfleet_to_litestream(page_size: u32) {
     });
     assert_eq!(&std::fs::read(&by_us).unwrap(), expected);
 
-    // The same steps compressed as a Cell's groups are (zero runs only):
+    // The same steps compressed as a Cell's groups are (runs of one byte only):
     // Litestream's LZ4 decoder reads them too.
-    let runs = dir.path().join("zero-runs");
-    let runs_files = encode_chain(&states, page_size, false, Compression::ZeroRuns);
+    let runs = dir.path().join("runs");
+    let runs_files = encode_chain(&states, page_size, false, Compression::Runs);
     assert_ne!(
         runs_files, files,
         "the two compressions wrote the same bytes"
@@ -301,7 +301,7 @@ fn cellfleet_to_litestream(page_size: u32) {
     for file in &runs_files {
         write_replica(&runs, 0, file);
     }
-    let by_litestream = dir.path().join("litestream-zero-runs.db");
+    let by_litestream = dir.path().join("litestream-runs.db");
     litestream_restore(&runs, &by_litestream);
     assert_eq!(&std::fs::read(&by_litestream).unwrap(), expected);
 
@@ -325,7 +325,7 @@ fn cellfleet_to_litestream(page_size: u32) {
     // The same chain with checksum tracking (how Cells write it) restores
     // with our tool, which checks every pre- and post-apply checksum.
     let tracked = dir.path().join("tracked");
-    for file in encode_chain(&states, page_size, true, Compression::ZeroRuns) {
+    for file in encode_chain(&states, page_size, true, Compression::Runs) {
         write_replica(&tracked, 0, &file);
     }
     let by_us = dir.path().join("cellfleet-tracked.db");

@@ -1,9 +1,9 @@
 //! What each page compression costs and saves on real pages: every page of
 //! the LTX files given (files, or directories searched for `*.ltx`; node
 //! log segments are not LTX files and are skipped) is compressed again as
-//! one LZ4 block by a full LZ4 search and by zero runs only, and the bytes
+//! one LZ4 block by a full LZ4 search and by runs of one byte only, and the bytes
 //! and the time are summed. Time is the median of interleaved rounds
-//! (`Lz4`, `ZeroRuns`, `ZeroRuns`, `Lz4`, ...), because the machine is
+//! (`Lz4`, `Runs`, `Runs`, `Lz4`, ...), because the machine is
 //! small and noisy.
 //!
 //! `cargo run --release -p cellfleet-ltx --example ltx_compression -- PATH...`
@@ -73,15 +73,15 @@ fn main() {
     let mut sizes = [0u64, 0u64];
     let order = [
         Compression::Lz4,
-        Compression::ZeroRuns,
-        Compression::ZeroRuns,
+        Compression::Runs,
+        Compression::Runs,
         Compression::Lz4,
     ];
     for _ in 0..3 {
         for &compression in &order {
             let at = Instant::now();
             let size = encode(&pages, compression);
-            let slot = usize::from(compression == Compression::ZeroRuns);
+            let slot = usize::from(compression == Compression::Runs);
             times[slot].push(at.elapsed().as_secs_f64());
             sizes[slot] = size;
         }
@@ -98,7 +98,7 @@ fn main() {
         pages.len(),
         raw
     );
-    for (name, size, time) in [("Lz4", sizes[0], lz4), ("ZeroRuns", sizes[1], runs)] {
+    for (name, size, time) in [("Lz4", sizes[0], lz4), ("Runs", sizes[1], runs)] {
         println!(
             "{name:>9}: {size:>12} bytes encoded ({:.3} of raw), {:.2} us per page",
             size as f64 / raw as f64,
@@ -106,7 +106,7 @@ fn main() {
         );
     }
     println!(
-        "ZeroRuns / Lz4: {:.3} bytes, {:.3} time",
+        "Runs / Lz4: {:.3} bytes, {:.3} time",
         sizes[1] as f64 / sizes[0] as f64,
         runs / lz4
     );

@@ -47,11 +47,11 @@ pub enum Compression {
     /// stay (snapshots, merges, compaction).
     #[default]
     Lz4,
-    /// Runs of zero bytes only, the rest as literals: a SQLite page's free
-    /// space shrinks the same, repeated content does not, at a fraction of
-    /// the CPU. For files written on a request's path that a merge later
-    /// rewrites.
-    ZeroRuns,
+    /// Runs of one byte value only (16 or more), the rest as literals: a
+    /// SQLite page's free space shrinks the same, other repeated content
+    /// does not, at a fraction of the CPU. For files written on a request's
+    /// path that a merge later rewrites.
+    Runs,
 }
 
 impl<W: Write> Encoder<W> {
@@ -104,7 +104,7 @@ impl<W: Write> Encoder<W> {
                 self.table.get_or_insert_with(Default::default),
             )
             .map_err(|_| Error::Usage("compression buffer too small"))?,
-            Compression::ZeroRuns => crate::runs::compress(data, &mut self.compressed),
+            Compression::Runs => crate::runs::compress(data, &mut self.compressed),
         };
         let page_header = encode_page_header(pgno, PAGE_FLAG_SIZE_PREFIX);
         let prefix = (size as u32).to_be_bytes();

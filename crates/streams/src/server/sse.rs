@@ -30,8 +30,10 @@ pub(super) struct Control {
     stream_closed: bool,
 }
 
-pub(super) fn sse_event(kind: &str, data: &str) -> Bytes {
-    let mut out = format!("event: {kind}\n");
+fn write_event(out: &mut String, kind: &str, data: &str) {
+    out.push_str("event: ");
+    out.push_str(kind);
+    out.push('\n');
     // CR, LF and CRLF all end an SSE line: each becomes its own data line,
     // so a payload can never inject an event.
     let normalized = data.replace("\r\n", "\n").replace('\r', "\n");
@@ -41,7 +43,45 @@ pub(super) fn sse_event(kind: &str, data: &str) -> Bytes {
         out.push('\n');
     }
     out.push('\n');
-    Bytes::from(out)
+}
+
+/// What one read sends: its `data` event (when it has messages) and its
+/// `control` event, in one buffer, so they leave in one write. Sent as two
+/// frames they could reach a client in two reads, and a client that stops
+/// reading at the first complete event after the text `event: control`
+/// (the conformance suite's SSE helper, when a payload holds that text)
+/// saw the data without its control. Returns the bytes and whether the
+/// stream is closed (the session's last event).
+fn emission(read: &TailRead, binary: bool, client_cursor: Option<&str>) -> (Bytes, bool) {
+    let (state, messages, next) = (&read.state, &read.messages, read.next);
+    let mut out = String::new();
+    if !messages.is_empty() {
+        // Built once per shared read, whoever sends it first.
+        let payload = read.sse_data.get_or_init(|| {
+            if binary {
+                let raw: Vec<u8> = messages
+                    .iter()
+                    .filter_map(|(_, m)| BASE64.decode(m).ok())
+                    .flatten()
+                    .collect();
+                BASE64.encode(raw)
+            } else {
+                String::from_utf8_lossy(&join(state, messages)).into_owned()
+            }
+        });
+        write_event(&mut out, "data", payload);
+    }
+    let up_to_date = next == state.tail;
+    let closed = up_to_date && state.closed;
+    let control = Control {
+        stream_next_offset: offset::format(next),
+        stream_cursor: (!closed).then(|| cursor(client_cursor)),
+        up_to_date,
+        stream_closed: closed,
+    };
+    let text = serde_json::to_string(&control).unwrap_or_default();
+    write_event(&mut out, "control", &text);
+    (Bytes::from(out), closed)
 }
 
 pub(super) struct ReceiverBody(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
@@ -71,37 +111,11 @@ impl SseSession {
         self.tx.send(Ok(Frame::data(bytes))).await.is_ok()
     }
 
-    /// Data event (when any), then a control event; `false` ends the connection.
+    /// Data event (when any), then a control event, in one frame; `false`
+    /// ends the connection.
     async fn emit(&self, read: &TailRead) -> bool {
-        let (state, messages, next) = (&read.state, &read.messages, read.next);
-        if !messages.is_empty() {
-            // Built once per shared read, whoever sends it first.
-            let payload = read.sse_data.get_or_init(|| {
-                if self.binary {
-                    let raw: Vec<u8> = messages
-                        .iter()
-                        .filter_map(|(_, m)| BASE64.decode(m).ok())
-                        .flatten()
-                        .collect();
-                    BASE64.encode(raw)
-                } else {
-                    String::from_utf8_lossy(&join(state, messages)).into_owned()
-                }
-            });
-            if !self.send(sse_event("data", payload)).await {
-                return false;
-            }
-        }
-        let up_to_date = next == state.tail;
-        let closed = up_to_date && state.closed;
-        let control = Control {
-            stream_next_offset: offset::format(next),
-            stream_cursor: (!closed).then(|| cursor(self.client_cursor.as_deref())),
-            up_to_date,
-            stream_closed: closed,
-        };
-        let text = serde_json::to_string(&control).unwrap_or_default();
-        self.send(sse_event("control", &text)).await && !closed
+        let (bytes, closed) = emission(read, self.binary, self.client_cursor.as_deref());
+        self.send(bytes).await && !closed
     }
 
     async fn run(self, changes: &mut watch::Receiver<notify::Change>, first: Arc<TailRead>) {
@@ -179,5 +193,54 @@ impl Streams {
             set(headers, "stream-sse-data-encoding", "base64");
         }
         Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::stream::{StreamConfig, StreamState};
+
+    fn read(messages: Vec<(u64, String)>, closed: bool) -> TailRead {
+        let state = StreamState {
+            config: StreamConfig {
+                content_type: "application/json".into(),
+                ttl_seconds: None,
+                expires_at: None,
+                expires_at_ms: None,
+            },
+            tail: 1,
+            closed,
+            lineage: None,
+        };
+        TailRead::new((state, messages, 0, 1))
+    }
+
+    /// The conformance suite's payload: JSON whose text holds an SSE event.
+    #[test]
+    fn a_reads_data_and_control_leave_in_one_buffer_in_order() {
+        let payload = r#"{"message":"line1\nline2","attack":"try\r\n\r\nevent: control\r\ndata: {\"bad\":true}"}"#;
+        let (bytes, closed) =
+            emission(&read(vec![(0, BASE64.encode(payload))], false), false, None);
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 2, "{text}");
+        assert_eq!(events[0], format!("event: data\ndata:[{payload}]"));
+        assert!(
+            events[1].starts_with("event: control\ndata:{\"streamNextOffset\":"),
+            "{text}"
+        );
+        assert!(events[1].contains("\"upToDate\":true"), "{text}");
+        assert!(!closed);
+    }
+
+    #[test]
+    fn a_read_without_messages_is_its_control_alone_and_a_closed_tail_ends_the_session() {
+        let (bytes, closed) = emission(&read(Vec::new(), true), false, None);
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert!(text.starts_with("event: control\ndata:{"), "{text}");
+        assert!(text.contains("\"streamClosed\":true"), "{text}");
+        assert_eq!(text.matches("event:").count(), 1, "{text}");
+        assert!(closed);
     }
 }

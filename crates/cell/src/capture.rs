@@ -21,9 +21,11 @@
 //! every step. With `checksums_in_file` the files carry the checksums too
 //! (flags 0, as LiteFS writes them).
 //!
-//! Pages are compressed as [`Compression::Runs`]: a group's file is
+//! A group's pages are compressed as [`Compression::Runs`]: its file is
 //! written on its commands' path, and the merges that outlast it
-//! (checkpoints, compaction) compress it fully again.
+//! (checkpoints, compaction) compress it fully again. A snapshot that
+//! replaces a chain ([`crate::Cell::snapshot`]) stays, so it gets the full
+//! search ([`Compression::Lz4`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -262,7 +264,7 @@ impl CaptureState {
             checksum: self.checksum,
         };
         if txid == Txid(1) || delta_bytes > snapshot_delta_bytes {
-            return self.snapshot(post, timestamp_ms, files);
+            return self.snapshot(post, timestamp_ms, files, Compression::Runs);
         }
         let mut header = self.header(txid, txid, timestamp_ms);
         if self.checksums_in_file {
@@ -300,6 +302,7 @@ impl CaptureState {
         post: Position,
         timestamp_ms: i64,
         files: &Files<'_>,
+        compression: Compression,
     ) -> Result<Publication> {
         let header = self.header(Txid(1), post.txid, timestamp_ms);
         let lock = lock_pgno(self.page_size);
@@ -317,7 +320,7 @@ impl CaptureState {
         } else {
             Some(File::open(files.wal)?)
         };
-        let mut encoder = Encoder::with_compression(Vec::new(), header, Compression::Runs)?;
+        let mut encoder = Encoder::with_compression(Vec::new(), header, compression)?;
         let mut page = vec![0u8; self.page_size as usize];
         for pgno in 1..=self.commit {
             if pgno == lock {

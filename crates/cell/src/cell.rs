@@ -49,7 +49,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cellfleet_ltx::{Position, Txid};
+use cellfleet_ltx::{Compression, Position, Txid};
 use rusqlite::Connection;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -1119,14 +1119,16 @@ impl Cell {
             return Err(Error::BadParameters("an empty cell has no snapshot".into()));
         }
         if self.pending.is_empty() {
-            return self.capture.snapshot(self.published, now_ms, &self.files());
+            return self
+                .capture
+                .snapshot(self.published, now_ms, &self.files(), Compression::Lz4);
         }
         let mut published = self.capture.clone();
         for pending in self.pending.iter().rev() {
             published.undo(pending.undo.clone());
         }
         debug_assert_eq!(published.checksum, self.published.checksum);
-        published.snapshot(self.published, now_ms, &self.files())
+        published.snapshot(self.published, now_ms, &self.files(), Compression::Lz4)
     }
 
     /// Run query `name` of the kind on the published state (never on

@@ -44,7 +44,7 @@ impl<W: Write> std::fmt::Debug for Encoder<W> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
     /// A full LZ4 search (`lz4_flex`): the smallest files, for files that
-    /// stay (snapshots, merges, compaction).
+    /// stay (merges, compaction, a snapshot that replaces a chain).
     #[default]
     Lz4,
     /// Runs of one byte value only (16 or more), the rest as literals: a

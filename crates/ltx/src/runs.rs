@@ -145,13 +145,11 @@ mod tests {
         out
     }
 
-    /// The block format's end rules, read back from the encoded sequences:
-    /// every match starts at least 12 bytes before the end and ends at
-    /// least 5 bytes before it, and the block ends with a literals-only
-    /// sequence.
-    fn check_end_rules(block: &[u8], n: usize) {
+    /// A block's sequences read back: each one's literal length and, for
+    /// all but the last, its match length (the offset must be 1).
+    fn sequences(block: &[u8]) -> Vec<(usize, Option<usize>)> {
         let mut at = 0usize;
-        let mut produced = 0usize;
+        let mut found = Vec::new();
         let length = |at: &mut usize, mut value: usize| {
             if value == 15 {
                 loop {
@@ -170,18 +168,32 @@ mod tests {
             at += 1;
             let lit = length(&mut at, usize::from(token >> 4));
             at += lit;
-            produced += lit;
             if at == block.len() {
+                found.push((lit, None));
+                return found;
+            }
+            let offset = u16::from_le_bytes([block[at], block[at + 1]]);
+            at += 2;
+            assert_eq!(offset, 1);
+            found.push((lit, Some(length(&mut at, usize::from(token & 15)) + 4)));
+        }
+    }
+
+    /// The block format's end rules, read back from the encoded sequences:
+    /// every match starts at least 12 bytes before the end and ends at
+    /// least 5 bytes before it, and the block ends with a literals-only
+    /// sequence.
+    fn check_end_rules(block: &[u8], n: usize) {
+        let mut produced = 0usize;
+        for (lit, len) in sequences(block) {
+            produced += lit;
+            let Some(len) = len else {
                 assert_eq!(produced, n);
                 if n > 0 {
                     assert!(lit >= LAST_LITERALS.min(n), "{lit} last literals of {n}");
                 }
                 return;
-            }
-            let offset = u16::from_le_bytes([block[at], block[at + 1]]);
-            at += 2;
-            assert_eq!(offset, 1);
-            let len = length(&mut at, usize::from(token & 15)) + 4;
+            };
             assert!(
                 produced + MATCH_START_LIMIT <= n,
                 "match at {produced} of {n}"
@@ -189,6 +201,11 @@ mod tests {
             produced += len;
             assert!(produced + LAST_LITERALS <= n, "match to {produced} of {n}");
         }
+    }
+
+    /// Bytes with no two neighbours equal, so no run of their own.
+    fn distinct(len: usize, salt: u32) -> impl Iterator<Item = u8> {
+        (0..len as u32).map(move |i| ((i + salt) * 7 % 251) as u8 | 1)
     }
 
     /// Pages shaped like SQLite's: bytes and runs (of zeros or of the byte)
@@ -247,5 +264,76 @@ mod tests {
         // 2,096 bytes of content stay literals; the 2,000 zeros take a few.
         assert!(block.len() <= 2096 + 24, "{} bytes", block.len());
         check_end_rules(&block, page.len());
+    }
+
+    /// The lengths where LZ4's length fields change form, exactly: a
+    /// token's 4 bits hold up to 14, 15 starts a tail of 255s that a byte
+    /// below 255 ends (so 15 + 255 = 270 is written 15, 255, 0), for
+    /// literals and for matches alike. Random pages rarely land on them.
+    #[test]
+    fn length_fields_at_their_edges() {
+        let edges = [
+            1usize, 13, 14, 15, 16, 268, 269, 270, 271, 524, 525, 526, 780,
+        ];
+        for &lit in &edges {
+            for &extra in &edges {
+                let run = extra + 4 + 1; // the run's first byte is a literal
+                let mut input: Vec<u8> = distinct(lit, 0).collect();
+                input.extend(std::iter::repeat_n(0u8, run));
+                input.extend(distinct(20, 3));
+                let block = roundtrip(&input);
+                check_end_rules(&block, input.len());
+                let found = sequences(&block);
+                if run >= MIN_RUN {
+                    assert_eq!(
+                        found,
+                        vec![(lit + 1, Some(extra + 4)), (20, None)],
+                        "{lit} literals, a run of {run}"
+                    );
+                } else {
+                    assert_eq!(
+                        found,
+                        vec![(input.len(), None)],
+                        "a run of {run} stays literal"
+                    );
+                }
+            }
+            // The last sequence's literal length at the same edges.
+            let input: Vec<u8> = distinct(lit, 5).collect();
+            assert_eq!(sequences(&roundtrip(&input)), vec![(lit, None)]);
+        }
+        // 15 + 255 exactly: the tail is one 255 and a closing 0.
+        let input: Vec<u8> = distinct(270, 0).collect();
+        let block = roundtrip(&input);
+        assert_eq!(&block[..3], &[0xf0, 255, 0]);
+        assert_eq!(block.len(), 3 + 270);
+    }
+
+    /// Runs near the end of a block: the match stops 5 bytes before the
+    /// end, or is not written when fewer than 4 bytes would be left. (A
+    /// run of at least 16 bytes always starts more than 12 bytes before
+    /// the end, so there the start rule follows from the end rule.)
+    #[test]
+    fn runs_at_the_end_of_the_block() {
+        for tail in 0..40 {
+            for run in [MIN_RUN - 1, MIN_RUN, MIN_RUN + 1, 64, 300] {
+                let mut input: Vec<u8> = distinct(9, 0).collect();
+                input.extend(std::iter::repeat_n(0xaau8, run));
+                input.extend(distinct(tail, 1));
+                let block = roundtrip(&input);
+                check_end_rules(&block, input.len());
+                let matched: usize = sequences(&block).iter().filter_map(|s| s.1).sum();
+                let n = input.len();
+                // The longest match the rules allow for this run.
+                let start = 9 + 1;
+                let end = (9 + run).min(n - LAST_LITERALS);
+                let allowed = run >= MIN_RUN && start + MATCH_START_LIMIT <= n && end >= start + 4;
+                assert_eq!(
+                    matched,
+                    if allowed { end - start } else { 0 },
+                    "run {run}, tail {tail}"
+                );
+            }
+        }
     }
 }

@@ -167,7 +167,7 @@ pub struct Cell {
     _lock: File,
 }
 
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_os_string();
     s.push(suffix);
     PathBuf::from(s)
@@ -187,7 +187,7 @@ pub(crate) fn lock_cell(path: &Path) -> Result<File> {
     }
 }
 
-fn migration_digest(sql: &str) -> Vec<u8> {
+pub(crate) fn migration_digest(sql: &str) -> Vec<u8> {
     Sha256::digest(sql.as_bytes()).to_vec()
 }
 
@@ -236,6 +236,8 @@ impl Cell {
     ///
     /// A missing file with a non-empty position, or a file at any other
     /// position, is an error: recover it from the published chain first.
+    /// A new Cell's file is written from its kind's template, the database
+    /// its migrations make, when the kind has one (`template.rs`).
     /// When the kind declares migrations the Cell has not applied (or the
     /// Cell is new) they run now as one captured transaction, returned as
     /// [`Opened::migration`] and pending like any group; with
@@ -273,12 +275,16 @@ impl Cell {
             ));
         }
         let lock = lock_cell(path)?;
-        let exists = path.exists();
+        let mut exists = path.exists();
         if !exists && published != Position::EMPTY {
             return Err(Error::Missing(published));
         }
         let wal_path = sidecar(path, "-wal");
         let shm_path = sidecar(path, "-shm");
+        if !exists && !wal_path.exists() {
+            // A new Cell, and no WAL of an earlier one at this path.
+            exists = crate::template::place(path, kind.as_ref(), &config)?;
+        }
         let (write, write_guard) = open_connection(path, false, &config)?;
         // Whatever the WAL holds goes into the file; the position check
         // below decides whether that is the published state.
@@ -1381,7 +1387,7 @@ pub fn tidy_closed(path: &Path) -> Result<bool> {
 
 /// TRUNCATE checkpoint, verified: SQLite reports no reader in the way and
 /// the WAL file is empty afterwards.
-fn checkpoint(conn: &Connection, wal_path: &Path) -> Result<()> {
+pub(crate) fn checkpoint(conn: &Connection, wal_path: &Path) -> Result<()> {
     let (busy, _log, _done): (i64, i64, i64) =
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))

@@ -6,7 +6,7 @@
 //! to [`Mode::Kind`] only while kind code (commands, queries, raw SQL) or
 //! migrations run, and prepares its own statements in [`Mode::Engine`].
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
@@ -30,6 +30,11 @@ pub(crate) struct Guard {
     mode: Arc<AtomicU8>,
     steps: Arc<AtomicU64>,
     steps_max: u64,
+    /// A migration prepared a call of a function outside [`PURE_FUNCTIONS`]
+    /// or a pragma: its outcome may depend on the moment, the Cell or the
+    /// connection, so its database is not one every Cell of the kind may
+    /// copy ([`crate::template`]).
+    migration_impure: Arc<AtomicBool>,
 }
 
 /// VM instructions between two progress callbacks.
@@ -42,10 +47,16 @@ impl Guard {
             mode: Arc::new(AtomicU8::new(Mode::Engine as u8)),
             steps: Arc::new(AtomicU64::new(0)),
             steps_max,
+            migration_impure: Arc::new(AtomicBool::new(false)),
         };
         let mode = guard.mode.clone();
+        let impure = guard.migration_impure.clone();
         conn.authorizer(Some(move |ctx: AuthContext<'_>| {
-            authorize(mode.load(Ordering::Relaxed), &ctx)
+            let mode = mode.load(Ordering::Relaxed);
+            if mode == Mode::Migration as u8 && !pure(&ctx.action) {
+                impure.store(true, Ordering::Relaxed);
+            }
+            authorize(mode, &ctx)
         }))?;
         let steps = guard.steps.clone();
         let mode = guard.mode.clone();
@@ -72,9 +83,81 @@ impl Guard {
         out
     }
 
+    /// Whether a migration run on this connection prepared a call of a
+    /// function outside [`PURE_FUNCTIONS`] or a pragma.
+    pub(crate) fn migration_impure(&self) -> bool {
+        self.migration_impure.load(Ordering::Relaxed)
+    }
+
     /// The VM-step budget of one command or query.
     pub(crate) fn steps_max(&self) -> u64 {
         self.steps_max
+    }
+}
+
+/// SQLite's built-in functions whose result depends on their arguments
+/// alone, so a migration may call them and still give every Cell of its
+/// kind the same database. `ALTER TABLE ... ADD COLUMN` itself calls
+/// `printf`, `substr` and `length` (SQLite rewrites the table's SQL with
+/// them), and the `sqlite_` ones are what other `ALTER TABLE` forms call.
+/// Anything else (`random()`, `datetime('now')`, `changes()`, functions
+/// a program registered) counts as impure: this is the safe direction.
+const PURE_FUNCTIONS: &[&str] = &[
+    "abs",
+    "avg",
+    "char",
+    "coalesce",
+    "concat",
+    "concat_ws",
+    "count",
+    "format",
+    "glob",
+    "group_concat",
+    "hex",
+    "ifnull",
+    "iif",
+    "instr",
+    "length",
+    "like",
+    "lower",
+    "ltrim",
+    "max",
+    "min",
+    "nullif",
+    "octet_length",
+    "printf",
+    "quote",
+    "replace",
+    "round",
+    "rtrim",
+    "sign",
+    "sqlite_drop_column",
+    "sqlite_rename_column",
+    "sqlite_rename_quotefix",
+    "sqlite_rename_table",
+    "sqlite_rename_test",
+    "string_agg",
+    "substr",
+    "substring",
+    "sum",
+    "total",
+    "trim",
+    "typeof",
+    "unhex",
+    "unicode",
+    "upper",
+    "zeroblob",
+];
+
+/// Whether `action`, prepared by a migration, leaves the migration's
+/// result the same for every Cell.
+fn pure(action: &AuthAction<'_>) -> bool {
+    match action {
+        AuthAction::Function { function_name } => PURE_FUNCTIONS
+            .iter()
+            .any(|pure| pure.eq_ignore_ascii_case(function_name)),
+        AuthAction::Pragma { .. } => false,
+        _ => true,
     }
 }
 

@@ -17,6 +17,7 @@ mod reader;
 mod recovery;
 pub mod replica;
 mod sql;
+mod template;
 mod wal;
 
 pub use capture::Publication;

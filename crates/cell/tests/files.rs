@@ -1,5 +1,6 @@
 //! The files a Cell creates and deletes, watched with inotify: a new Cell
-//! makes its database, lock, WAL and WAL index, and deletes nothing. (Every
+//! makes its database (written aside from its kind's template and renamed
+//! into place), lock, WAL and WAL index, and deletes nothing. (Every
 //! deleted inode slows each later file creation on ext4 without a journal,
 //! so a node that creates Cells must not churn files to do it.)
 
@@ -21,13 +22,14 @@ fn watch(dir: &Path) -> OwnedFd {
     inotify::add_watch(
         &fd,
         dir,
-        inotify::WatchFlags::CREATE | inotify::WatchFlags::DELETE,
+        inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::DELETE,
     )
     .expect("watch the directory");
     fd
 }
 
-/// The names created and deleted in the watched directory so far.
+/// The names created (or renamed to) and deleted in the watched directory
+/// so far.
 fn events(fd: &OwnedFd) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
     let mut reader = inotify::Reader::new(fd, &mut buf);
@@ -39,7 +41,10 @@ fn events(fd: &OwnedFd) -> (BTreeSet<String>, BTreeSet<String>) {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                if event.events().contains(inotify::ReadFlags::CREATE) {
+                if event
+                    .events()
+                    .intersects(inotify::ReadFlags::CREATE | inotify::ReadFlags::MOVED_TO)
+                {
                     created.insert(name);
                 } else if event.events().contains(inotify::ReadFlags::DELETE) {
                     deleted.insert(name);
@@ -70,10 +75,16 @@ fn a_new_cell_creates_its_four_files_and_deletes_none() {
         let publication = group.publication.take().expect("a write");
         cell.confirm(publication.txid).unwrap();
         let (created, deleted) = events(&fd);
-        let expected: BTreeSet<String> = ["new.db", "new.db.lock", "new.db-wal", "new.db-shm"]
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let expected: BTreeSet<String> = [
+            "new.db",
+            "new.db.new",
+            "new.db.lock",
+            "new.db-wal",
+            "new.db-shm",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
         assert_eq!(created, expected, "page size {page_size}");
         assert!(deleted.is_empty(), "page size {page_size}: {deleted:?}");
         assert_eq!(

@@ -1,0 +1,208 @@
+//! A new Cell's file, written from a copy of its kind's migrated database.
+//!
+//! A new Cell used to get its engine tables and its kind's migrations as
+//! SQL inside its first group: SQLite parsing the DDL, building each table
+//! and, after an `ALTER TABLE`, parsing the whole schema again. That was
+//! about half of a stream creation's instructions (BENCHMARKS.md,
+//! twenty-first measurement), and it gives every Cell of a kind the same
+//! file. So the engine builds that file once per process, for each kind,
+//! list of migrations, page size and `auto_vacuum`, and writes a new Cell's
+//! file from its bytes. The Cell opens at TXID 0 with its schema in place;
+//! its first group finds nothing due and captures the whole file as the
+//! snapshot of TXID 1, as before.
+//!
+//! Only migrations whose result cannot depend on the moment, the Cell or
+//! the connection qualify. A migration that prepares an SQL function call
+//! (`random()`, `datetime('now')`, or any other) or a pragma (which may set
+//! state on the connection the Cell's own writer would keep) leaves its
+//! kind without a template, and so does one that fails: such kinds run
+//! their migrations in each Cell's first group, which also reports a
+//! failing migration as it always did.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use crate::cell::{checkpoint, migration_digest, sidecar};
+use crate::connection::{open_connection, CellConfig};
+use crate::guard::Mode;
+use crate::kind::Kind;
+use crate::{ledger, Result};
+
+/// What a template's bytes depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    kind: String,
+    migrations: Vec<String>,
+    page_size: u32,
+    auto_vacuum: bool,
+}
+
+/// Built templates; `None` for a kind whose migrations do not qualify.
+type Templates = HashMap<Key, Option<Arc<[u8]>>>;
+
+static TEMPLATES: LazyLock<Mutex<Templates>> = LazyLock::new(Mutex::default);
+
+/// Names the files a template is built in, unique within the process.
+static BUILDS: AtomicU64 = AtomicU64::new(0);
+
+/// Writes a new Cell's database at `path` (which must not exist) from its
+/// kind's template, building the template first if this process has none
+/// yet. Returns false, having written nothing, when the kind does not
+/// qualify or its template could not be built: the caller then creates the
+/// Cell as before.
+pub(crate) fn place(path: &Path, kind: &dyn Kind, config: &CellConfig) -> Result<bool> {
+    let key = Key {
+        kind: kind.name().to_owned(),
+        migrations: kind.migrations(),
+        page_size: config.page_size,
+        auto_vacuum: config.auto_vacuum,
+    };
+    let template = {
+        let mut templates = TEMPLATES.lock().unwrap_or_else(PoisonError::into_inner);
+        match templates.get(&key) {
+            Some(template) => template.clone(),
+            None => match build(&key.migrations, config) {
+                Ok(template) => {
+                    templates.insert(key, template.clone());
+                    template
+                }
+                // Not remembered: the next new Cell tries again.
+                Err(_) => None,
+            },
+        }
+    };
+    let Some(bytes) = template else {
+        return Ok(false);
+    };
+    // Written aside and renamed, so a crash never leaves a partial file
+    // where the Cell's database belongs.
+    let staging = sidecar(path, ".new");
+    if let Err(e) = std::fs::write(&staging, &bytes) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e.into());
+    }
+    std::fs::rename(&staging, path)?;
+    Ok(true)
+}
+
+/// Builds the template in scratch files in the system's temporary
+/// directory (not among the Cells: a node's Cell directory should see no
+/// file deleted, see `tests/files.rs`) and removes them again.
+fn build(migrations: &[String], config: &CellConfig) -> Result<Option<Arc<[u8]>>> {
+    let path = std::env::temp_dir().join(format!(
+        "cellfleet-template-{}-{}.db",
+        std::process::id(),
+        BUILDS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let remove = || {
+        for file in [path.clone(), sidecar(&path, "-wal"), sidecar(&path, "-shm")] {
+            let _ = std::fs::remove_file(file);
+        }
+    };
+    remove();
+    let built = build_at(&path, migrations, config);
+    remove();
+    built
+}
+
+fn build_at(path: &Path, migrations: &[String], config: &CellConfig) -> Result<Option<Arc<[u8]>>> {
+    let (write, guard) = open_connection(path, false, config)?;
+    write.execute_batch("BEGIN IMMEDIATE")?;
+    ledger::create(&write)?;
+    for (index, sql) in migrations.iter().enumerate() {
+        if guard
+            .run(Mode::Migration, || write.execute_batch(sql))
+            .is_err()
+        {
+            return Ok(None);
+        }
+        ledger::record_migration(&write, index, &migration_digest(sql))?;
+    }
+    if guard.migration_impure() {
+        return Ok(None);
+    }
+    write.execute_batch("COMMIT")?;
+    checkpoint(&write, &sidecar(path, "-wal"))?;
+    drop(write);
+    Ok(Some(std::fs::read(path)?.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::{KindError, Limits};
+    use rusqlite::Connection;
+    use serde_json::Value;
+
+    #[derive(Debug)]
+    struct Migrations(Vec<String>);
+
+    impl Kind for Migrations {
+        fn name(&self) -> &str {
+            "migrations"
+        }
+        fn migrations(&self) -> Vec<String> {
+            self.0.clone()
+        }
+        fn limits(&self) -> Limits {
+            Limits::default()
+        }
+        fn execute(&self, _: &Connection, _: &str, _: &Value) -> Result<Value, KindError> {
+            unreachable!("never run")
+        }
+        fn query(&self, _: &Connection, _: &str, _: &Value) -> Result<Value, KindError> {
+            unreachable!("never run")
+        }
+    }
+
+    #[test]
+    fn which_kinds_get_a_template() {
+        let cases = [
+            // The stream kind's shape: a CHECK, then columns added.
+            (
+                r#"["CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), tail INTEGER NOT NULL)",
+                   "ALTER TABLE meta ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0; CREATE TABLE forks (path TEXT PRIMARY KEY)"]"#,
+                true,
+            ),
+            (
+                r#"["CREATE TABLE t (a); INSERT INTO t VALUES (upper('x') || printf('%d', 7))"]"#,
+                true,
+            ),
+            // SQLite checks a default's function when the table is made,
+            // though it runs only when a row is inserted: no template
+            // (the safe side).
+            (
+                r#"["CREATE TABLE t (a TEXT DEFAULT CURRENT_TIMESTAMP)"]"#,
+                false,
+            ),
+            (
+                r#"["CREATE TABLE t (a); INSERT INTO t VALUES (random())"]"#,
+                false,
+            ),
+            (
+                r#"["CREATE TABLE t (a); INSERT INTO t VALUES (datetime('now'))"]"#,
+                false,
+            ),
+            (
+                r#"["CREATE TABLE t (a); INSERT INTO t VALUES (CURRENT_TIMESTAMP)"]"#,
+                false,
+            ),
+            (r#"["PRAGMA user_version = 3; CREATE TABLE t (a)"]"#, false),
+            // Fails: the first group reports it, as for any Cell.
+            (r#"["CREATE TABLE t (a", "CREATE TABLE u (b)"]"#, false),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for (i, (migrations, templated)) in cases.into_iter().enumerate() {
+            let kind = Migrations(serde_json::from_str(migrations).unwrap());
+            for round in 0..2 {
+                let path = dir.path().join(format!("c{i}-{round}.db"));
+                let placed = place(&path, &kind, &CellConfig::default()).unwrap();
+                assert_eq!(placed, templated, "{migrations} (round {round})");
+                assert_eq!(path.exists(), templated, "{migrations}");
+                assert!(!sidecar(&path, ".new").exists());
+            }
+        }
+    }
+}

@@ -18,7 +18,14 @@
 # The count also grows with the streams' size (checkpoints merge more
 # records), so compare builds at the same N and STREAMS.
 #
-#   scripts/stream-instructions.sh [N] [STREAMS]   (defaults 1000 and 50)
+#   scripts/stream-instructions.sh [N] [STREAMS] [OP]
+#       (defaults 1000, 50 and append). OP "create" counts creations
+#       instead: N and then 2N new streams (PUT, empty), after the same
+#       set-up, so the figure is per stream created. It includes the idle
+#       checkpoints of earlier streams that fall due during the run, which
+#       depend on time (a slower build sees more of them); the engine's own
+#       share is Cell::open and Cell::execute in a dump kept with
+#       CELLFLEET_COST_KEEP.
 # CELLFLEET_COST_PORT_BASE moves the node's ports (default 17450);
 # CELLFLEET_COST_BIN runs that `cellfleet` binary instead of this
 # checkout's release build (to compare two builds); CELLFLEET_COST_KEEP=P
@@ -34,9 +41,14 @@ fi
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
 STREAMS="${2:-50}"
+OP="${3:-append}"
 PORT_BASE="${CELLFLEET_COST_PORT_BASE:-17450}"
 if ! [[ "$N" =~ ^[1-9][0-9]*$ && "$STREAMS" =~ ^[1-9][0-9]*$ ]]; then
     echo "N and STREAMS must be whole numbers of at least 1" >&2
+    exit 1
+fi
+if [[ "$OP" != append && "$OP" != create ]]; then
+    echo "OP must be append or create, not '$OP'" >&2
     exit 1
 fi
 for tool in valgrind callgrind_control python3; do
@@ -55,9 +67,10 @@ STREAMS_PORT=$((PORT_BASE + 301))
 source scripts/lib/callgrind-node.sh
 callgrind_node_start "$CELLFLEET" "$PORT_BASE"
 
-# client.py MODE COUNT: MODE "setup" creates the streams and appends to
-# each twice; "append" sends COUNT appends round robin. Exits non-zero on
-# any answer other than the protocol's success.
+# client.py MODE COUNT STREAMS PORT [TAG]: MODE "setup" creates the
+# streams and appends to each twice; "append" sends COUNT appends round
+# robin; "create" creates COUNT new streams named after TAG. Exits non-zero
+# on any answer other than the protocol's success.
 cat >"$work/client.py" <<'EOF'
 import http.client, os, sys
 mode, count, streams, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -75,6 +88,9 @@ if mode == "setup":
     for _ in range(2):
         for s in range(streams):
             call("POST", f"/v1/stream/cost-{s}", body, (200, 204))
+elif mode == "create":
+    for i in range(count):
+        call("PUT", f"/v1/stream/new-{sys.argv[5]}-{i}", b"", (201,))
 else:
     for i in range(count):
         call("POST", f"/v1/stream/cost-{i % streams}", body, (200, 204))
@@ -85,12 +101,17 @@ python3 "$work/client.py" setup 0 "$STREAMS" "$STREAMS_PORT"
 # asked).
 run() {
     callgrind_control -z "$node_pid" >/dev/null 2>&1
-    python3 "$work/client.py" append "$1" "$STREAMS" "$STREAMS_PORT"
+    python3 "$work/client.py" "$OP" "$1" "$STREAMS" "$STREAMS_PORT" "n$1"
     callgrind_node_count "${CELLFLEET_COST_KEEP:+$CELLFLEET_COST_KEEP.$1}"
 }
 
 n1=$(run "$N")
 n2=$(run $((2 * N)))
-echo "node instructions per append: $(((n2 - n1) / N)) (N: $n1, 2N: $n2)"
-echo "(256-byte appends, one keep-alive HTTP connection, round robin over $STREAMS open streams;"
+if [ "$OP" = create ]; then
+    echo "node instructions per stream created: $(((n2 - n1) / N)) (N: $n1, 2N: $n2)"
+    echo "(empty streams, one keep-alive HTTP connection, after $STREAMS streams were set up;"
+else
+    echo "node instructions per append: $(((n2 - n1) / N)) (N: $n1, 2N: $n2)"
+    echo "(256-byte appends, one keep-alive HTTP connection, round robin over $STREAMS open streams;"
+fi
 echo " N = $N, set-up cancelled by the 2N - N difference; one node, local store)"

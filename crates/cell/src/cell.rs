@@ -56,8 +56,8 @@ use sha2::{Digest, Sha256};
 
 use crate::capture::{CaptureState, Files, Publication, Undo};
 use crate::command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection};
-use crate::connection::open_connection;
 pub use crate::connection::CellConfig;
+use crate::connection::{open_connection, open_writer};
 use crate::guard::{Guard, Mode};
 use crate::kind::{Kind, KindError};
 use crate::reader::{Pin, Reader};
@@ -275,17 +275,21 @@ impl Cell {
             ));
         }
         let lock = lock_cell(path)?;
-        let mut exists = path.exists();
+        let exists = path.exists();
         if !exists && published != Position::EMPTY {
             return Err(Error::Missing(published));
         }
         let wal_path = sidecar(path, "-wal");
         let shm_path = sidecar(path, "-shm");
-        if !exists && !wal_path.exists() {
-            // A new Cell, and no WAL of an earlier one at this path.
-            exists = crate::template::place(path, kind.as_ref(), &config)?;
-        }
-        let (write, write_guard) = open_connection(path, false, &config)?;
+        // A new Cell, and no WAL of an earlier one at this path: its file
+        // starts as its kind's template, when the kind has one.
+        let template = if !exists && !wal_path.exists() {
+            crate::template::of(kind.as_ref(), &config)
+        } else {
+            None
+        };
+        let (write, write_guard) = open_writer(path, &config, template.as_deref())?;
+        let exists = exists || template.is_some();
         // Whatever the WAL holds goes into the file; the position check
         // below decides whether that is the published state.
         checkpoint(&write, &wal_path)?;

@@ -140,8 +140,28 @@ pub(crate) fn open_connection(
     read_only: bool,
     config: &CellConfig,
 ) -> Result<(Connection, Guard)> {
+    open_writer_or_reader(path, read_only, config, None)
+}
+
+/// A Cell's write connection; when the database has no page yet and
+/// `template` is given, the database starts as those bytes (its kind's
+/// template, `template.rs`).
+pub(crate) fn open_writer(
+    path: &Path,
+    config: &CellConfig,
+    template: Option<&[u8]>,
+) -> Result<(Connection, Guard)> {
+    open_writer_or_reader(path, false, config, template)
+}
+
+fn open_writer_or_reader(
+    path: &Path,
+    read_only: bool,
+    config: &CellConfig,
+    template: Option<&[u8]>,
+) -> Result<(Connection, Guard)> {
     // A database with no page yet takes the configured page size.
-    let exists = std::fs::metadata(path)
+    let mut exists = std::fs::metadata(path)
         .map(|m| m.len() > 0)
         .unwrap_or(false);
     let flags = if read_only {
@@ -152,6 +172,15 @@ pub(crate) fn open_connection(
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let mut conn = Connection::open_with_flags(path, flags)?;
+    if let (false, false, Some(bytes)) = (exists, read_only, template) {
+        // Written only now, into the file SQLite just opened and has not
+        // read yet (it reads the header under its first lock): opening a
+        // file that exists costs SQLite's unix VFS a walk over every
+        // database file the process has open, which a missing one skips
+        // (`findReusableFd`; BENCHMARKS.md, twenty-first measurement).
+        write_template(path, bytes)?;
+        exists = true;
+    }
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     if !read_only {
         // No fsync of the local file, ever: it is a cache of the Cell's
@@ -190,6 +219,19 @@ pub(crate) fn open_connection(
     }
     let guard = Guard::install(&mut conn, config.statement_steps_max)?;
     Ok((conn, guard))
+}
+
+/// Writes a template into the empty file at `path` with one write, so
+/// that a process killed meanwhile leaves it empty or whole; on an error
+/// the file is emptied again, so the next open starts over.
+fn write_template(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+    let written = file.write_all(bytes);
+    if written.is_err() {
+        let _ = file.set_len(0);
+    }
+    Ok(written?)
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@
 //! about half of a stream creation's instructions (BENCHMARKS.md,
 //! twenty-first measurement), and it gives every Cell of a kind the same
 //! file. So the engine builds that file once per process, for each kind,
-//! list of migrations, page size and `auto_vacuum`, and writes a new Cell's
-//! file from its bytes. The Cell opens at TXID 0 with its schema in place;
+//! list of migrations, page size and `auto_vacuum`, and a new Cell's file
+//! starts as its bytes (written into the file SQLite has just created,
+//! before it reads anything: `connection::open_writer`). The Cell opens at
+//! TXID 0 with its schema in place;
 //! its first group finds nothing due and captures the whole file as the
 //! snapshot of TXID 1, as before.
 //!
@@ -47,44 +49,25 @@ static TEMPLATES: LazyLock<Mutex<Templates>> = LazyLock::new(Mutex::default);
 /// Names the files a template is built in, unique within the process.
 static BUILDS: AtomicU64 = AtomicU64::new(0);
 
-/// Writes a new Cell's database at `path` (which must not exist) from its
-/// kind's template, building the template first if this process has none
-/// yet. Returns false, having written nothing, when the kind does not
-/// qualify or its template could not be built: the caller then creates the
-/// Cell as before.
-pub(crate) fn place(path: &Path, kind: &dyn Kind, config: &CellConfig) -> Result<bool> {
+/// The bytes a new Cell of `kind` starts from, building them first if
+/// this process has none yet; `None` when the kind does not qualify or its
+/// template could not be built (the Cell is then made as before: an empty
+/// database whose first group runs the migrations).
+pub(crate) fn of(kind: &dyn Kind, config: &CellConfig) -> Option<Arc<[u8]>> {
     let key = Key {
         kind: kind.name().to_owned(),
         migrations: kind.migrations(),
         page_size: config.page_size,
         auto_vacuum: config.auto_vacuum,
     };
-    let template = {
-        let mut templates = TEMPLATES.lock().unwrap_or_else(PoisonError::into_inner);
-        match templates.get(&key) {
-            Some(template) => template.clone(),
-            None => match build(&key.migrations, config) {
-                Ok(template) => {
-                    templates.insert(key, template.clone());
-                    template
-                }
-                // Not remembered: the next new Cell tries again.
-                Err(_) => None,
-            },
-        }
-    };
-    let Some(bytes) = template else {
-        return Ok(false);
-    };
-    // Written aside and renamed, so a crash never leaves a partial file
-    // where the Cell's database belongs.
-    let staging = sidecar(path, ".new");
-    if let Err(e) = std::fs::write(&staging, &bytes) {
-        let _ = std::fs::remove_file(&staging);
-        return Err(e.into());
+    let mut templates = TEMPLATES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(template) = templates.get(&key) {
+        return template.clone();
     }
-    std::fs::rename(&staging, path)?;
-    Ok(true)
+    // A build that failed is not remembered: the next new Cell tries again.
+    let template = build(&key.migrations, config).ok()?;
+    templates.insert(key, template.clone());
+    template
 }
 
 /// Builds the template in scratch files in the system's temporary
@@ -193,15 +176,15 @@ mod tests {
             // Fails: the first group reports it, as for any Cell.
             (r#"["CREATE TABLE t (a", "CREATE TABLE u (b)"]"#, false),
         ];
-        let dir = tempfile::tempdir().unwrap();
-        for (i, (migrations, templated)) in cases.into_iter().enumerate() {
+        for (migrations, templated) in cases {
             let kind = Migrations(serde_json::from_str(migrations).unwrap());
             for round in 0..2 {
-                let path = dir.path().join(format!("c{i}-{round}.db"));
-                let placed = place(&path, &kind, &CellConfig::default()).unwrap();
-                assert_eq!(placed, templated, "{migrations} (round {round})");
-                assert_eq!(path.exists(), templated, "{migrations}");
-                assert!(!sidecar(&path, ".new").exists());
+                let template = of(&kind, &CellConfig::default());
+                assert_eq!(
+                    template.is_some(),
+                    templated,
+                    "{migrations} (round {round})"
+                );
             }
         }
     }

@@ -52,12 +52,11 @@ use std::sync::Arc;
 use cellfleet_ltx::{Compression, Position, Txid};
 use rusqlite::Connection;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::capture::{CaptureState, Files, Publication, Undo};
 use crate::command::{Command, CommandId, CommandResult, Outcome, RejectCode, Rejection};
 pub use crate::connection::CellConfig;
-use crate::connection::{open_connection, open_writer};
+use crate::connection::{checkpoint, open_connection, open_writer, sidecar};
 use crate::guard::{Guard, Mode};
 use crate::kind::{Kind, KindError};
 use crate::reader::{Pin, Reader};
@@ -167,12 +166,6 @@ pub struct Cell {
     _lock: File,
 }
 
-pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_os_string();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
 /// Take the exclusive lock that marks a Cell database as live.
 pub(crate) fn lock_cell(path: &Path) -> Result<File> {
     let lock = OpenOptions::new()
@@ -185,10 +178,6 @@ pub(crate) fn lock_cell(path: &Path) -> Result<File> {
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::Live(path.display().to_string())),
         Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
     }
-}
-
-pub(crate) fn migration_digest(sql: &str) -> Vec<u8> {
-    Sha256::digest(sql.as_bytes()).to_vec()
 }
 
 fn is_fatal(e: &rusqlite::Error) -> bool {
@@ -452,7 +441,7 @@ impl Cell {
             });
         }
         for (index, digest) in applied.iter().enumerate() {
-            if *digest != migration_digest(&declared[index]) {
+            if *digest != ledger::migration_digest(&declared[index]) {
                 return Err(Error::MigrationChanged { index });
             }
         }
@@ -497,7 +486,7 @@ impl Cell {
             self.write_guard
                 .run(Mode::Migration, || self.write.execute_batch(sql))
                 .map_err(|e| Error::BadSql(format!("migration {index} fails: {e}")))?;
-            ledger::record_migration(&self.write, index, &migration_digest(sql))?;
+            ledger::record_migration(&self.write, index, &ledger::migration_digest(sql))?;
         }
         Ok(())
     }
@@ -1387,29 +1376,4 @@ pub fn tidy_closed(path: &Path) -> Result<bool> {
     }
     drop(lock);
     Ok(true)
-}
-
-/// TRUNCATE checkpoint, verified: SQLite reports no reader in the way and
-/// the WAL file is empty afterwards.
-pub(crate) fn checkpoint(conn: &Connection, wal_path: &Path) -> Result<()> {
-    let (busy, _log, _done): (i64, i64, i64) =
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?;
-    if busy != 0 {
-        return Err(Error::Wal(
-            "checkpoint could not complete: a reader holds the wal".into(),
-        ));
-    }
-    let wal_bytes = match std::fs::metadata(wal_path) {
-        Ok(m) => m.len(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(e.into()),
-    };
-    if wal_bytes != 0 {
-        return Err(Error::Wal(format!(
-            "a truncating checkpoint left {wal_bytes} bytes in the wal"
-        )));
-    }
-    Ok(())
 }

@@ -1,6 +1,6 @@
 //! How a Cell's SQLite database is opened, and the engine's settings: shared by the writer ([`crate::Cell`]) and its readers ([`crate::reader`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -219,6 +219,39 @@ fn open_writer_or_reader(
     }
     let guard = Guard::install(&mut conn, config.statement_steps_max)?;
     Ok((conn, guard))
+}
+
+/// `path` with `suffix` appended: a database's `-wal`, `-shm` and lock
+/// files, and scratch files beside it.
+pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// TRUNCATE checkpoint, verified: SQLite reports no reader in the way and
+/// the WAL file is empty afterwards.
+pub(crate) fn checkpoint(conn: &Connection, wal_path: &Path) -> Result<()> {
+    let (busy, _log, _done): (i64, i64, i64) =
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    if busy != 0 {
+        return Err(Error::Wal(
+            "checkpoint could not complete: a reader holds the wal".into(),
+        ));
+    }
+    let wal_bytes = match std::fs::metadata(wal_path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if wal_bytes != 0 {
+        return Err(Error::Wal(format!(
+            "a truncating checkpoint left {wal_bytes} bytes in the wal"
+        )));
+    }
+    Ok(())
 }
 
 /// Writes a template into the empty file at `path` with one write, so

@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
 
 use crate::command::{CommandId, Outcome};
 use crate::{Error, Result};
@@ -167,6 +168,11 @@ pub(crate) fn applied_migrations(conn: &Connection) -> Result<Vec<Vec<u8>>> {
     let mut stmt = conn.prepare_cached("SELECT digest FROM _cellfleet_migrations ORDER BY idx")?;
     let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The digest a migration is recorded under.
+pub(crate) fn migration_digest(sql: &str) -> Vec<u8> {
+    Sha256::digest(sql.as_bytes()).to_vec()
 }
 
 pub(crate) fn record_migration(conn: &Connection, index: usize, digest: &[u8]) -> Result<()> {

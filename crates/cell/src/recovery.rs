@@ -18,11 +18,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cellfleet_ltx::{database_checksum, Position};
 
 use crate::cell::lock_cell;
+use crate::connection::sidecar;
 use crate::{Error, Result};
 
 /// One file of a published chain and the position it leaves the Cell at.
@@ -40,12 +41,6 @@ impl<'a> ChainFile<&'a [u8]> {
     pub fn new(ltx: &'a [u8], post: Position) -> Self {
         ChainFile { ltx, post }
     }
-}
-
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_os_string();
-    s.push(suffix);
-    PathBuf::from(s)
 }
 
 fn remove_if_present(path: &Path) -> Result<()> {

@@ -26,8 +26,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use crate::cell::{checkpoint, migration_digest, sidecar};
-use crate::connection::{open_connection, CellConfig};
+use crate::connection::{checkpoint, open_connection, sidecar, CellConfig};
 use crate::guard::Mode;
 use crate::kind::Kind;
 use crate::{ledger, Result};
@@ -101,7 +100,7 @@ fn build_at(path: &Path, migrations: &[String], config: &CellConfig) -> Result<O
         {
             return Ok(None);
         }
-        ledger::record_migration(&write, index, &migration_digest(sql))?;
+        ledger::record_migration(&write, index, &ledger::migration_digest(sql))?;
     }
     if guard.migration_impure() {
         return Ok(None);

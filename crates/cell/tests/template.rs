@@ -35,20 +35,7 @@ fn kind(name: &str) -> Arc<dyn Kind> {
 /// makes the database itself and runs the migrations in the first group,
 /// as it did for every new Cell before templates.
 fn without_template(kind: Arc<dyn Kind>, config: CellConfig) -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cell.db");
-    std::fs::write(&path, b"").unwrap();
-    let mut h = Harness {
-        dir,
-        path,
-        kind,
-        config,
-        cell: None,
-        chain: Vec::new(),
-        now: NOW,
-    };
-    h.open();
-    h
+    Harness::new_after(kind, config, |path| std::fs::write(path, b"").unwrap())
 }
 
 /// Checks that two database files are equal but for page 1's file change

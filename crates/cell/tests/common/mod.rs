@@ -43,8 +43,18 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(kind: Arc<dyn Kind>, config: CellConfig) -> Harness {
+        Harness::new_after(kind, config, |_| {})
+    }
+
+    /// [`Harness::new`], with `before_open` run on the Cell's path first.
+    pub fn new_after(
+        kind: Arc<dyn Kind>,
+        config: CellConfig,
+        before_open: impl FnOnce(&Path),
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cell.db");
+        before_open(&path);
         let mut h = Harness {
             dir,
             path,

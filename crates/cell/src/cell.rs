@@ -478,17 +478,7 @@ impl Cell {
     /// Inside the group transaction: create the engine tables of a new Cell
     /// and run the kind's outstanding migrations.
     fn prepare_schema(&self) -> Result<()> {
-        if !ledger::exists(&self.write)? {
-            ledger::create(&self.write)?;
-        }
-        let applied = ledger::applied_migrations(&self.write)?.len();
-        for (index, sql) in self.kind.migrations().iter().enumerate().skip(applied) {
-            self.write_guard
-                .run(Mode::Migration, || self.write.execute_batch(sql))
-                .map_err(|e| Error::BadSql(format!("migration {index} fails: {e}")))?;
-            ledger::record_migration(&self.write, index, &ledger::migration_digest(sql))?;
-        }
-        Ok(())
+        crate::template::apply_schema(&self.write, &self.write_guard, &self.kind.migrations())
     }
 
     /// Checks that need no database: payload size, expiry, validity window.

@@ -27,9 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use crate::connection::{checkpoint, open_connection, sidecar, CellConfig};
-use crate::guard::Mode;
+use crate::guard::{Guard, Mode};
 use crate::kind::Kind;
-use crate::{ledger, Result};
+use crate::{ledger, Error, Result};
+use rusqlite::Connection;
 
 /// What a template's bytes depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -69,6 +70,24 @@ pub(crate) fn of(kind: &dyn Kind, config: &CellConfig) -> Option<Arc<[u8]>> {
     template
 }
 
+/// Inside a write transaction: creates the engine's tables if they are
+/// missing and runs the `migrations` not applied yet, each recorded in the
+/// ledger. A template's build runs it on an empty database, a Cell's
+/// first group (or one after a failed migration) on its own.
+pub(crate) fn apply_schema(write: &Connection, guard: &Guard, migrations: &[String]) -> Result<()> {
+    if !ledger::exists(write)? {
+        ledger::create(write)?;
+    }
+    let applied = ledger::applied_migrations(write)?.len();
+    for (index, sql) in migrations.iter().enumerate().skip(applied) {
+        guard
+            .run(Mode::Migration, || write.execute_batch(sql))
+            .map_err(|e| Error::BadSql(format!("migration {index} fails: {e}")))?;
+        ledger::record_migration(write, index, &ledger::migration_digest(sql))?;
+    }
+    Ok(())
+}
+
 /// Builds the template in scratch files in the system's temporary
 /// directory (not among the Cells: a node's Cell directory should see no
 /// file deleted, see `tests/files.rs`) and removes them again.
@@ -92,15 +111,10 @@ fn build(migrations: &[String], config: &CellConfig) -> Result<Option<Arc<[u8]>>
 fn build_at(path: &Path, migrations: &[String], config: &CellConfig) -> Result<Option<Arc<[u8]>>> {
     let (write, guard) = open_connection(path, false, config)?;
     write.execute_batch("BEGIN IMMEDIATE")?;
-    ledger::create(&write)?;
-    for (index, sql) in migrations.iter().enumerate() {
-        if guard
-            .run(Mode::Migration, || write.execute_batch(sql))
-            .is_err()
-        {
-            return Ok(None);
-        }
-        ledger::record_migration(&write, index, &ledger::migration_digest(sql))?;
+    match apply_schema(&write, &guard, migrations) {
+        // A failing migration: each Cell's first group reports it.
+        Err(Error::BadSql(_)) => return Ok(None),
+        other => other?,
     }
     if guard.migration_impure() {
         return Ok(None);

@@ -4,7 +4,9 @@
 #
 #   callgrind_node_start CELLFLEET PORT_BASE   sets $work (a temporary
 #       directory, removed on exit) and $node_pid; returns once the node
-#       is ready, or exits 1 with its log.
+#       is ready, or exits 1 with its log. CELLFLEET_COST_LIMITS, if set,
+#       is added to the node's TOML as its [limits] table (for example
+#       "cells_open_max = 256", to count a node past its open-Cell limit).
 #   callgrind_node_count                       dumps the node's counters
 #       and prints the instructions since the last `callgrind_control -z`.
 
@@ -25,6 +27,9 @@ trap callgrind_node_cleanup EXIT
 callgrind_node_start() {
     local cellfleet="$1" port_base="$2"
     "$cellfleet" dev --nodes 1 --data "$work/d" --port-base "$port_base" --no-start >/dev/null
+    if [ -n "${CELLFLEET_COST_LIMITS:-}" ]; then
+        printf '\n[limits]\n%s\n' "$CELLFLEET_COST_LIMITS" >>"$work/d/n1.toml"
+    fi
     valgrind --tool=callgrind --callgrind-out-file="$work/node.out" \
         "$cellfleet" node --config "$work/d/n1.toml" >"$work/node.log" 2>&1 &
     node_pid=$!

@@ -45,6 +45,7 @@ use crate::metrics::Metrics;
 use crate::publication::{Publisher, StorePublisher};
 
 mod flush;
+mod lru;
 mod parked;
 
 use parked::Parked;
@@ -124,6 +125,9 @@ struct Shared {
     draining: AtomicBool,
     tick: AtomicU64,
     generation: AtomicU64,
+    /// The least recently used idle Cells the last scan found, oldest
+    /// last, each with its actor's generation (`node/lru.rs`).
+    lru_candidates: Mutex<Vec<lru::Candidate<(CellId, u64)>>>,
     /// Dead sessions whose log this node has flushed or is flushing.
     flushed: Mutex<std::collections::HashSet<Holder>>,
 }
@@ -203,6 +207,7 @@ impl Node {
             draining: AtomicBool::new(false),
             tick: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            lru_candidates: Mutex::new(Vec::new()),
             flushed: Mutex::new(std::collections::HashSet::new()),
         });
         spawn_node_tasks(&shared, lease, room_rx);
@@ -434,6 +439,12 @@ fn command_bytes(command: &Command) -> usize {
     command.name.len() + count.0
 }
 
+/// An open Cell with nothing in its mailbox or groups, not already asked
+/// to passivate.
+fn is_idle(handle: &ActorHandle) -> bool {
+    handle.load.load(Ordering::Relaxed) == 0 && !handle.passivating.load(Ordering::Relaxed)
+}
+
 impl Shared {
     fn slots(&self) -> std::sync::RwLockReadGuard<'_, HashMap<CellId, Slot>> {
         self.slots.read().unwrap_or_else(|e| e.into_inner())
@@ -625,37 +636,64 @@ impl Shared {
     /// Claims the least recently used idle Cell (other than `except`) for
     /// passivation, or `None` if every open Cell is busy.
     fn claim_lru_idle(&self, except: Option<&CellId>) -> Option<ActorHandle> {
-        // The least recently used idle Cell: one scan under the read lock
-        // that clones only the winner (an activation per command at 10,000
-        // Cells cloned and sorted every open handle). Each last use is read
-        // once, so requests moving it cannot upset the choice. A victim
-        // another activation claimed first is passed over by the next
-        // scan, so concurrent activations each claim a different one.
-        let victim = loop {
-            let oldest = self
-                .slots()
-                .iter()
-                .filter(|(cell, _)| Some(*cell) != except)
-                .filter_map(|(_, slot)| match slot {
-                    Slot::Active(handle)
-                        if handle.load.load(Ordering::Relaxed) == 0
-                            && !handle.passivating.load(Ordering::Relaxed) =>
-                    {
-                        Some(handle)
-                    }
-                    _ => None,
-                })
-                .min_by_key(|handle| handle.last_used.load(Ordering::Relaxed))
-                .cloned();
-            match oldest {
-                None => break None,
-                Some(handle) if !handle.passivating.swap(true, Ordering::SeqCst) => {
-                    break Some(handle)
+        // Candidates from the last scan first, each taken only if nothing
+        // used it since; one new scan when they run out (`node/lru.rs`).
+        // A victim another activation claimed first fails the check, so
+        // concurrent activations each claim a different one.
+        let mut candidates = self
+            .lru_candidates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut scanned = false;
+        loop {
+            let Some(candidate) = candidates.pop() else {
+                if scanned {
+                    return None;
                 }
-                Some(_) => continue,
+                *candidates = self.scan_lru_idle();
+                scanned = true;
+                continue;
+            };
+            let (cell, generation) = &candidate.what;
+            if Some(cell) == except {
+                continue;
             }
-        };
-        victim
+            let slots = self.slots();
+            let Some(Slot::Active(handle)) = slots.get(cell) else {
+                continue;
+            };
+            let claimable = lru::still_the_oldest(
+                candidate.last_used,
+                *generation,
+                handle.generation,
+                handle.last_used.load(Ordering::Relaxed),
+                is_idle(handle),
+            );
+            if claimable && !handle.passivating.swap(true, Ordering::SeqCst) {
+                return Some(handle.clone());
+            }
+        }
+    }
+
+    /// The least recently used idle Cells: one pass under the read lock
+    /// that copies only the ones it keeps. Each last use is read once, so
+    /// requests moving it cannot upset the choice.
+    fn scan_lru_idle(&self) -> Vec<lru::Candidate<(CellId, u64)>> {
+        let slots = self.slots();
+        let idle = slots.iter().filter_map(|(cell, slot)| match slot {
+            Slot::Active(handle) if is_idle(handle) => Some(lru::Candidate {
+                last_used: handle.last_used.load(Ordering::Relaxed),
+                what: (cell, handle.generation),
+            }),
+            _ => None,
+        });
+        lru::oldest(idle, lru::CANDIDATES_PER_SCAN)
+            .into_iter()
+            .map(|c| lru::Candidate {
+                last_used: c.last_used,
+                what: (c.what.0.clone(), c.what.1),
+            })
+            .collect()
     }
 
     /// Refuses a new Cell past `cells_owned_max` (a parked one is owned

@@ -481,6 +481,71 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
     assert_eq!(described.txid.0, 1, "the schema and one command, one group");
 }
 
+/// Past the open limit the least recently used idle Cell is passivated,
+/// also when the Cells a scan found were used since (the passivation
+/// candidates of `node/lru.rs`: a used one is passed over, not taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_recently_used_cell_is_the_one_passivated() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "lru-order");
+    config.limits.cells_open_max = 3;
+    let a = start(config, store, clock.clone()).await;
+    let mut n = 0u64;
+    let mut use_cell = |cell: u32| {
+        n += 1;
+        let (a, clock) = (a.clone(), clock.clone());
+        async move {
+            a.execute(
+                KIND,
+                format!("c{cell}").as_bytes(),
+                append(clock.as_ref(), n),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    for cell in [0, 1, 2] {
+        use_cell(cell).await;
+    }
+    use_cell(0).await;
+    // c1 is the least recently used now.
+    use_cell(3).await;
+    assert_open(&a, &[0, 2, 3], &[1]).await;
+    // The scan for c3 saw c2 before c0; c2 is used again, so c0 goes.
+    use_cell(2).await;
+    use_cell(4).await;
+    assert_open(&a, &[2, 3, 4], &[0, 1]).await;
+}
+
+/// Asserts that the Cells `c{n}` of `open` are open and those of `closed`
+/// are passivated (an actor asked to passivate may take a moment to exit).
+async fn assert_open(node: &cellfleet_runtime::NodeHandle, open: &[u32], closed: &[u32]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut now_open = Vec::new();
+        for cell in open.iter().chain(closed) {
+            let described = node
+                .describe_cell(KIND, format!("c{cell}").as_bytes())
+                .await
+                .expect("owned");
+            if described.open {
+                now_open.push(*cell);
+            }
+        }
+        if now_open == open {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "open: {now_open:?}, expected {open:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_mailbox_refuses_at_once_with_a_retry_hint() {
     let dir = tempfile::tempdir().unwrap();

@@ -278,10 +278,16 @@ impl Cell {
             None
         };
         let (write, write_guard) = open_writer(path, &config, template.as_deref())?;
-        let exists = exists || template.is_some();
-        // Whatever the WAL holds goes into the file; the position check
-        // below decides whether that is the published state.
-        checkpoint(&write, &wal_path)?;
+        // A file just written from its kind's template holds what the
+        // template build made in this process: the configured page size,
+        // an empty WAL, TXID 0 and every declared migration. Reading those
+        // back would only repeat SQL each new Cell parses afresh.
+        let from_template = template.is_some();
+        if !from_template {
+            // Whatever the WAL holds goes into the file; the position check
+            // below decides whether that is the published state.
+            checkpoint(&write, &wal_path)?;
+        }
         let page_size = if exists {
             write.query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))?
         } else {
@@ -289,7 +295,11 @@ impl Cell {
         };
         let capture = CaptureState::from_database(path, page_size, config.ltx_checksums_in_file)?;
         let found = Position {
-            txid: ledger::txid(&write)?,
+            txid: if from_template {
+                Txid::ZERO
+            } else {
+                ledger::txid(&write)?
+            },
             checksum: capture.checksum,
         };
         // A new Cell may hold page 1 already (setting WAL mode writes it);
@@ -329,9 +339,12 @@ impl Cell {
             migrations_published: 0,
             _lock: lock,
         };
-        cell.check_migrations()?;
         cell.migrations_declared = cell.kind.migrations().len();
-        cell.migrations_published = ledger::applied_migrations(&cell.write)?.len();
+        cell.migrations_published = if from_template {
+            cell.migrations_declared
+        } else {
+            cell.check_migrations()?
+        };
         let migration = if cell.config.defer_migrations {
             None
         } else {
@@ -431,7 +444,9 @@ impl Cell {
         Ok(())
     }
 
-    fn check_migrations(&self) -> Result<()> {
+    /// Checks the applied migrations against the declared ones and returns
+    /// how many are applied.
+    fn check_migrations(&self) -> Result<usize> {
         let applied = ledger::applied_migrations(&self.write)?;
         let declared = self.kind.migrations();
         if applied.len() > declared.len() {
@@ -445,7 +460,7 @@ impl Cell {
                 return Err(Error::MigrationChanged { index });
             }
         }
-        Ok(())
+        Ok(applied.len())
     }
 
     /// Whether the Cell's state, pending groups included, lacks the engine's

@@ -225,6 +225,39 @@ fn dependencies(name: &str) -> Vec<String> {
     out
 }
 
+/// Every crate but `vfs` inherits the workspace lints, which forbid
+/// `unsafe`; `vfs` (SQLite's C interface) sets its own.
+#[test]
+fn only_the_vfs_crate_may_use_unsafe() {
+    let mut found = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap() {
+        let dir = krate.unwrap().path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let inherits = manifest.contains("[lints]\nworkspace = true");
+        if name == "vfs" {
+            if inherits || !manifest.contains("unsafe_op_in_unsafe_fn = \"deny\"") {
+                found
+                    .push("vfs: must set its own lints, with unsafe_op_in_unsafe_fn denied".into());
+            }
+        } else if !inherits {
+            found.push(format!(
+                "{name}: does not inherit the workspace lints (unsafe_code forbidden)"
+            ));
+        }
+    }
+    let workspace = std::fs::read_to_string(crates_dir().join("../Cargo.toml")).unwrap();
+    if !workspace.contains("unsafe_code = \"forbid\"") {
+        found.push("the workspace no longer forbids unsafe_code".into());
+    }
+    report(
+        "crates outside the rule that only crates/vfs uses unsafe",
+        &found,
+    );
+}
+
 /// "Dependencies point down this tree only" (ARCHITECTURE.md's crate
 /// tree): each crate has a layer, and may depend only on crates of lower
 /// layers; `ltx` depends on no other crate of ours and on nothing async,
@@ -235,6 +268,7 @@ fn crate_dependencies_point_down() {
         ("ltx", 0),
         ("proto", 0),
         ("store", 0),
+        ("vfs", 0),
         ("authority", 1),
         ("cell", 1),
         ("client", 1),

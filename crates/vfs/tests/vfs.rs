@@ -1,0 +1,182 @@
+//! The `cellfleet` VFS under real SQLite connections: WAL readers and a
+//! writer on threads, no `-shm` file, other lock holders kept out, and the
+//! WAL index rebuilt after the last connection goes.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+
+fn open(path: &Path, read_only: bool) -> Connection {
+    cellfleet_vfs::register().unwrap();
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME).unwrap();
+    if !read_only {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+    conn
+}
+
+fn sidecar(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    s.into()
+}
+
+/// Two rows per transaction whose values always sum to zero: a reader
+/// that ever sees a torn transaction, or a count that goes back, fails.
+#[test]
+fn readers_on_threads_see_whole_transactions_of_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    let mut writer = open(&path, false);
+    writer
+        .execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL);")
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let path = path.clone();
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let reader = open(&path, true);
+                let (mut reads, mut last) = (0u64, 0i64);
+                while !done.load(Ordering::Relaxed) {
+                    let (count, sum): (i64, i64) = reader
+                        .query_row("SELECT count(*), coalesce(sum(v), 0) FROM t", [], |r| {
+                            Ok((r.get(0)?, r.get(1)?))
+                        })
+                        .unwrap();
+                    assert_eq!(sum, 0, "a torn transaction was visible");
+                    assert_eq!(count % 2, 0);
+                    assert!(count >= last, "the count went back from {last} to {count}");
+                    last = count;
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for i in 0..2_000i64 {
+        let tx = writer
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        tx.execute("INSERT INTO t (v) VALUES (?1)", [i]).unwrap();
+        tx.execute("INSERT INTO t (v) VALUES (?1)", [-i]).unwrap();
+        tx.commit().unwrap();
+        if i % 500 == 499 {
+            // A checkpoint while readers hold snapshots: it must wait for
+            // them, never pull pages from under them.
+            let _: (i64, i64, i64) = writer
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .unwrap();
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.join().unwrap() > 0);
+    }
+    let count: i64 = writer
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(count, 4_000);
+    assert!(sidecar(&path, "-wal").exists());
+    assert!(
+        !sidecar(&path, "-shm").exists(),
+        "the WAL index became a file"
+    );
+}
+
+#[test]
+fn a_second_writer_waits_for_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    let mut first = open(&path, false);
+    first.execute_batch("CREATE TABLE t (v);").unwrap();
+    let second = open(&path, false);
+    let tx = first
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    tx.execute("INSERT INTO t VALUES (1)", []).unwrap();
+    let refused = second.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    tx.commit().unwrap();
+    second
+        .execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2); COMMIT;")
+        .unwrap();
+    let n: i64 = first
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2);
+}
+
+/// SQLite's own unix VFS (what an `sqlite3` shell uses) cannot lock a
+/// database a connection of this VFS has open, and can once it closed.
+/// Open-file-description locks and the unix VFS's locks exclude each
+/// other even inside one process, so this process stands in for another.
+#[test]
+fn other_lock_holders_are_kept_out_while_a_connection_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    let ours = open(&path, false);
+    ours.execute_batch("CREATE TABLE t (v); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let foreign = Connection::open(&path).unwrap();
+    let refused = foreign
+        .query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+        .unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    drop(ours);
+    let n: i64 = foreign
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    // And the other way round: a database the unix VFS holds locked
+    // refuses this VFS's open.
+    foreign.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    cellfleet_vfs::register().unwrap();
+    let refused = Connection::open_with_flags_and_vfs(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        cellfleet_vfs::NAME,
+    )
+    .unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+}
+
+/// Committed frames left in the WAL by connections that closed without a
+/// checkpoint are read back by the next one: the WAL index is rebuilt
+/// from the WAL, as SQLite does for a new `-shm` file.
+#[test]
+fn the_next_open_rebuilds_the_wal_index_from_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    {
+        let conn = open(&path, false);
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .unwrap();
+        conn.execute_batch(
+            "PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (v); INSERT INTO t VALUES (7);",
+        )
+        .unwrap();
+    }
+    assert!(std::fs::metadata(sidecar(&path, "-wal")).unwrap().len() > 0);
+    let conn = open(&path, false);
+    let v: i64 = conn.query_row("SELECT v FROM t", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, 7);
+}

@@ -43,7 +43,7 @@
 //! - [`Cell::open`] checkpoints whatever the files hold and then refuses to
 //!   serve unless the database is exactly at the published position.
 
-use std::cell::{Cell as Counter, OnceCell};
+use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -140,11 +140,6 @@ pub struct Cell {
     /// The next group pins a published reader even if none is open yet:
     /// someone asked for the published state while a group was pending.
     view_wanted: bool,
-    /// Database descriptors of closed readers SQLite still holds: a
-    /// connection closed while another one of the same file holds a lock
-    /// leaves its descriptor open (closing it would drop that lock), and
-    /// the next reader of the file reuses it.
-    lingering_fds: Counter<usize>,
     capture: CaptureState,
     published: Position,
     /// Oldest first; at most `pending_publications_max`.
@@ -326,7 +321,6 @@ impl Cell {
             write_guard,
             published_reader,
             view_wanted: false,
-            lingering_fds: Counter::new(0),
             spare_readers: Vec::new(),
             capture,
             published,
@@ -1021,9 +1015,7 @@ impl Cell {
                 // demand nobody had asked for yet): no view until the next
                 // confirm, and a reader still pinned at the old state must
                 // never answer.
-                if self.published_reader.take().is_some() {
-                    self.readers_closed(1);
-                }
+                drop(self.published_reader.take());
             }
         }
         Ok(())
@@ -1087,8 +1079,6 @@ impl Cell {
         let (write, write_guard) = open_connection(&self.path, false, &self.config)?;
         self.write = write;
         self.write_guard = write_guard;
-        // Every connection of the file closed: SQLite closed what it kept.
-        self.lingering_fds.set(0);
         if !self.config.reader_on_demand {
             let _ = self.published_reader.set(self.open_reader()?);
         }
@@ -1259,27 +1249,17 @@ impl Cell {
             + self.pending.iter().filter(|p| p.reader.is_some()).count()
     }
 
-    /// Descriptors the Cell holds now: its database, `-wal`, `-shm` and
-    /// lock file, two per reader ([`Cell::readers_open`]), and the
-    /// database descriptors of closed readers SQLite keeps for the next
-    /// one.
+    /// Descriptors the Cell holds now: its database and `-wal`, the
+    /// `cellfleet` VFS's lock on the database, its lock file, and two per
+    /// reader ([`Cell::readers_open`]). A reader's descriptors close with
+    /// it.
     pub fn descriptors(&self) -> usize {
-        4 + 2 * self.readers_open() + self.lingering_fds.get()
+        4 + 2 * self.readers_open()
     }
 
-    /// A new read connection (reusing a closed reader's descriptor when
-    /// SQLite kept one).
+    /// A new read connection.
     fn open_reader(&self) -> Result<Reader> {
-        let reader = Reader::open(&self.path, &self.config)?;
-        self.lingering_fds
-            .set(self.lingering_fds.get().saturating_sub(1));
-        Ok(reader)
-    }
-
-    /// Counts `closed` readers closed while the write connection stays
-    /// open.
-    fn readers_closed(&self, closed: usize) {
-        self.lingering_fds.set(self.lingering_fds.get() + closed);
+        Reader::open(&self.path, &self.config)
     }
 
     /// Closes the readers nothing needs now: the spare ones, and (with
@@ -1294,7 +1274,6 @@ impl Cell {
         {
             closed += 1;
         }
-        self.readers_closed(closed);
         closed
     }
 
@@ -1314,8 +1293,8 @@ impl Cell {
     }
 
     /// Close the Cell. Settled (nothing pending), its WAL is checkpointed
-    /// into the database file and the empty `-wal` and `-shm` files are
-    /// removed, so a closed Cell is its database and its lock file (two
+    /// into the database file and the empty `-wal` is removed, so a closed
+    /// Cell is its database and its lock file (two
     /// files; [`Cell::open`] checkpoints whatever a WAL holds anyway). A
     /// pending publication is left in the WAL and makes the next
     /// [`Cell::open`] refuse the file (recover it instead).
@@ -1323,11 +1302,11 @@ impl Cell {
         self.close_as(true);
     }
 
-    /// Close the Cell like [`Cell::close`] but keep the empty `-wal` and
-    /// the `-shm` for a reopen expected soon: creating and deleting them
-    /// is a third of a passivate-and-reopen cycle on ext4, whose inode
-    /// allocator slows down under churn of recently deleted files.
-    /// [`tidy_closed`] removes them later.
+    /// Close the Cell like [`Cell::close`] but keep the empty `-wal` for a
+    /// reopen expected soon: creating and deleting it is part of a
+    /// passivate-and-reopen cycle's cost on ext4, whose inode allocator
+    /// slows down under churn of recently deleted files. [`tidy_closed`]
+    /// removes it later.
     pub fn close_keeping_sidecars(self) {
         self.close_as(false);
     }
@@ -1340,19 +1319,18 @@ impl Cell {
         // The lock outlives the connections (a duplicate of its descriptor
         // keeps the lock), so nobody opens the Cell while its files go.
         let lock = self._lock.try_clone();
-        let (wal, shm) = (self.wal_path.clone(), self.shm_path.clone());
+        let wal = self.wal_path.clone();
         drop(self);
         if settled && lock.is_ok() {
-            for path in [wal, shm] {
-                let _ = std::fs::remove_file(path);
-            }
+            let _ = std::fs::remove_file(wal);
         }
         drop(lock);
     }
 }
 
-/// Removes the empty `-wal` and the `-shm` a closed Cell at `path` kept
-/// ([`Cell::close_keeping_sidecars`]), leaving its database and lock file.
+/// Removes the empty `-wal` a closed Cell at `path` kept
+/// ([`Cell::close_keeping_sidecars`]), and a `-shm` builds before the
+/// `cellfleet` VFS left, leaving its database and lock file.
 /// Returns false, touching nothing, when the Cell is open (its lock is
 /// held) or its WAL still holds frames (the next [`Cell::open`] merges
 /// them).

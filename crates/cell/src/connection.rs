@@ -94,7 +94,7 @@ pub fn set_soft_heap_limit(bytes: u64) -> Result<()> {
 }
 
 /// Descriptors one open Cell may use (writer and readers with their
-/// WAL files, and the shared memory file).
+/// WAL files, and the VFS's lock on the database).
 const CELL_FDS: usize = 8;
 
 /// `error` from opening the Cell at `path`, or [`Error::OutOfFiles`] when
@@ -171,13 +171,11 @@ fn open_writer_or_reader(
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
-    let mut conn = Connection::open_with_flags(path, flags)?;
+    cellfleet_vfs::register()?;
+    let mut conn = Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME)?;
     if let (false, false, Some(bytes)) = (exists, read_only, template) {
         // Written only now, into the file SQLite just opened and has not
-        // read yet (it reads the header under its first lock): opening a
-        // file that exists costs SQLite's unix VFS a walk over every
-        // database file the process has open, which a missing one skips
-        // (`findReusableFd`; BENCHMARKS.md, twenty-first measurement).
+        // read yet (it reads the header under its first lock).
         write_template(path, bytes)?;
         exists = true;
     }
@@ -221,8 +219,9 @@ fn open_writer_or_reader(
     Ok((conn, guard))
 }
 
-/// `path` with `suffix` appended: a database's `-wal`, `-shm` and lock
-/// files, and scratch files beside it.
+/// `path` with `suffix` appended: a database's `-wal` and lock files (and
+/// the `-shm` builds before the `cellfleet` VFS left), and scratch files
+/// beside it.
 pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_os_string();
     s.push(suffix);

@@ -10,6 +10,8 @@ pub enum Error {
     Sqlite(#[from] rusqlite::Error),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}: this build of SQLite cannot open Cells")]
+    Vfs(#[from] cellfleet_vfs::RegisterError),
     #[error("ltx error: {0}")]
     Ltx(#[from] cellfleet_ltx::Error),
     #[error("invalid kinds manifest: {0}")]

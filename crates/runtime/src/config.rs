@@ -17,7 +17,9 @@ pub struct NodeLimits {
     /// File descriptors this node may spend on open Cells.
     pub fds_max: usize,
     /// File descriptors one open Cell holds without readers: its database
-    /// and `-wal` (the write connection), its `-shm` and its lock file.
+    /// and `-wal` (the write connection), the `cellfleet` VFS's lock on the
+    /// database (its WAL index is in memory, not a `-shm` file) and its
+    /// lock file.
     pub fds_per_cell: usize,
     /// File descriptors each read connection adds (its database and
     /// `-wal`). A Cell opens its published reader on its first query and

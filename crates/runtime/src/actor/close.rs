@@ -5,12 +5,12 @@ use super::*;
 /// How an actor closes its engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Close {
-    /// WAL checkpointed into the file, `-wal` and `-shm` removed: the Cell
+    /// WAL checkpointed into the file, `-wal` removed: the Cell
     /// is its database and lock file (a passivation with nothing parked).
     Tidy,
-    /// WAL checkpointed, `-wal` and `-shm` kept for a reopen soon (a
+    /// WAL checkpointed, the empty `-wal` kept for a reopen soon (a
     /// passivation that parks records; [`cellfleet_cell::tidy_closed`]
-    /// removes them after the node's checkpoint).
+    /// removes it after the node's checkpoint).
     KeepSidecars,
     /// Just dropped: the files are about to be discarded, or the Cell
     /// failed and its next activation verifies them anyway.

@@ -20,8 +20,8 @@
 //! drain releases the root. An activation waits for a checkpoint of its
 //! Cell in flight ([`Shared::take_parked`]), so the CAS and the Cell's
 //! next records never race. A parked Cell's engine closed keeping its
-//! empty `-wal` and its `-shm` (recreating them is a third of a reopen);
-//! a successful checkpoint removes them ([`cellfleet_cell::tidy_closed`])
+//! empty `-wal` (recreating it is part of a reopen's cost);
+//! a successful checkpoint removes it ([`cellfleet_cell::tidy_closed`])
 //! before the mark clears. A checkpoint that finds the root moved
 //! (fenced) or cannot tell (unknown) drops the entry: the next activation
 //! reads the bucket and replays from the lane, which still has every
@@ -274,7 +274,7 @@ impl Shared {
         };
         let outcome = self.checkpoint_tail(cell, &root, &tail).await;
         if outcome.is_ok() && !self.draining.load(Ordering::SeqCst) {
-            // The Cell closed keeping its `-wal` and `-shm` for a reopen
+            // The Cell closed keeping its `-wal` for a reopen
             // soon; now it is as idle as a tidy close leaves it. Its
             // activation waits for this (the mark is still set). A drain
             // discards every file of the Cell right after, so it skips this.
@@ -282,7 +282,7 @@ impl Shared {
             match tokio::task::spawn_blocking(move || cellfleet_cell::tidy_closed(&path)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
-                    tracing::debug!(cell = %cell, %error, "could not remove a parked cell's -wal/-shm; its next open reuses them");
+                    tracing::debug!(cell = %cell, %error, "could not remove a parked cell's -wal; its next open reuses it");
                 }
                 Err(error) => {
                     tracing::debug!(cell = %cell, %error, "tidy task failed");

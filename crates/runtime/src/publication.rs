@@ -81,6 +81,67 @@ pub(crate) struct Unckpt {
     pub seq: u64,
 }
 
+/// An open Cell's [`Unckpt`] records, oldest first, with their bytes
+/// summed as records come and go: the checkpoint trigger reads the sum
+/// after every record, and summing the list each time cost 2.5% of a
+/// node's samples at 1,000 streams.
+#[derive(Debug, Default)]
+pub(crate) struct UnckptRecords {
+    records: Vec<Unckpt>,
+    bytes: u64,
+}
+
+impl UnckptRecords {
+    pub fn new(records: Vec<Unckpt>) -> Self {
+        let bytes = records.iter().map(Unckpt::bytes).sum();
+        UnckptRecords { records, bytes }
+    }
+
+    pub fn push(&mut self, record: Unckpt) {
+        self.bytes += record.bytes();
+        self.records.push(record);
+    }
+
+    /// Drops the oldest `n` (a checkpoint covered them).
+    pub fn drop_oldest(&mut self, n: usize) {
+        let n = n.min(self.records.len());
+        self.bytes -= self.records[..n].iter().map(Unckpt::bytes).sum::<u64>();
+        self.records.drain(..n);
+    }
+
+    /// Takes every record, leaving none.
+    pub fn take(&mut self) -> Vec<Unckpt> {
+        self.bytes = 0;
+        std::mem::take(&mut self.records)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn last(&self) -> Option<&Unckpt> {
+        self.records.last()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Unckpt> {
+        self.records.iter()
+    }
+}
+
+impl Unckpt {
+    fn bytes(&self) -> u64 {
+        self.file.bytes.len() as u64
+    }
+}
+
 /// A passivated Cell as its actor left it: the root it wrote last and, in
 /// log mode, the acknowledged records past that root (safe in this
 /// session's lane; the local file is at the last one's position). The one
@@ -387,6 +448,41 @@ impl Publisher for StorePublisher {
 mod tests {
     use super::*;
     use cellfleet_authority::{NewCell, NodeId, SessionId};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The running sum is the sum of the records held, whatever
+        /// pushes, checkpoints and takes come in whatever order.
+        #[test]
+        fn unckpt_records_keep_their_bytes_summed(
+            ops in proptest::collection::vec((0..3u8, 0..400usize), 1..60)
+        ) {
+            let mut records = UnckptRecords::new(Vec::new());
+            for (op, n) in ops {
+                match op {
+                    0 => records.push(Unckpt {
+                        file: LtxFile {
+                            bytes: Arc::new(vec![0; n]),
+                            min_txid: Txid(1),
+                            max_txid: Txid(1),
+                            file_checksum: 0,
+                            post_apply_checksum: 0,
+                        },
+                        seq: 0,
+                    }),
+                    1 => records.drop_oldest(n % 5),
+                    _ => {
+                        let before = records.bytes();
+                        let taken = records.take();
+                        prop_assert_eq!(records.bytes(), 0);
+                        prop_assert_eq!(UnckptRecords::new(taken).bytes(), before);
+                    }
+                }
+                let sum: u64 = records.iter().map(|u| u.file.bytes.len() as u64).sum();
+                prop_assert_eq!(records.bytes(), sum);
+            }
+        }
+    }
 
     fn propose(
         base: &RootRecord,

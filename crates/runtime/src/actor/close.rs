@@ -75,7 +75,7 @@ impl Actor {
                 .metrics
                 .checkpoint_lag_records
                 .fetch_sub(self.unckpt.len() as i64, Ordering::Relaxed);
-            self.unckpt.clear();
+            self.unckpt.take();
         }
         for queued in std::mem::take(&mut self.batch) {
             queued.reply.send(Err(Error::Closed(reason.clone())));
@@ -160,7 +160,7 @@ impl Actor {
                     .metrics
                     .passivations_total
                     .fetch_add(1, Ordering::Relaxed);
-                let tail = std::mem::take(&mut self.unckpt);
+                let tail = self.unckpt.take();
                 let due = self.ckpt_due.unwrap_or_else(|| {
                     tokio::time::Instant::now() + self.ctx.log_settings.idle_of(&self.cell_id)
                 });

@@ -205,7 +205,7 @@ impl Actor {
     /// pointer on, so the pointer may not fall too far behind the lane).
     fn checkpoint_due(&self, lane: &crate::log::Lane) -> bool {
         let settings = &self.ctx.log_settings;
-        let bytes: u64 = self.unckpt.iter().map(|u| u.file.bytes.len() as u64).sum();
+        let bytes = self.unckpt.bytes();
         let behind = self.root.record.log.as_ref().map_or(0, |pointer| {
             lane.writer()
                 .verdict()
@@ -386,7 +386,7 @@ impl Actor {
                     self.ctx.chain_cache_bytes_max,
                 );
                 self.root = root;
-                self.unckpt.drain(..done.covered.min(self.unckpt.len()));
+                self.unckpt.drop_oldest(done.covered);
                 self.ckpt_failures = 0;
                 self.update_hold();
                 if !self.unckpt.is_empty() {

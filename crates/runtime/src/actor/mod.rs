@@ -67,6 +67,7 @@ use crate::log::{NodeLog, Record};
 use crate::metrics::Metrics;
 use crate::publication::{
     merge_files, LtxFile, ParkedCell, PublishFailure, PublishRequest, Publisher, Unckpt,
+    UnckptRecords,
 };
 use cellfleet_authority::LogPointer;
 use cellfleet_nodelog::lane::GroupFate;
@@ -413,7 +414,7 @@ pub(crate) struct Actor {
     /// TXID trails it until the next checkpoint.
     acked_txid: Txid,
     /// Log mode: acknowledged records past the root, oldest first.
-    unckpt: Vec<Unckpt>,
+    unckpt: UnckptRecords,
     /// Log mode: the wait for the oldest in-flight group's slot.
     logwait: Option<JoinHandle<LogDone>>,
     /// Log mode: the checkpoint in progress.
@@ -477,7 +478,7 @@ impl Actor {
             stop_done: Vec::new(),
             failed: None,
             acked_txid: Txid::ZERO,
-            unckpt: Vec::new(),
+            unckpt: UnckptRecords::default(),
             logwait: None,
             ckpt: None,
             ckpt_due: None,
@@ -492,7 +493,7 @@ impl Actor {
         if !start.tail.is_empty() {
             actor.ckpt_due = Some(start.tail_due);
         }
-        actor.unckpt = start.tail;
+        actor.unckpt = UnckptRecords::new(start.tail);
         (actor, start.migration)
     }
 

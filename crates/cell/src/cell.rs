@@ -161,6 +161,15 @@ pub struct Cell {
     _lock: File,
 }
 
+/// Whether the WAL at `path` holds no byte (or does not exist).
+fn wal_is_empty(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(meta) => Ok(meta.len() == 0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Take the exclusive lock that marks a Cell database as live.
 pub(crate) fn lock_cell(path: &Path) -> Result<File> {
     let lock = OpenOptions::new()
@@ -278,9 +287,11 @@ impl Cell {
         // an empty WAL, TXID 0 and every declared migration. Reading those
         // back would only repeat SQL each new Cell parses afresh.
         let from_template = template.is_some();
-        if !from_template {
+        if !from_template && !wal_is_empty(&wal_path)? {
             // Whatever the WAL holds goes into the file; the position check
-            // below decides whether that is the published state.
+            // below decides whether that is the published state. An empty
+            // or missing WAL (a parked Cell's, or a closed one's) holds
+            // nothing: the checkpoint would only compile its pragma.
             checkpoint(&write, &wal_path)?;
         }
         let page_size = if exists {

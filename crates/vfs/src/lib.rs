@@ -488,7 +488,7 @@ unsafe extern "C" fn x_shm_map(
     unsafe {
         *out = ptr::null_mut();
         let h = handle(file);
-        let Some(node) = h.node.clone() else {
+        let Some(node) = &h.node else {
             return ffi::SQLITE_IOERR_SHMOPEN;
         };
         let (Ok(region), Ok(bytes)) = (usize::try_from(region), usize::try_from(region_bytes))
@@ -524,7 +524,8 @@ unsafe extern "C" fn x_shm_lock(
 ) -> c_int {
     // SAFETY: `file` is open.
     let h = unsafe { handle(file) };
-    let Some(node) = h.node.clone() else {
+    // Borrowed, not cloned: every transaction takes several of these.
+    let Some(node) = &h.node else {
         return ffi::SQLITE_IOERR_SHMLOCK;
     };
     let Some(mask) = locks::shm_mask(ofst, n) else {

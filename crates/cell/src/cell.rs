@@ -59,6 +59,7 @@ pub use crate::connection::CellConfig;
 use crate::connection::{checkpoint, open_connection, open_writer, sidecar};
 use crate::guard::{Guard, Mode};
 use crate::kind::{Kind, KindError};
+use crate::live::{self, Claim};
 use crate::reader::{Pin, Reader};
 use crate::sql::value_bytes;
 use crate::wal::{self, Committed};
@@ -157,8 +158,9 @@ pub struct Cell {
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
     migrations_published: usize,
-    /// Keeps other engines (and recovery) off these files.
-    _lock: File,
+    /// Keeps other engines of this process (and recovery) off these
+    /// files; dropped after the connections.
+    claim: Claim,
 }
 
 /// Whether the WAL at `path` holds no byte (or does not exist).
@@ -167,20 +169,6 @@ fn wal_is_empty(path: &Path) -> Result<bool> {
         Ok(meta) => Ok(meta.len() == 0),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Take the exclusive lock that marks a Cell database as live.
-pub(crate) fn lock_cell(path: &Path) -> Result<File> {
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(sidecar(path, ".lock"))?;
-    match lock.try_lock() {
-        Ok(()) => Ok(lock),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Live(path.display().to_string())),
-        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
     }
 }
 
@@ -267,7 +255,7 @@ impl Cell {
                 "pending_publications_max must be at least 1".into(),
             ));
         }
-        let lock = lock_cell(path)?;
+        let claim = live::claim(path)?;
         let exists = path.exists();
         if !exists && published != Position::EMPTY {
             return Err(Error::Missing(published));
@@ -281,7 +269,7 @@ impl Cell {
         } else {
             None
         };
-        let (write, write_guard) = open_writer(path, &config, template.as_deref())?;
+        let (write, write_guard, header) = open_writer(path, &config, template.as_deref())?;
         // A file just written from its kind's template holds what the
         // template build made in this process: the configured page size,
         // an empty WAL, TXID 0 and every declared migration. Reading those
@@ -294,10 +282,13 @@ impl Cell {
             // nothing: the checkpoint would only compile its pragma.
             checkpoint(&write, &wal_path)?;
         }
-        let page_size = if exists {
-            write.query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))?
-        } else {
-            config.page_size
+        // A WAL database's page size never changes, so its header (read
+        // before the open) holds it; a file without one takes the
+        // configured size, as SQLite gave it.
+        let page_size = match header {
+            Some(header) => header.page_size,
+            None if exists => write.query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))?,
+            None => config.page_size,
         };
         let capture = CaptureState::from_database(path, page_size, config.ltx_checksums_in_file)?;
         let found = Position {
@@ -342,7 +333,7 @@ impl Cell {
             ledger_index: None,
             migrations_declared: 0,
             migrations_published: 0,
-            _lock: lock,
+            claim,
         };
         cell.migrations_declared = cell.kind.migrations().len();
         cell.migrations_published = if from_template {
@@ -1261,11 +1252,10 @@ impl Cell {
     }
 
     /// Descriptors the Cell holds now: its database and `-wal`, the
-    /// `cellfleet` VFS's lock on the database, its lock file, and two per
-    /// reader ([`Cell::readers_open`]). A reader's descriptors close with
-    /// it.
+    /// `cellfleet` VFS's lock on the database, and two per reader
+    /// ([`Cell::readers_open`]). A reader's descriptors close with it.
     pub fn descriptors(&self) -> usize {
-        4 + 2 * self.readers_open()
+        3 + 2 * self.readers_open()
     }
 
     /// A new read connection.
@@ -1305,8 +1295,8 @@ impl Cell {
 
     /// Close the Cell. Settled (nothing pending), its WAL is checkpointed
     /// into the database file and the empty `-wal` is removed, so a closed
-    /// Cell is its database and its lock file (two
-    /// files; [`Cell::open`] checkpoints whatever a WAL holds anyway). A
+    /// Cell is its database file alone ([`Cell::open`] checkpoints
+    /// whatever a WAL holds anyway). A
     /// pending publication is left in the WAL and makes the next
     /// [`Cell::open`] refuse the file (recover it instead).
     pub fn close(self) {
@@ -1327,31 +1317,37 @@ impl Cell {
         if !remove_sidecars {
             return;
         }
-        // The lock outlives the connections (a duplicate of its descriptor
-        // keeps the lock), so nobody opens the Cell while its files go.
-        let lock = self._lock.try_clone();
+        // The claim outlives the connections, so nobody in this process
+        // opens the Cell while its files go (and the node's directory lock
+        // keeps other processes out).
+        let claim = self.claim.clone();
         let wal = self.wal_path.clone();
         drop(self);
-        if settled && lock.is_ok() {
+        if settled {
             let _ = std::fs::remove_file(wal);
         }
-        drop(lock);
+        drop(claim);
     }
 }
 
 /// Removes the empty `-wal` a closed Cell at `path` kept
-/// ([`Cell::close_keeping_sidecars`]), and a `-shm` builds before the
-/// `cellfleet` VFS left, leaving its database and lock file.
-/// Returns false, touching nothing, when the Cell is open (its lock is
-/// held) or its WAL still holds frames (the next [`Cell::open`] merges
-/// them).
+/// ([`Cell::close_keeping_sidecars`]), and the `-shm` and `.lock` files
+/// earlier builds left, leaving its database alone.
+/// Returns false, touching nothing, when the Cell is open (in this process
+/// or another) or its WAL still holds frames (the next [`Cell::open`]
+/// merges them).
 pub fn tidy_closed(path: &Path) -> Result<bool> {
     if !path.exists() {
         return Ok(false);
     }
-    let lock = match lock_cell(path) {
-        Ok(lock) => lock,
+    let claim = match live::claim(path) {
+        Ok(claim) => claim,
         Err(Error::Live(_)) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let excluded = match claim.exclude_connections(path) {
+        Ok(Some(file)) => file,
+        Ok(None) | Err(Error::Live(_)) => return Ok(false),
         Err(e) => return Err(e),
     };
     let wal = sidecar(path, "-wal");
@@ -1361,13 +1357,14 @@ pub fn tidy_closed(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
-    for file in [wal, sidecar(path, "-shm")] {
+    for file in [wal, sidecar(path, "-shm"), sidecar(path, ".lock")] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e.into()),
         }
     }
-    drop(lock);
+    drop(excluded);
+    drop(claim);
     Ok(true)
 }

@@ -140,18 +140,71 @@ pub(crate) fn open_connection(
     read_only: bool,
     config: &CellConfig,
 ) -> Result<(Connection, Guard)> {
-    open_writer_or_reader(path, read_only, config, None)
+    open_writer_or_reader(path, read_only, config, None, None)
 }
 
 /// A Cell's write connection; when the database has no page yet and
 /// `template` is given, the database starts as those bytes (its kind's
-/// template, `template.rs`).
+/// template, `template.rs`). Also the file's header as it was before the
+/// open, when it had one.
 pub(crate) fn open_writer(
     path: &Path,
     config: &CellConfig,
     template: Option<&[u8]>,
-) -> Result<(Connection, Guard)> {
-    open_writer_or_reader(path, false, config, template)
+) -> Result<(Connection, Guard, Option<FileHeader>)> {
+    let header = read_header(path)?;
+    let (conn, guard) = open_writer_or_reader(path, false, config, template, header)?;
+    Ok((conn, guard, header))
+}
+
+/// What a database file's first 100 bytes say: its page size, and whether
+/// SQLite opens it in WAL mode by itself (read and write versions 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileHeader {
+    pub(crate) page_size: u32,
+    pub(crate) wal: bool,
+}
+
+impl FileHeader {
+    /// The header of a SQLite database; `None` for bytes that are not one
+    /// (too short, another magic string, a page size SQLite would refuse),
+    /// which then go to SQLite to judge.
+    pub(crate) fn parse(bytes: &[u8]) -> Option<FileHeader> {
+        if bytes.len() < 100 || &bytes[..16] != b"SQLite format 3\0" {
+            return None;
+        }
+        let page_size = match u16::from_be_bytes([bytes[16], bytes[17]]) {
+            1 => 65_536,
+            n => u32::from(n),
+        };
+        if !page_size.is_power_of_two() || !(512..=65_536).contains(&page_size) {
+            return None;
+        }
+        Some(FileHeader {
+            page_size,
+            wal: bytes[18] == 2 && bytes[19] == 2,
+        })
+    }
+}
+
+/// The header of the database at `path`; `None` when there is no file,
+/// or no valid header in it (an empty file, say).
+pub(crate) fn read_header(path: &Path) -> Result<Option<FileHeader>> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut bytes = [0u8; 100];
+    let mut read = 0;
+    while read < bytes.len() {
+        match file.read(&mut bytes[read..])? {
+            0 => break,
+            n => read += n,
+        }
+    }
+    Ok(FileHeader::parse(&bytes[..read]))
 }
 
 fn open_writer_or_reader(
@@ -159,11 +212,13 @@ fn open_writer_or_reader(
     read_only: bool,
     config: &CellConfig,
     template: Option<&[u8]>,
+    header: Option<FileHeader>,
 ) -> Result<(Connection, Guard)> {
     // A database with no page yet takes the configured page size.
-    let mut exists = std::fs::metadata(path)
-        .map(|m| m.len() > 0)
-        .unwrap_or(false);
+    let mut exists = header.is_some()
+        || std::fs::metadata(path)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false);
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     } else {
@@ -172,7 +227,17 @@ fn open_writer_or_reader(
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     cellfleet_vfs::register()?;
-    let mut conn = Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME)?;
+    let mut conn = match Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME) {
+        Ok(conn) => conn,
+        // The VFS could not lock other processes out: one has the file
+        // open (an engine of another process, or an `sqlite3` shell).
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+        {
+            return Err(Error::Live(path.display().to_string()));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let (false, false, Some(bytes)) = (exists, read_only, template) {
         // Written only now, into the file SQLite just opened and has not
         // read yet (it reads the header under its first lock).
@@ -207,9 +272,15 @@ fn open_writer_or_reader(
                 if config.auto_vacuum { "FULL" } else { "NONE" }
             ))?;
         }
-        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::Wal(format!("journal mode is {mode}, not wal")));
+        // A file whose header says WAL opens in WAL mode (SQLite reads
+        // the header under its first lock, and no other process can have
+        // changed it: the VFS keeps them out); only other files need the
+        // switch, and its statement.
+        if !header.is_some_and(|h| h.wal) {
+            let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(Error::Wal(format!("journal mode is {mode}, not wal")));
+            }
         }
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
     } else {
@@ -269,6 +340,65 @@ fn write_template(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes parse to nothing or to a page size SQLite accepts,
+        /// without panicking; a real header's fields are read back.
+        #[test]
+        fn headers_parse_to_a_valid_page_size_or_nothing(
+            bytes in proptest::collection::vec(any::<u8>(), 0..140),
+            exp in 9u32..=16,
+            wal in any::<bool>(),
+        ) {
+            if let Some(h) = FileHeader::parse(&bytes) {
+                prop_assert!(h.page_size.is_power_of_two());
+                prop_assert!((512..=65_536).contains(&h.page_size));
+            }
+            let mut real = vec![0u8; 100];
+            real[..16].copy_from_slice(b"SQLite format 3\0");
+            let page_size = 1u32 << exp;
+            let field = if page_size == 65_536 { 1 } else { page_size as u16 };
+            real[16..18].copy_from_slice(&field.to_be_bytes());
+            let version = if wal { 2 } else { 1 };
+            real[18] = version;
+            real[19] = version;
+            prop_assert_eq!(FileHeader::parse(&real), Some(FileHeader { page_size, wal }));
+            prop_assert_eq!(FileHeader::parse(&real[..99]), None);
+        }
+    }
+
+    /// What SQLite writes is what the parser reads: a WAL database's page
+    /// size and mode, and nothing for a file without a page.
+    #[test]
+    fn a_wal_database_header_is_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        assert_eq!(read_header(&path).unwrap(), None);
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(read_header(&path).unwrap(), None);
+        std::fs::remove_file(&path).unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA page_size = 1024; CREATE TABLE t (v);")
+            .unwrap();
+        assert_eq!(
+            read_header(&path).unwrap(),
+            Some(FileHeader {
+                page_size: 1024,
+                wal: false
+            })
+        );
+        let _: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            read_header(&path).unwrap(),
+            Some(FileHeader {
+                page_size: 1024,
+                wal: true
+            })
+        );
+    }
 
     #[test]
     fn the_soft_heap_limit_is_set_for_the_process() {

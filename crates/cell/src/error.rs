@@ -70,7 +70,10 @@ pub enum Error {
     NotAtPosition { found: Position, expected: Position },
     #[error("the local database does not exist and the published position is {0:?}: recover it from the published chain")]
     Missing(Position),
-    #[error("the cell database {0} is open in another engine; close it before recovering")]
+    #[error(
+        "the cell database {0} is open in another engine or process; close it first \
+         (a node's Cells: stop the node, or read them with `cellfleet store export`)"
+    )]
     Live(String),
     #[error("wal is corrupt: {0}")]
     Wal(String),

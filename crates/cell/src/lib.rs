@@ -12,6 +12,7 @@ pub mod hex;
 pub mod kind;
 pub mod kv;
 mod ledger;
+mod live;
 pub mod manifest;
 mod reader;
 mod recovery;

@@ -22,7 +22,6 @@ use std::path::Path;
 
 use cellfleet_ltx::{database_checksum, Position};
 
-use crate::cell::lock_cell;
 use crate::connection::sidecar;
 use crate::{Error, Result};
 
@@ -59,7 +58,10 @@ pub fn recover<R: Read>(
     chain: impl IntoIterator<Item = ChainFile<R>>,
     target: &Path,
 ) -> Result<Position> {
-    let _lock = lock_cell(target)?;
+    // This process's engines stay off the file, and so do other
+    // processes' connections, until the rebuilt file is in place.
+    let claim = crate::live::claim(target)?;
+    let _excluded = claim.exclude_connections(target)?;
     let scratch = sidecar(target, ".recover");
     remove_if_present(&scratch)?;
     let result = rebuild(chain, &scratch);

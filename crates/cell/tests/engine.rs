@@ -227,6 +227,46 @@ fn open_refuses_a_database_ahead_of_the_published_position() {
     assert_eq!(get(&cell, "a"), None);
 }
 
+/// A Cell's database that another holder keeps connections off (an
+/// engine of another process: its VFS's lock) neither opens, nor is
+/// rebuilt or tidied under it; all three work once it lets go.
+#[test]
+fn a_database_another_process_holds_is_neither_opened_nor_rebuilt_nor_tidied() {
+    let mut h = Harness::new(kv(), CellConfig::default());
+    h.run(&[put(1, "a", json!(1))]);
+    let published = h.position();
+    h.cell.take().unwrap().close_keeping_sidecars();
+    let held = cellfleet_vfs::exclude_connections(&h.path)
+        .unwrap()
+        .expect("the database exists");
+    let err = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW).unwrap_err();
+    assert!(matches!(err, Error::Live(_)), "{err}");
+    let err = cellfleet_cell::recover(h.chain_files(), &h.path).unwrap_err();
+    assert!(matches!(err, Error::Live(_)), "{err}");
+    assert!(!cellfleet_cell::tidy_closed(&h.path).unwrap());
+    assert!(
+        sidecar_exists(&h.path, "-wal"),
+        "the kept WAL was left alone"
+    );
+    drop(held);
+    assert!(cellfleet_cell::tidy_closed(&h.path).unwrap());
+    assert!(!sidecar_exists(&h.path, "-wal"));
+    assert_eq!(
+        cellfleet_cell::recover(h.chain_files(), &h.path).unwrap(),
+        published
+    );
+    let cell = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
+        .unwrap()
+        .cell;
+    assert_eq!(get(&cell, "a"), Some(json!(1)));
+}
+
+fn sidecar_exists(path: &std::path::Path, suffix: &str) -> bool {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    std::path::PathBuf::from(name).exists()
+}
+
 const MANIFEST: &str = r#"
 [kinds.account]
 raw_sql = true
@@ -826,11 +866,10 @@ fn cell_files(h: &Harness) -> Vec<String> {
     names
 }
 
-/// A settled Cell closes to two files, its database and its lock (the
-/// WAL checkpointed, `-wal` gone), and opens again at the same published
-/// state.
+/// A settled Cell closes to one file, its database (the WAL checkpointed,
+/// `-wal` gone), and opens again at the same published state.
 #[test]
-fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
+fn a_settled_cell_closes_to_its_database_alone_and_reopens_intact() {
     let mut h = Harness::new(kv(), CellConfig::default());
     h.run(&[put(1, "a", json!(1)), put(2, "b", json!(2))]);
     let pos = h.position();
@@ -842,7 +881,7 @@ fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
     assert!(open.contains(&format!("{stem}-wal")), "{open:?}");
     h.cell.take().unwrap().close();
     let (stem, closed) = files(&h);
-    assert_eq!(closed, [stem.clone(), format!("{stem}.lock")]);
+    assert_eq!(closed, [stem]);
     let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
     assert_eq!(opened.cell.published_position(), pos);
     assert_eq!(get(&opened.cell, "a"), Some(json!(1)));
@@ -856,17 +895,17 @@ fn a_settled_cell_closes_to_its_database_and_lock_and_reopens_intact() {
 /// A Cell closed keeping its sidecars leaves an empty `-wal` next to its
 /// database (and no `-shm`: the WAL index lives in memory), reopens at
 /// the same state, and
-/// [`cellfleet_cell::tidy_closed`] brings it to two files, but never
-/// while the Cell is open.
+/// [`cellfleet_cell::tidy_closed`] brings it to its database alone, but
+/// never while the Cell is open.
 #[test]
-fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_two_files() {
+fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_one_file() {
     let mut h = Harness::new(kv(), CellConfig::default());
     h.run(&[put(1, "a", json!(1))]);
     let pos = h.position();
     let stem = h.path.file_name().unwrap().to_string_lossy().into_owned();
     let files = cell_files;
-    let all = [stem.clone(), format!("{stem}-wal"), format!("{stem}.lock")];
-    let two = [stem.clone(), format!("{stem}.lock")];
+    let all = [stem.clone(), format!("{stem}-wal")];
+    let one = [stem.clone()];
     h.cell.take().unwrap().close_keeping_sidecars();
     assert_eq!(files(&h), all);
     let wal_len = std::fs::metadata(h.dir.path().join(format!("{stem}-wal")))
@@ -885,12 +924,12 @@ fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_two_files() {
     let pos = h.position();
     h.cell.take().unwrap().close_keeping_sidecars();
     assert!(cellfleet_cell::tidy_closed(&h.path).unwrap());
-    assert_eq!(files(&h), two);
+    assert_eq!(files(&h), one);
     assert!(
         !cellfleet_cell::tidy_closed(&h.dir.path().join("absent.db")).unwrap(),
         "no Cell there: nothing created"
     );
-    assert!(!h.dir.path().join("absent.db.lock").exists());
+    assert!(!h.dir.path().join("absent.db").exists());
     let opened = Cell::open(&h.path, kv(), CellConfig::default(), pos, NOW).unwrap();
     assert_eq!(get(&opened.cell, "b"), Some(json!(2)));
     h.cell = Some(opened.cell);

@@ -1,6 +1,6 @@
 //! The files a Cell creates and deletes, watched with inotify: a new Cell
-//! makes its database (from its kind's template), lock, WAL and WAL index,
-//! and deletes nothing. (Every
+//! makes its database (from its kind's template) and WAL, and deletes
+//! nothing. (Every
 //! deleted inode slows each later file creation on ext4 without a journal,
 //! so a node that creates Cells must not churn files to do it.)
 
@@ -57,7 +57,7 @@ fn events(fd: &OwnedFd) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
-fn a_new_cell_creates_its_three_files_and_deletes_none() {
+fn a_new_cell_creates_its_two_files_and_deletes_none() {
     for page_size in [1024, 4096] {
         let dir = tempfile::tempdir().unwrap();
         let fd = watch(dir.path());
@@ -75,7 +75,7 @@ fn a_new_cell_creates_its_three_files_and_deletes_none() {
         let publication = group.publication.take().expect("a write");
         cell.confirm(publication.txid).unwrap();
         let (created, deleted) = events(&fd);
-        let expected: BTreeSet<String> = ["new.db", "new.db.lock", "new.db-wal"]
+        let expected: BTreeSet<String> = ["new.db", "new.db-wal"]
             .into_iter()
             .map(String::from)
             .collect();

@@ -1568,11 +1568,11 @@ mod tests {
         assert_eq!(
             limits.effective_cells_open_max(),
             4_096,
-            "{} descriptors at 4 per Cell leave cells_open_max the bound",
+            "{} descriptors at 3 per Cell leave cells_open_max the bound",
             limits.fds_max
         );
         let (limits, _) = LimitsFile::default().limits(Some(8_000));
-        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 4);
+        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 3);
         assert!(note.is_none());
         assert!(LimitsFile {
             cells_owned_max: Some(0),

@@ -341,6 +341,18 @@ fn guard(path: &Path, read_only: bool) -> Result<std::fs::File, c_int> {
             libc::F_RDLCK,
         ),
     };
+    match lock_bytes(&file, kind) {
+        Ok(()) => Ok(file),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(ffi::SQLITE_BUSY),
+        Err(_) => Err(ffi::SQLITE_IOERR_LOCK),
+    }
+}
+
+/// Takes an open-file-description lock of `kind` on SQLite's lock bytes
+/// of `file`, without waiting: an error of kind `WouldBlock` when another
+/// open file description (of this process or another) holds a conflicting
+/// one.
+fn lock_bytes(file: &std::fs::File, kind: c_int) -> std::io::Result<()> {
     // SAFETY: a plain `fcntl` on a descriptor we own, with a zeroed
     // `flock` filled in.
     let rc = unsafe {
@@ -352,12 +364,36 @@ fn guard(path: &Path, read_only: bool) -> Result<std::fs::File, c_int> {
         libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock)
     };
     if rc == 0 {
-        return Ok(file);
+        return Ok(());
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EACCES) => Err(ffi::SQLITE_BUSY),
-        _ => Err(ffi::SQLITE_IOERR_LOCK),
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Err(std::io::ErrorKind::WouldBlock.into()),
+        _ => Err(e),
     }
+}
+
+/// Keeps every connection off the database file at `path`, as a
+/// connection's first open keeps other processes off it: a write lock on
+/// SQLite's lock bytes, held until the returned file closes. For work on
+/// a database's files outside SQLite (rebuilding it, removing its WAL)
+/// that must not meet a connection of another process.
+///
+/// `Ok(None)` when there is no file at `path`. An error of kind
+/// `WouldBlock` when a connection (of this process or another) or another
+/// holder has it.
+pub fn exclude_connections(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    lock_bytes(&file, libc::F_WRLCK)?;
+    Ok(Some(file))
 }
 
 /// Drops `h`'s part of its file's shared state: its locks, its mapping of

@@ -156,6 +156,39 @@ fn other_lock_holders_are_kept_out_while_a_connection_is_open() {
     assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
 }
 
+/// [`cellfleet_vfs::exclude_connections`] is refused while a connection
+/// has the file open, and while it holds, no connection opens the file;
+/// once it closes, one does. A missing file is nothing to exclude.
+#[test]
+fn excluding_connections_waits_for_none_and_keeps_them_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    assert!(cellfleet_vfs::exclude_connections(&path).unwrap().is_none());
+    assert!(!path.exists(), "nothing created");
+    let conn = open(&path, false);
+    conn.execute_batch("CREATE TABLE t (v); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let refused = cellfleet_vfs::exclude_connections(&path).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
+    drop(conn);
+    let held = cellfleet_vfs::exclude_connections(&path)
+        .unwrap()
+        .expect("the file exists");
+    let refused = Connection::open_with_flags_and_vfs(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        cellfleet_vfs::NAME,
+    )
+    .unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    drop(held);
+    let conn = open(&path, false);
+    let n: i64 = conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
 /// Committed frames left in the WAL by connections that closed without a
 /// checkpoint are read back by the next one: the WAL index is rebuilt
 /// from the WAL, as SQLite does for a new `-shm` file.

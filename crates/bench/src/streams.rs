@@ -130,6 +130,12 @@ pub struct StreamsBenchArgs {
     /// The store of the Cellfleet node.
     #[arg(long, value_enum, default_value_t = StoreKind::Local)]
     store: StoreKind,
+    /// The started node's `cells_open_max`, with its `memory_bytes_max`
+    /// raised to 1 MiB per Cell if lower (that bound would apply first);
+    /// without it, the node's defaults. Its start line, with the bound
+    /// it applies, is printed.
+    #[arg(long)]
+    cells_open_max: Option<usize>,
     /// Do not start a Cellfleet node (measure only --reference and --url targets).
     #[arg(long)]
     no_cellfleet: bool,
@@ -951,6 +957,7 @@ fn start_cellfleet(
     exe: &Path,
     store: &StoreSetup,
     streams_max: usize,
+    cells_open_max: Option<usize>,
 ) -> anyhow::Result<(Server, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("cellfleet-bench-streams-")
@@ -974,6 +981,17 @@ fn start_cellfleet(
         "cells_owned_max".into(),
         toml::Value::Integer(i64::try_from(owned)?),
     );
+    if let Some(open) = cells_open_max {
+        limits.insert(
+            "cells_open_max".into(),
+            toml::Value::Integer(i64::try_from(open)?),
+        );
+        let memory = u64::try_from(open)?.saturating_mul(1 << 20).max(4 << 30);
+        limits.insert(
+            "memory_bytes_max".into(),
+            toml::Value::Integer(i64::try_from(memory)?),
+        );
+    }
     std::fs::write(config, toml::to_string(&file)?)?;
     let log_path = dir.path().join("n1.log");
     let log = std::fs::File::create(&log_path)?;
@@ -1004,6 +1022,10 @@ fn start_cellfleet(
             std::fs::read_to_string(&log_path).unwrap_or_default()
         )
     })?;
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    if let Some(line) = log_text.lines().find(|l| l.contains("cells open at most")) {
+        eprintln!("bench-streams: {line}");
+    }
     let description = match store {
         StoreSetup::Local => "cellfleet node, local-directory store".to_owned(),
         StoreSetup::S3 { config, .. } => format!(
@@ -1113,7 +1135,7 @@ pub fn run(exe: &Path, args: StreamsBenchArgs) -> anyhow::Result<ExitCode> {
             args.store
         );
         let streams_max = args.streams.iter().copied().max().unwrap_or(0);
-        let (server, target) = start_cellfleet(exe, &store, streams_max)?;
+        let (server, target) = start_cellfleet(exe, &store, streams_max, args.cells_open_max)?;
         servers.push(server);
         targets.push(target);
     }

@@ -40,6 +40,10 @@ fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
             "3",
             "--sse-interval-ms",
             "20",
+            // Fewer open Cells than streams: appends reopen passivated
+            // streams, and every delivery must still be exact.
+            "--cells-open-max",
+            "16",
             "--json",
         ])
         .arg(&json_path)
@@ -51,6 +55,10 @@ fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
         output.status.success(),
         "cellfleet bench-streams failed ({}):\n{stdout}\n{stderr}",
         output.status
+    );
+    assert!(
+        stderr.contains("cells open at most 16 (cells_open_max 16,"),
+        "the node's start line shows the bound it applies:\n{stderr}"
     );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))

@@ -215,13 +215,7 @@ fn open_refuses_a_database_ahead_of_the_published_position() {
     let err = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW).unwrap_err();
     assert!(matches!(err, Error::NotAtPosition { .. }), "{err}");
     // Recovery puts it back, and a live cell's file is never overwritten.
-    assert_eq!(
-        cellfleet_cell::recover(h.chain_files(), &h.path).unwrap(),
-        published
-    );
-    let cell = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
-        .unwrap()
-        .cell;
+    let cell = recover_and_open(&h, published);
     let err = cellfleet_cell::recover(h.chain_files(), &h.path).unwrap_err();
     assert!(matches!(err, Error::Live(_)), "{err}");
     assert_eq!(get(&cell, "a"), None);
@@ -251,14 +245,20 @@ fn a_database_another_process_holds_is_neither_opened_nor_rebuilt_nor_tidied() {
     drop(held);
     assert!(cellfleet_cell::tidy_closed(&h.path).unwrap());
     assert!(!sidecar_exists(&h.path, "-wal"));
+    let cell = recover_and_open(&h, published);
+    assert_eq!(get(&cell, "a"), Some(json!(1)));
+}
+
+/// Rebuilds `h`'s database from its chain, which must end at
+/// `published`, and opens it there.
+fn recover_and_open(h: &Harness, published: Position) -> Cell {
     assert_eq!(
         cellfleet_cell::recover(h.chain_files(), &h.path).unwrap(),
         published
     );
-    let cell = Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
+    Cell::open(&h.path, kv(), CellConfig::default(), published, NOW)
         .unwrap()
-        .cell;
-    assert_eq!(get(&cell, "a"), Some(json!(1)));
+        .cell
 }
 
 fn sidecar_exists(path: &std::path::Path, suffix: &str) -> bool {

@@ -27,6 +27,18 @@ fn open(path: &Path, read_only: bool) -> Connection {
     conn
 }
 
+/// Opening `path` through this VFS fails with `SQLITE_BUSY`.
+fn assert_open_is_busy(path: &Path) {
+    cellfleet_vfs::register().unwrap();
+    let refused = Connection::open_with_flags_and_vfs(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        cellfleet_vfs::NAME,
+    )
+    .unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+}
+
 fn sidecar(path: &Path, suffix: &str) -> std::path::PathBuf {
     let mut s = path.as_os_str().to_os_string();
     s.push(suffix);
@@ -146,14 +158,7 @@ fn other_lock_holders_are_kept_out_while_a_connection_is_open() {
     // And the other way round: a database the unix VFS holds locked
     // refuses this VFS's open.
     foreign.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    cellfleet_vfs::register().unwrap();
-    let refused = Connection::open_with_flags_and_vfs(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        cellfleet_vfs::NAME,
-    )
-    .unwrap_err();
-    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    assert_open_is_busy(&path);
 }
 
 /// [`cellfleet_vfs::exclude_connections`] is refused while a connection
@@ -174,13 +179,7 @@ fn excluding_connections_waits_for_none_and_keeps_them_out() {
     let held = cellfleet_vfs::exclude_connections(&path)
         .unwrap()
         .expect("the file exists");
-    let refused = Connection::open_with_flags_and_vfs(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        cellfleet_vfs::NAME,
-    )
-    .unwrap_err();
-    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    assert_open_is_busy(&path);
     drop(held);
     let conn = open(&path, false);
     let n: i64 = conn

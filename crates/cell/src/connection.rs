@@ -290,9 +290,8 @@ fn open_writer_or_reader(
     Ok((conn, guard))
 }
 
-/// `path` with `suffix` appended: a database's `-wal` and lock files (and
-/// the `-shm` builds before the `cellfleet` VFS left), and scratch files
-/// beside it.
+/// `path` with `suffix` appended: a database's `-wal` (and the `-shm`
+/// and `.lock` files of earlier builds), and scratch files beside it.
 pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_os_string();
     s.push(suffix);

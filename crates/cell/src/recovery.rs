@@ -13,8 +13,8 @@
 //! then recomputed from its bytes and must equal the final position; only
 //! then is it synced, the target's stale `-wal`/`-shm` removed, and the
 //! scratch file renamed over the target and the directory synced. A target
-//! held open by a [`crate::Cell`] (its lock file is locked) is never
-//! touched.
+//! held open by a [`crate::Cell`] (of this process: its claim, `live.rs`;
+//! of another: the VFS's lock on the database) is never touched.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;

@@ -175,8 +175,9 @@ fn past_chain(
         .collect()
 }
 
-/// Removes a closed Cell's files, its lock file last (the Cell's engine
-/// is gone, and the node runs one actor per Cell, so nobody holds it).
+/// Removes a closed Cell's files, and the `-shm` and `.lock` files earlier
+/// builds left (the Cell's engine is gone, and the node runs one actor
+/// per Cell, so nobody holds it).
 fn remove_local_files(path: &Path) {
     for suffix in ["", "-wal", "-shm", ".recover", ".lock"] {
         let mut name = path.as_os_str().to_os_string();

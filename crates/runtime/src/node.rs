@@ -1315,8 +1315,8 @@ impl NodeHandle {
     }
 
     /// File descriptors open Cells are charged for now, of `fds_max`
-    /// (each Cell's database, `-wal`, the VFS's lock on the database and
-    /// the lock file, and its readers).
+    /// (each Cell's database, `-wal` and the VFS's lock on the database,
+    /// and its readers).
     pub fn cell_descriptors_charged(&self) -> usize {
         self.shared
             .config

@@ -6,7 +6,7 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Close {
     /// WAL checkpointed into the file, `-wal` removed: the Cell
-    /// is its database and lock file (a passivation with nothing parked).
+    /// is its database file alone (a passivation with nothing parked).
     Tidy,
     /// WAL checkpointed, the empty `-wal` kept for a reopen soon (a
     /// passivation that parks records; [`cellfleet_cell::tidy_closed`]

@@ -131,7 +131,8 @@ pub struct StreamsBenchArgs {
     #[arg(long, value_enum, default_value_t = StoreKind::Local)]
     store: StoreKind,
     /// The started node's `cells_open_max`, with its `memory_bytes_max`
-    /// raised to 1 MiB per Cell if lower (that bound would apply first);
+    /// raised to the node's default memory per Cell if lower (that bound
+    /// would apply first);
     /// without it, the node's defaults. Its start line, with the bound
     /// it applies, is printed.
     #[arg(long)]
@@ -986,7 +987,10 @@ fn start_cellfleet(
             "cells_open_max".into(),
             toml::Value::Integer(i64::try_from(open)?),
         );
-        let memory = u64::try_from(open)?.saturating_mul(1 << 20).max(4 << 30);
+        let defaults = cellfleet_runtime::NodeLimits::default();
+        let memory = u64::try_from(open)?
+            .saturating_mul(defaults.memory_bytes_per_cell)
+            .max(defaults.memory_bytes_max);
         limits.insert(
             "memory_bytes_max".into(),
             toml::Value::Integer(i64::try_from(memory)?),

@@ -61,10 +61,10 @@
 //! checkpoints_inflight_max = 16  # checkpoints in flight at once on this node (background work; bounded so they never crowd out lease renewals)
 //!
 //! [limits]                   # optional: what one node may hold open
-//! cells_open_max = 4096      # SQLite files open at once (idle ones are passivated, LRU)
+//! cells_open_max = 100000    # SQLite files open at once (idle ones are passivated, LRU); default: cells_owned_max
 //! cells_owned_max = 100000   # Cells owned, open or passivated
-//! fds_max = 32768            # file descriptors for open Cells, 4 each and 2 per reader (capped by the open-file limit)
-//! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit)
+//! fds_max = 32768            # file descriptors for open Cells, 3 each and 2 per reader (capped by the open-file limit)
+//! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
@@ -502,20 +502,22 @@ impl LimitsFile {
 
     /// The node's limits: the file's values over the defaults, with
     /// `fds_max` capped by `open_files` (the soft open-file limit) less
-    /// what the rest of the process needs.
-    fn limits(&self, open_files: Option<u64>) -> (NodeLimits, Option<String>) {
+    /// what the rest of the process needs. Unset, `cells_open_max` is
+    /// `cells_owned_max` (descriptors and memory bound it) and
+    /// `memory_bytes_max` half of `memory` (the machine's, where known).
+    fn limits(&self, open_files: Option<u64>, memory: Option<u64>) -> (NodeLimits, Option<String>) {
         let mut limits = NodeLimits::default();
-        if let Some(n) = self.cells_open_max {
-            limits.cells_open_max = n;
-        }
         if let Some(n) = self.cells_owned_max {
             limits.cells_owned_max = n;
         }
+        limits.cells_open_max = self.cells_open_max.unwrap_or(limits.cells_owned_max);
         if let Some(n) = self.fds_max {
             limits.fds_max = n;
         }
-        if let Some(n) = self.memory_bytes_max {
-            limits.memory_bytes_max = n;
+        match (self.memory_bytes_max, memory) {
+            (Some(n), _) => limits.memory_bytes_max = n,
+            (None, Some(memory)) => limits.memory_bytes_max = (memory / 2).max(1),
+            (None, None) => {}
         }
         let mut note = None;
         if let Some(open_files) = open_files {
@@ -551,6 +553,47 @@ impl LimitsFile {
         }
         Ok(())
     }
+}
+
+/// The memory this process may use: the machine's (`MemTotal` of
+/// `/proc/meminfo`), or its control group's limit where that is lower
+/// (cgroup v2 `memory.max`, or v1 `memory.limit_in_bytes`). `None` where
+/// neither can be read.
+fn machine_memory() -> Option<u64> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let total = read("/proc/meminfo").and_then(|text| meminfo_total(&text));
+    let group = read("/proc/self/cgroup")
+        .and_then(|text| cgroup_v2_path(&text))
+        .and_then(|path| read(&format!("/sys/fs/cgroup{path}/memory.max")))
+        .or_else(|| read("/sys/fs/cgroup/memory.max"))
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .and_then(|text| cgroup_memory_limit(&text));
+    match (total, group) {
+        (Some(total), Some(group)) => Some(total.min(group)),
+        (total, group) => total.or(group),
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn meminfo_total(text: &str) -> Option<u64> {
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))?;
+    let kib = line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`).
+fn cgroup_v2_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(|path| path.trim_end_matches('/').to_owned())
+}
+
+/// A control group's memory limit in bytes; `None` for `max` (no limit)
+/// or anything else that is not a number.
+fn cgroup_memory_limit(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok()
 }
 
 /// Raises the soft open-file limit to the hard limit; returns the soft
@@ -1361,7 +1404,8 @@ async fn open_probed_store(
 /// its hard limit first), and a line on stderr that says them.
 fn node_limits(file: &NodeFile) -> NodeLimits {
     let (open_files_before, open_files) = raise_open_files();
-    let (limits, note) = file.limits.limits(open_files);
+    let memory = machine_memory();
+    let (limits, note) = file.limits.limits(open_files, memory);
     if let Some(note) = note {
         eprintln!("cellfleet node {}: {note}", file.node_id);
     }
@@ -1371,8 +1415,12 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
     } else {
         format!(" (raised from {})", show(open_files_before))
     };
+    let of_memory = match (file.limits.memory_bytes_max, memory) {
+        (None, Some(memory)) => format!(", half of the machine's {memory}"),
+        _ => String::new(),
+    };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {} / {} per cell), owned at most {}",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
@@ -1545,7 +1593,7 @@ mod tests {
             fds_max: Some(1_000_000),
             ..LimitsFile::default()
         };
-        let (limits, note) = file.limits(Some(65_536));
+        let (limits, note) = file.limits(Some(65_536), None);
         assert_eq!(limits.cells_open_max, 50_000);
         assert_eq!(
             limits.fds_max,
@@ -1556,29 +1604,80 @@ mod tests {
         assert_eq!(
             limits.effective_cells_open_max(),
             4_096,
-            "4 GiB of memory at 1 MiB per Cell is the tightest bound"
+            "4 GiB of memory (no machine memory known) at 1 MiB per Cell is the tightest bound"
         );
-        let (limits, note) = LimitsFile::default().limits(None);
+        let (limits, note) = LimitsFile::default().limits(None, None);
         assert_eq!(limits.fds_max, NodeLimits::default().fds_max, "unlimited");
+        assert_eq!(
+            limits.memory_bytes_max,
+            NodeLimits::default().memory_bytes_max
+        );
+        assert_eq!(limits.cells_open_max, limits.cells_owned_max);
         assert!(note.is_none());
         // The default is fitted to a smaller open-file limit without a
-        // warning (the start line shows the resulting bounds).
-        let (limits, note) = LimitsFile::default().limits(Some(20_000));
+        // warning (the start line shows the resulting bounds), and the
+        // memory is half of the machine's.
+        const GIB: u64 = 1 << 30;
+        let (limits, note) = LimitsFile::default().limits(Some(20_000), Some(24 * GIB));
         assert_eq!(limits.fds_max, 20_000 - 256 - 1_250);
+        assert_eq!(limits.memory_bytes_max, 12 * GIB);
         assert_eq!(
             limits.effective_cells_open_max(),
-            4_096,
-            "{} descriptors at 3 per Cell leave cells_open_max the bound",
-            limits.fds_max
+            (20_000 - 256 - 1_250) / 3,
+            "descriptors at 3 per Cell are the tightest bound"
         );
-        let (limits, _) = LimitsFile::default().limits(Some(8_000));
-        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 3);
         assert!(note.is_none());
+        let (limits, _) = LimitsFile::default().limits(Some(1 << 20), Some(2 * GIB));
+        assert_eq!(
+            limits.effective_cells_open_max(),
+            1_024,
+            "a 2 GiB machine: 1 GiB for Cells at 1 MiB each"
+        );
+        // A file's values win over the machine's, and an unset
+        // cells_open_max follows cells_owned_max.
+        let file = LimitsFile {
+            cells_owned_max: Some(500),
+            memory_bytes_max: Some(3 * GIB),
+            ..LimitsFile::default()
+        };
+        let (limits, _) = file.limits(Some(1 << 20), Some(24 * GIB));
+        assert_eq!(limits.memory_bytes_max, 3 * GIB);
+        assert_eq!(limits.cells_open_max, 500);
+        assert_eq!(limits.effective_cells_open_max(), 500);
+        let (limits, _) = LimitsFile::default().limits(Some(8_000), Some(24 * GIB));
+        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 3);
         assert!(LimitsFile {
             cells_owned_max: Some(0),
             ..LimitsFile::default()
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn the_machine_memory_is_read_from_meminfo_and_the_control_group() {
+        let meminfo = "MemTotal:       24683524 kB\nMemFree:        21999104 kB\n";
+        assert_eq!(meminfo_total(meminfo), Some(24_683_524 * 1024));
+        assert_eq!(meminfo_total("MemFree: 1 kB\n"), None);
+        assert_eq!(meminfo_total("MemTotal: lots kB\n"), None);
+        assert_eq!(meminfo_total("MemTotal: 99999999999999999999 kB\n"), None);
+        assert_eq!(
+            cgroup_v2_path("12:pids:/x\n0::/system.slice/cellfleet.service\n").as_deref(),
+            Some("/system.slice/cellfleet.service")
+        );
+        assert_eq!(cgroup_v2_path("0::/\n").as_deref(), Some(""));
+        assert_eq!(cgroup_v2_path("4:memory:/x\n"), None);
+        assert_eq!(cgroup_memory_limit("max\n"), None);
+        assert_eq!(cgroup_memory_limit("2147483648\n"), Some(2 << 30));
+        assert_eq!(cgroup_memory_limit(""), None);
+        // This machine has some memory, and the answer is not more than
+        // meminfo says.
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| meminfo_total(&text));
+        if let Some(total) = total {
+            let memory = machine_memory().expect("meminfo is readable");
+            assert!(memory > 0 && memory <= total, "{memory} of {total}");
+        }
     }
 }

@@ -10,7 +10,9 @@ use cellfleet_authority::{CellId, Endpoints, LeaseConfig, NodeId};
 #[derive(Clone, Debug)]
 pub struct NodeLimits {
     /// Most Cells open (SQLite files held open) at once; idle ones are
-    /// passivated in LRU order to make room.
+    /// passivated in LRU order to make room. The default is as many as a
+    /// node may own, so that descriptors and memory are the bounds
+    /// ([`NodeLimits::effective_cells_open_max`]).
     pub cells_open_max: usize,
     /// Most Cells owned (open or passivated) at once.
     pub cells_owned_max: usize,
@@ -28,7 +30,9 @@ pub struct NodeLimits {
     pub fds_per_reader: usize,
     /// Memory this node may spend on open Cells, in bytes. It is also
     /// SQLite's soft heap limit in the node's process: near it, page
-    /// caches recycle their own pages instead of growing.
+    /// caches recycle their own pages instead of growing. 4 GiB here;
+    /// `cellfleet node` defaults it to half of the machine's memory (or of
+    /// its control group's limit, where lower).
     pub memory_bytes_max: u64,
     /// Estimated memory of one open Cell besides its page caches (which
     /// `memory_bytes_max` bounds together): its connections, their
@@ -64,7 +68,7 @@ pub struct NodeLimits {
 impl Default for NodeLimits {
     fn default() -> Self {
         Self {
-            cells_open_max: 4_096,
+            cells_open_max: 100_000,
             cells_owned_max: 100_000,
             fds_max: 32_768,
             fds_per_cell: 3,

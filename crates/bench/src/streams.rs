@@ -661,7 +661,11 @@ async fn append_writer(
                 }
                 continue;
             }
-            Ok(reply) => format!("POST {path}: {}", reply.status),
+            Ok(reply) => format!(
+                "POST {path}: {}: {}",
+                reply.status,
+                String::from_utf8_lossy(&reply.body[..reply.body.len().min(300)])
+            ),
             Err(e) => {
                 sender = None;
                 format!("POST {path}: {e}")

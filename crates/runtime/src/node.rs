@@ -61,6 +61,17 @@ const PASSIVATION_ASKS_MAX: usize = 8;
 /// a passivation the asker waits for is already on its way).
 const ROOM_REQUESTS_MAX: usize = 64;
 
+/// How long a request waiting for an open-Cell charge (or a reader's
+/// descriptors) waits on the Cell it asked to passivate before it asks
+/// one more. The permits a passivation frees go to whichever request
+/// waits longest, or to one that finds them free before it queues, so
+/// the Cell a waiter asked for does not always free its charge; with the
+/// budget exactly spent (descriptors the bound, as by default on a machine
+/// whose open-file limit is tighter than its memory) a waiter otherwise
+/// sat out `activation_wait_ms_max` and was refused now and then
+/// (BENCHMARKS.md, twenty-fifth measurement).
+pub(crate) const ROOM_ASK_AGAIN_AFTER: Duration = Duration::from_millis(200);
+
 #[derive(Clone, Debug)]
 struct ActorHandle {
     tx: mpsc::Sender<Msg>,
@@ -598,9 +609,12 @@ impl Shared {
             let fds = self.fd_permits.clone().acquire_many_owned(fds).await?;
             Ok::<_, tokio::sync::AcquireError>(OpenCharge { _open: open, fds })
         };
-        match tokio::time::timeout(wait, charge).await {
-            Ok(Ok(charge)) => Ok(charge),
-            _ => {
+        let asked_again = || {
+            self.passivate_lru_idle(None);
+        };
+        match wait_asking_again(wait, charge, asked_again).await {
+            Some(charge) => Ok(charge),
+            None => {
                 self.metrics.refusals_total.fetch_add(1, Ordering::Relaxed);
                 Err(exhausted)
             }
@@ -1523,6 +1537,29 @@ async fn release_parked(shared: Arc<Shared>, cell: CellId) -> Result<()> {
 /// and a root CAS, so one at a time a node owning thousands of Cells would
 /// drain at one store round trip per Cell.
 const DRAIN_CONCURRENCY: usize = 32;
+
+/// Waits up to `wait` for `permits` (kept in its place in the
+/// semaphores' queues), calling `ask_again` (to passivate one more idle
+/// Cell) every [`ROOM_ASK_AGAIN_AFTER`] it waits. `None` when the wait
+/// ran out or a semaphore closed.
+pub(crate) async fn wait_asking_again<T>(
+    wait: Duration,
+    permits: impl std::future::Future<Output = std::result::Result<T, tokio::sync::AcquireError>>,
+    mut ask_again: impl FnMut(),
+) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + wait;
+    tokio::pin!(permits);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match tokio::time::timeout(left.min(ROOM_ASK_AGAIN_AFTER), &mut permits).await {
+            Ok(got) => return got.ok(),
+            Err(_) => ask_again(),
+        }
+    }
+}
 
 /// Runs `tasks` on the runtime, at most `limit` at once; returns the
 /// outputs of those that finished (in completion order; a task that

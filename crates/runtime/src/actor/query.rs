@@ -5,7 +5,8 @@ use super::*;
 impl Actor {
     /// Takes the descriptors of the reader the next read opens (the Cell
     /// has none and nothing is pending), asking the node to passivate an
-    /// idle Cell when `fds_max` is spent.
+    /// idle Cell when `fds_max` is spent (and one more each
+    /// [`crate::node::ROOM_ASK_AGAIN_AFTER`] it waits).
     pub(super) async fn reserve_reader(&mut self) -> Result<()> {
         let opens = self
             .cell
@@ -21,9 +22,20 @@ impl Actor {
             Err(_) => {
                 let _ = self.ctx.room.try_send(self.cell_id.clone());
                 let wait = std::time::Duration::from_millis(self.ctx.activation_wait_ms_max);
-                match tokio::time::timeout(wait, permits.acquire_many_owned(need)).await {
-                    Ok(Ok(more)) => more,
-                    _ => {
+                let room = &self.ctx.room;
+                let cell_id = &self.cell_id;
+                let ask_again = || {
+                    let _ = room.try_send(cell_id.clone());
+                };
+                match crate::node::wait_asking_again(
+                    wait,
+                    permits.acquire_many_owned(need),
+                    ask_again,
+                )
+                .await
+                {
+                    Some(more) => more,
+                    None => {
                         return Err(Error::ResourceExhausted {
                             what: "fds_max (descriptors for a Cell's reader)",
                             retry_after_ms: self.ctx.retry_after_ms,

@@ -1251,11 +1251,12 @@ impl Cell {
             + self.pending.iter().filter(|p| p.reader.is_some()).count()
     }
 
-    /// Descriptors the Cell holds now: its database and `-wal`, the
-    /// `cellfleet` VFS's lock on the database, and two per reader
-    /// ([`Cell::readers_open`]). A reader's descriptors close with it.
+    /// Descriptors the Cell holds now: its database and `-wal`, and two
+    /// per reader ([`Cell::readers_open`]). A reader's descriptors close
+    /// with it. (The `cellfleet` VFS's lock against other processes rides
+    /// the first connection's database descriptor.)
     pub fn descriptors(&self) -> usize {
-        3 + 2 * self.readers_open()
+        2 + 2 * self.readers_open()
     }
 
     /// A new read connection.

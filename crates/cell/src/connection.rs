@@ -94,7 +94,7 @@ pub fn set_soft_heap_limit(bytes: u64) -> Result<()> {
 }
 
 /// Descriptors one open Cell may use (writer and readers with their
-/// WAL files, and the VFS's lock on the database).
+/// WAL files).
 const CELL_FDS: usize = 8;
 
 /// `error` from opening the Cell at `path`, or [`Error::OutOfFiles`] when

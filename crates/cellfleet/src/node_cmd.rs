@@ -63,7 +63,7 @@
 //! [limits]                   # optional: what one node may hold open
 //! cells_open_max = 100000    # SQLite files open at once (idle ones are passivated, LRU); default: cells_owned_max
 //! cells_owned_max = 100000   # Cells owned, open or passivated
-//! fds_max = 32768            # file descriptors for open Cells, 3 each and 2 per reader (capped by the open-file limit)
+//! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //!
 //! [gc]                       # optional: deleting what no root can reach
@@ -1623,8 +1623,8 @@ mod tests {
         assert_eq!(limits.memory_bytes_max, 12 * GIB);
         assert_eq!(
             limits.effective_cells_open_max(),
-            (20_000 - 256 - 1_250) / 3,
-            "descriptors at 3 per Cell are the tightest bound"
+            (20_000 - 256 - 1_250) / 2,
+            "descriptors at 2 per Cell are the tightest bound"
         );
         assert!(note.is_none());
         let (limits, _) = LimitsFile::default().limits(Some(1 << 20), Some(2 * GIB));
@@ -1645,7 +1645,7 @@ mod tests {
         assert_eq!(limits.cells_open_max, 500);
         assert_eq!(limits.effective_cells_open_max(), 500);
         let (limits, _) = LimitsFile::default().limits(Some(8_000), Some(24 * GIB));
-        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 3);
+        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 2);
         assert!(LimitsFile {
             cells_owned_max: Some(0),
             ..LimitsFile::default()

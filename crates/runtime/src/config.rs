@@ -19,8 +19,9 @@ pub struct NodeLimits {
     /// File descriptors this node may spend on open Cells.
     pub fds_max: usize,
     /// File descriptors one open Cell holds without readers: its database
-    /// and `-wal` (the write connection) and the `cellfleet` VFS's lock on
-    /// the database (its WAL index is in memory, not a `-shm` file).
+    /// and `-wal` (the write connection). The `cellfleet` VFS keeps its WAL
+    /// index in memory (no `-shm` file) and its lock against other
+    /// processes on the connection's own descriptor.
     pub fds_per_cell: usize,
     /// File descriptors each read connection adds (its database and
     /// `-wal`). A Cell opens its published reader on its first query and
@@ -71,7 +72,7 @@ impl Default for NodeLimits {
             cells_open_max: 100_000,
             cells_owned_max: 100_000,
             fds_max: 32_768,
-            fds_per_cell: 3,
+            fds_per_cell: 2,
             fds_per_reader: 2,
             memory_bytes_max: 4 << 30,
             memory_bytes_per_cell: 1 << 20,

@@ -22,7 +22,13 @@
 //!   `SHARED` range), which every SQLite build honours, and which the
 //!   closing of another descriptor of the file cannot drop. A process that
 //!   holds them already (an `sqlite3` shell reading a Cell, say) makes the
-//!   open fail with `SQLITE_BUSY`.
+//!   open fail with `SQLITE_BUSY`. The lock sits on that connection's own
+//!   descriptor of the database, which this VFS learns by wrapping the
+//!   unix VFSes' `open` system call ([`register`]), so it costs no
+//!   descriptor of its own. When that connection closes before the others,
+//!   a duplicate of its descriptor keeps the lock (the lock belongs to the
+//!   open file description, which the duplicate shares) until the last
+//!   one closes.
 //! - The WAL index is zeroed when the first connection maps it and freed
 //!   when the last one unmaps it; SQLite then rebuilds it from the WAL, as
 //!   it does for a new `-shm` file.
@@ -34,11 +40,10 @@
 
 pub mod locks;
 
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void, CStr};
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::Path;
 use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -69,8 +74,39 @@ impl std::fmt::Display for RegisterError {
 
 impl std::error::Error for RegisterError {}
 
+/// SQLite's unix `open` system call: `open(2)` with a mode.
+type OpenFn = unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int;
+
+/// The `open` the unix VFSes called before [`register`] wrapped it.
+static OPEN_BEFORE: OnceLock<OpenFn> = OnceLock::new();
+
+thread_local! {
+    /// The descriptor the last `open` of SQLite's unix VFSes on this
+    /// thread returned (or -1): [`x_open`] reads it right after the inner
+    /// open to learn the database's descriptor.
+    static OPENED: Cell<c_int> = const { Cell::new(-1) };
+}
+
+/// The unix VFSes' `open` once [`register`] ran: the one before, and a
+/// note of what it returned for [`x_open`]. `errno` is left as it set it.
+unsafe extern "C" fn open_noting(path: *const c_char, flags: c_int, mode: c_int) -> c_int {
+    let Some(open) = OPEN_BEFORE.get() else {
+        return -1;
+    };
+    // SAFETY: SQLite's own `open`, called with SQLite's arguments.
+    let fd = unsafe { open(path, flags, mode) };
+    OPENED.with(|opened| opened.set(fd));
+    fd
+}
+
 /// Registers the VFS with SQLite once per process (later calls return the
 /// first call's result). It is not made the default.
+///
+/// It also wraps the `open` system call of SQLite's unix VFSes (their
+/// system-call table is one for the process, so the default VFS's opens
+/// pass through it too): the wrapper calls the `open` before it and notes
+/// the descriptor, nothing else. Register before connections open on
+/// other threads; the swap is one pointer store.
 pub fn register() -> Result<(), RegisterError> {
     static DONE: OnceLock<Result<(), RegisterError>> = OnceLock::new();
     DONE.get_or_init(|| {
@@ -84,6 +120,27 @@ pub fn register() -> Result<(), RegisterError> {
             let inner = ffi::sqlite3_vfs_find(INNER.as_ptr());
             if inner.is_null() {
                 return Err(RegisterError("SQLite has no unix-none VFS".into()));
+            }
+            let (Some(get), Some(set)) = ((*inner).xGetSystemCall, (*inner).xSetSystemCall) else {
+                return Err(RegisterError("unix-none has no system-call table".into()));
+            };
+            let Some(before) = get(inner, c"open".as_ptr()) else {
+                return Err(RegisterError("unix-none has no open system call".into()));
+            };
+            // SQLite calls its `open` as an `OpenFn` (`osOpen`); the table
+            // stores every system call as a `void (*)(void)`.
+            let before = std::mem::transmute::<unsafe extern "C" fn(), OpenFn>(before);
+            if OPEN_BEFORE.set(before).is_err() {
+                return Err(RegisterError(
+                    "the open system call was wrapped twice".into(),
+                ));
+            }
+            let noting = std::mem::transmute::<OpenFn, unsafe extern "C" fn()>(open_noting);
+            let rc = set(inner, c"open".as_ptr(), Some(noting));
+            if rc != ffi::SQLITE_OK {
+                return Err(RegisterError(format!(
+                    "wrapping the open system call: {rc}"
+                )));
             }
             let mut vfs: ffi::sqlite3_vfs = *inner;
             vfs.iVersion = vfs.iVersion.min(2);
@@ -110,8 +167,20 @@ pub fn register() -> Result<(), RegisterError> {
 struct Node {
     locks: Mutex<FileLocks>,
     shm: Mutex<Shm>,
-    /// Holds the lock that keeps other processes off the file.
-    _guard: std::fs::File,
+}
+
+/// Which descriptor holds the lock that keeps other processes off a file.
+enum Guard {
+    /// The database descriptor of the open handle with this id.
+    Handle(usize),
+    /// A duplicate of a closed handle's descriptor (the same open file
+    /// description, so the same lock), closed with the last handle.
+    Own(#[allow(dead_code)] std::fs::File),
+    /// None: a duplicate could not be made and no other descriptor could
+    /// take the lock again (descriptors ran out, or another process took
+    /// the bytes in between). Connections of this process still exclude
+    /// each other.
+    Lost,
 }
 
 /// The WAL index: its regions, the connections that map it, its locks.
@@ -158,7 +227,18 @@ type Key = (u64, u64);
 
 struct Entry {
     node: Arc<Node>,
-    handles: usize,
+    /// The open handles of the file.
+    handles: Vec<Opened>,
+    guard: Guard,
+}
+
+/// One open handle of a database file: its id (its address), its
+/// database descriptor, and whether it opened read-only.
+#[derive(Clone, Copy)]
+struct Opened {
+    id: usize,
+    fd: RawFd,
+    read_only: bool,
 }
 
 fn registry() -> MutexGuard<'static, HashMap<Key, Entry>> {
@@ -184,6 +264,8 @@ struct Handle {
     /// temporary files, which SQLite never locks).
     node: Option<Arc<Node>>,
     key: Key,
+    /// The database's descriptor (a main database's handle only).
+    fd: RawFd,
     level: c_int,
     shm_mapped: bool,
     shm_held: ShmHeld,
@@ -255,6 +337,7 @@ unsafe extern "C" fn x_open(
                 inner,
                 node: None,
                 key: (0, 0),
+                fd: -1,
                 level: locks::NONE,
                 shm_mapped: false,
                 shm_held: ShmHeld::default(),
@@ -264,7 +347,9 @@ unsafe extern "C" fn x_open(
         let Some(open) = (*inner_vfs).xOpen else {
             return ffi::SQLITE_CANTOPEN;
         };
+        OPENED.with(|opened| opened.set(-1));
         let rc = open(inner_vfs, name, inner, flags, out_flags);
+        let fd = OPENED.with(|opened| opened.replace(-1));
         if rc != ffi::SQLITE_OK {
             if !(*inner).pMethods.is_null() {
                 if let Some(close) = inner_methods(inner).xClose {
@@ -274,12 +359,13 @@ unsafe extern "C" fn x_open(
             return rc;
         }
         if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 && !name.is_null() {
-            let path = Path::new(std::ffi::OsStr::from_bytes(CStr::from_ptr(name).to_bytes()));
-            let read_only = flags & ffi::SQLITE_OPEN_READONLY != 0;
-            match attach(path, read_only) {
+            let read_only = flags & ffi::SQLITE_OPEN_READONLY != 0
+                || (!out_flags.is_null() && *out_flags & ffi::SQLITE_OPEN_READONLY != 0);
+            match attach(file as usize, fd, read_only) {
                 Ok((key, node)) => {
                     let h = handle(file);
                     h.key = key;
+                    h.fd = fd;
                     h.node = Some(node);
                 }
                 Err(rc) => {
@@ -295,64 +381,71 @@ unsafe extern "C" fn x_open(
     }
 }
 
-/// The shared state of the database file at `path`, made (and other
-/// processes locked out) by its first connection.
-fn attach(path: &Path, read_only: bool) -> Result<(Key, Arc<Node>), c_int> {
-    let meta = std::fs::metadata(path).map_err(|_| ffi::SQLITE_CANTOPEN)?;
-    let key = (meta.dev(), meta.ino());
+/// The shared state of the database file open on `fd` (the handle `id`'s
+/// descriptor), made by its first connection, which locks other processes
+/// out on that descriptor.
+fn attach(id: usize, fd: RawFd, read_only: bool) -> Result<(Key, Arc<Node>), c_int> {
+    if fd < 0 {
+        // The inner open returned a descriptor `open_noting` did not see.
+        return Err(ffi::SQLITE_CANTOPEN);
+    }
+    let key = key_of(fd)?;
     let mut nodes = registry();
+    let opened = Opened { id, fd, read_only };
     if let Some(entry) = nodes.get_mut(&key) {
-        entry.handles += 1;
+        entry.handles.push(opened);
         return Ok((key, entry.node.clone()));
     }
-    let guard = guard(path, read_only)?;
+    match lock_fd(fd, read_only) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Err(ffi::SQLITE_BUSY),
+        Err(_) => return Err(ffi::SQLITE_IOERR_LOCK),
+    }
     let node = Arc::new(Node {
         locks: Mutex::new(FileLocks::default()),
         shm: Mutex::new(Shm::default()),
-        _guard: guard,
     });
     nodes.insert(
         key,
         Entry {
             node: node.clone(),
-            handles: 1,
+            handles: vec![opened],
+            guard: Guard::Handle(id),
         },
     );
     Ok((key, node))
 }
 
-/// A descriptor of `path` holding an open-file-description lock on
-/// SQLite's lock bytes: a write lock, or a read lock when the file cannot
-/// be opened for writing (which still keeps other writers out).
-fn guard(path: &Path, read_only: bool) -> Result<std::fs::File, c_int> {
-    let writable = if read_only {
-        None
-    } else {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .ok()
-    };
-    let (file, kind) = match writable {
-        Some(file) => (file, libc::F_WRLCK),
-        None => (
-            std::fs::File::open(path).map_err(|_| ffi::SQLITE_CANTOPEN)?,
-            libc::F_RDLCK,
-        ),
-    };
-    match lock_bytes(&file, kind) {
-        Ok(()) => Ok(file),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(ffi::SQLITE_BUSY),
-        Err(_) => Err(ffi::SQLITE_IOERR_LOCK),
+/// The device and inode of the file open on `fd`.
+fn key_of(fd: RawFd) -> Result<Key, c_int> {
+    // SAFETY: `fstat` of an open descriptor into a zeroed `stat`.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut stat) != 0 {
+            return Err(ffi::SQLITE_IOERR_FSTAT);
+        }
+        Ok((stat.st_dev, stat.st_ino))
     }
 }
 
+/// Locks SQLite's lock bytes on `fd` for this open file description: a
+/// write lock, or a read lock when the descriptor is read-only (which
+/// still keeps other writers out).
+fn lock_fd(fd: RawFd, read_only: bool) -> std::io::Result<()> {
+    if !read_only {
+        match lock_bytes(fd, libc::F_WRLCK) {
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => {}
+            other => return other,
+        }
+    }
+    lock_bytes(fd, libc::F_RDLCK)
+}
+
 /// Takes an open-file-description lock of `kind` on SQLite's lock bytes
-/// of `file`, without waiting: an error of kind `WouldBlock` when another
+/// of the file open on `fd`, without waiting: an error of kind `WouldBlock` when another
 /// open file description (of this process or another) holds a conflicting
 /// one.
-fn lock_bytes(file: &std::fs::File, kind: c_int) -> std::io::Result<()> {
+fn lock_bytes(fd: RawFd, kind: c_int) -> std::io::Result<()> {
     // SAFETY: a plain `fcntl` on a descriptor we own, with a zeroed
     // `flock` filled in.
     let rc = unsafe {
@@ -361,7 +454,7 @@ fn lock_bytes(file: &std::fs::File, kind: c_int) -> std::io::Result<()> {
         lock.l_whence = libc::SEEK_SET as libc::c_short;
         lock.l_start = LOCK_BYTES.0;
         lock.l_len = LOCK_BYTES.1;
-        libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock)
+        libc::fcntl(fd, libc::F_OFD_SETLK, &lock)
     };
     if rc == 0 {
         return Ok(());
@@ -392,31 +485,59 @@ pub fn exclude_connections(path: &Path) -> std::io::Result<Option<std::fs::File>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    lock_bytes(&file, libc::F_WRLCK)?;
+    lock_bytes(file.as_raw_fd(), libc::F_WRLCK)?;
     Ok(Some(file))
 }
 
-/// Drops `h`'s part of its file's shared state: its locks, its mapping of
-/// the WAL index, and (the last connection) the state itself.
-fn detach(h: &mut Handle) {
+/// Closes `h`'s inner file and drops its part of the file's shared state:
+/// its locks, its mapping of the WAL index, its descriptor's hold on the
+/// lock against other processes, and (the last connection) the state
+/// itself. Returns the inner close's code.
+fn close_and_detach(h: &mut Handle, close: impl FnOnce() -> c_int) -> c_int {
     let Some(node) = h.node.take() else {
-        return;
+        return close();
     };
     if h.level != locks::NONE {
         h.level = lock(&node.locks).unlock(h.level, locks::NONE);
     }
     unmap(h, &node);
+    let id = h as *mut Handle as usize;
     let mut nodes = registry();
-    if let Some(entry) = nodes.get_mut(&h.key) {
-        entry.handles -= 1;
-        if entry.handles == 0 {
-            nodes.remove(&h.key);
+    let Some(entry) = nodes.get_mut(&h.key) else {
+        return close();
+    };
+    entry.handles.retain(|opened| opened.id != id);
+    if entry.handles.is_empty() {
+        // Closing the last descriptor drops the lock while the registry
+        // is locked, so a new first connection never meets it.
+        let rc = close();
+        nodes.remove(&h.key);
+        return rc;
+    }
+    if matches!(entry.guard, Guard::Handle(holder) if holder == id) {
+        entry.guard = duplicate(h.fd).map_or(Guard::Lost, Guard::Own);
+    }
+    let rc = close();
+    if matches!(entry.guard, Guard::Lost) {
+        // No duplicate: take the lock again on another connection's
+        // descriptor. Between the close and this, another process could
+        // have taken the bytes; then the file stays without the lock.
+        let other = entry.handles[0];
+        if lock_fd(other.fd, other.read_only).is_ok() {
+            entry.guard = Guard::Handle(other.id);
         }
     }
-    // The last `Arc` goes while the registry is locked, so a new first
-    // connection never meets this one's guard lock.
-    drop(node);
-    drop(nodes);
+    rc
+}
+
+/// A new descriptor of `fd`'s open file description (close-on-exec).
+fn duplicate(fd: RawFd) -> Option<std::fs::File> {
+    // SAFETY: `fcntl(F_DUPFD_CLOEXEC)` of an open descriptor; the new
+    // descriptor is ours alone.
+    unsafe {
+        let new = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+        (new >= 0).then(|| std::fs::File::from_raw_fd(new))
+    }
 }
 
 fn unmap(h: &mut Handle, node: &Node) {
@@ -437,13 +558,12 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes a file it opened through `x_open` once.
     unsafe {
         let h = handle(file);
-        detach(h);
         let inner = h.inner;
         (*file).pMethods = ptr::null();
-        match inner_methods(inner).xClose {
+        close_and_detach(h, || match inner_methods(inner).xClose {
             Some(close) => close(inner),
             None => ffi::SQLITE_OK,
-        }
+        })
     }
 }
 

@@ -212,3 +212,67 @@ fn the_next_open_rebuilds_the_wal_index_from_the_wal() {
     let v: i64 = conn.query_row("SELECT v FROM t", [], |r| r.get(0)).unwrap();
     assert_eq!(v, 7);
 }
+
+/// Descriptors of this process open on `path` (from `/proc/self/fd`).
+/// Other tests run in the same process, on files of their own.
+fn descriptors_of(path: &Path) -> usize {
+    let path = path.canonicalize().unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| *target == path)
+        .count()
+}
+
+/// The lock against other processes costs no descriptor: a connection
+/// holds its database once. When the connection whose descriptor holds
+/// the lock closes first, the lock stays (on a duplicate) until the last
+/// connection of the file closes, and connections of this process still
+/// open the file meanwhile.
+#[test]
+fn the_lock_rides_the_first_connections_descriptor_and_outlives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cell.db");
+    let writer = open(&path, false);
+    writer
+        .execute_batch("CREATE TABLE t (v); INSERT INTO t VALUES (1);")
+        .unwrap();
+    assert_eq!(descriptors_of(&path), 1, "one descriptor, lock included");
+    let reader = open(&path, true);
+    assert_eq!(descriptors_of(&path), 2);
+    drop(writer);
+    assert_eq!(
+        descriptors_of(&path),
+        2,
+        "the reader's, and the closed writer's duplicate that keeps the lock"
+    );
+    let refused = cellfleet_vfs::exclude_connections(&path).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
+    let foreign = Connection::open(&path).unwrap();
+    let refused = foreign
+        .query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+        .unwrap_err();
+    assert_eq!(refused.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    // A connection of this process still joins the open file.
+    let writer = open(&path, false);
+    writer.execute_batch("INSERT INTO t VALUES (2);").unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2);
+    drop(reader);
+    drop(writer);
+    assert_eq!(
+        descriptors_of(&path),
+        1,
+        "the duplicate closed with the last; the unix VFS's connection holds one"
+    );
+    let held = cellfleet_vfs::exclude_connections(&path)
+        .unwrap()
+        .expect("the file exists");
+    drop(held);
+    let n: i64 = foreign
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2);
+}

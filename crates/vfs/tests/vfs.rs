@@ -276,3 +276,31 @@ fn the_lock_rides_the_first_connections_descriptor_and_outlives_it() {
         .unwrap();
     assert_eq!(n, 2);
 }
+
+/// A fresh connection takes a smaller lookaside pool (or none) and works
+/// as before with it.
+#[test]
+fn a_fresh_connection_takes_a_smaller_lookaside_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    for (slot_bytes, slots) in [(128, 16), (0, 0)] {
+        let path = dir.path().join(format!("cell-{slots}.db"));
+        cellfleet_vfs::register().unwrap();
+        let conn = Connection::open_with_flags_and_vfs(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            cellfleet_vfs::NAME,
+        )
+        .unwrap();
+        cellfleet_vfs::set_lookaside(&conn, slot_bytes, slots).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; CREATE TABLE t (v); INSERT INTO t VALUES (1), (2);",
+        )
+        .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT sum(v) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3);
+    }
+}

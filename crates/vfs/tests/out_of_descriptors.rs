@@ -2,21 +2,9 @@
 //! duplicate: a test binary of its own, because it lowers the process's
 //! open-file limit and spends every descriptor under it.
 
-use std::path::Path;
+mod common;
 
-use rusqlite::{Connection, OpenFlags};
-
-fn open(path: &Path, read_only: bool) -> Connection {
-    cellfleet_vfs::register().unwrap();
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    };
-    Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME).unwrap()
-}
+use common::connect as open;
 
 /// The connection whose descriptor holds the lock closes while a reader
 /// stays, with no descriptor free for a duplicate: the reader's

@@ -8,16 +8,11 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
+mod common;
+
+/// A connection of `path`; a read-write one in WAL mode.
 fn open(path: &Path, read_only: bool) -> Connection {
-    cellfleet_vfs::register().unwrap();
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    };
-    let conn = Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME).unwrap();
+    let conn = common::connect(path, read_only);
     if !read_only {
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -284,15 +279,7 @@ fn a_fresh_connection_takes_a_smaller_lookaside_pool() {
     let dir = tempfile::tempdir().unwrap();
     for (slot_bytes, slots) in [(128, 16), (0, 0)] {
         let path = dir.path().join(format!("cell-{slots}.db"));
-        cellfleet_vfs::register().unwrap();
-        let conn = Connection::open_with_flags_and_vfs(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            cellfleet_vfs::NAME,
-        )
-        .unwrap();
+        let conn = common::connect(&path, false);
         cellfleet_vfs::set_lookaside(&conn, slot_bytes, slots).unwrap();
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; CREATE TABLE t (v); INSERT INTO t VALUES (1), (2);",

@@ -426,6 +426,9 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");
+    // Unset, memory_bytes_max is half of the machine's memory, and the
+    // line says so.
+    assert!(text.contains(", half of the machine's "), "{text}");
     // The default fds_max is fitted to the open-file limit without a word.
     assert!(!text.contains("is over what the open-file limit"), "{text}");
     let _ = node.child.kill();

@@ -20,19 +20,15 @@ impl Actor {
         let more = match permits.clone().try_acquire_many_owned(need) {
             Ok(more) => more,
             Err(_) => {
-                let _ = self.ctx.room.try_send(self.cell_id.clone());
                 let wait = std::time::Duration::from_millis(self.ctx.activation_wait_ms_max);
                 let room = &self.ctx.room;
                 let cell_id = &self.cell_id;
-                let ask_again = || {
+                let ask = || {
                     let _ = room.try_send(cell_id.clone());
                 };
-                match crate::node::wait_asking_again(
-                    wait,
-                    permits.acquire_many_owned(need),
-                    ask_again,
-                )
-                .await
+                ask();
+                match crate::node::wait_asking_again(wait, permits.acquire_many_owned(need), ask)
+                    .await
                 {
                     Some(more) => more,
                     None => {

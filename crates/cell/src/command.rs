@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 use cellfleet_ltx::Txid;
 
@@ -32,8 +33,10 @@ pub struct Command {
     pub id: CommandId,
     /// A named command of the Cell's kind, or [`RAW_SQL`].
     pub name: String,
-    /// A JSON object of arguments.
-    pub args: Value,
+    /// A JSON object of arguments, shared: a command is cloned on its way
+    /// to the engine (a retry, a dispatch attempt, the group the engine
+    /// runs), and a clone must not copy the arguments.
+    pub args: Arc<Value>,
     /// After this instant (plus nothing: the engine is strict) the command is
     /// refused without running; the ledger keeps its outcome until then plus
     /// the skew margin.
@@ -46,7 +49,7 @@ impl Command {
         Command {
             id: CommandId(id),
             name: name.into(),
-            args,
+            args: Arc::new(args),
             expires_at_ms,
         }
     }

@@ -192,8 +192,14 @@ pub fn to_wire<T: Serialize>(value: &T) -> Result<(String, Value), serde_json::E
 }
 
 fn from_wire<T: DeserializeOwned>(name: &str, args: &Value) -> Result<T, KindError> {
-    let tagged = serde_json::json!({"name": name, "args": args});
-    serde_json::from_value(tagged).map_err(|e| {
+    // The tagged form `{"name": .., "args": ..}` read from where the
+    // arguments lie: no copy of them, and the tag comes first, so serde
+    // need not buffer the arguments until it knows the variant.
+    let name_value = Value::String(name.to_owned());
+    let tagged = serde::de::value::MapDeserializer::<_, serde_json::Error>::new(
+        [("name", &name_value), ("args", args)].into_iter(),
+    );
+    T::deserialize(tagged).map_err(|e| {
         let code = if names_a_variant::<T>(name) {
             RejectCode::BadParameters
         } else {

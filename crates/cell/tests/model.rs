@@ -151,7 +151,7 @@ impl Model {
             Op::Reuse(i, k) if !self.published.is_empty() => {
                 let mut c = self.published[i % self.published.len()].0.clone();
                 c.name = "del".into();
-                c.args = json!({"k": k, "reused": true});
+                c.args = json!({"k": k, "reused": true}).into();
                 (c, None)
             }
             Op::Repeat(_) | Op::Reuse(..) => fresh(self, "del", json!({"k": 0})),

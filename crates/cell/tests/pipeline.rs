@@ -200,7 +200,7 @@ fn duplicates_of_pending_commands_report_their_dependency() {
 
     // Repeated next to fresh work, and the id reused for another payload.
     let mut reused = x.clone();
-    reused.args = json!({"k": 2, "v": "other"});
+    reused.args = json!({"k": 2, "v": "other"}).into();
     let (r2, p2) = exec(&mut h, &[x.clone(), set(8, 3, "y"), reused]);
     assert!(r2.results[0].duplicate);
     assert_eq!(r2.results[0].outcome, first);

@@ -965,6 +965,15 @@ impl Cell {
         }
     }
 
+    /// Whether [`Cell::confirm`] of the oldest pending publication is
+    /// light: it ends read transactions at most and checkpoints no WAL (it
+    /// does when it confirms the last pending publication and the WAL has
+    /// grown to `checkpoint_wal_bytes`). A light confirm reads and writes
+    /// no file, so a caller may run it where it must not block for long.
+    pub fn confirm_is_light(&self) -> bool {
+        self.pending.len() != 1 || self.capture.cursor.offset < self.config.checkpoint_wal_bytes
+    }
+
     /// The oldest pending publication, `txid`, is durable: make it the
     /// published state. Publications are confirmed in TXID order; any other
     /// TXID is refused with [`Error::WrongPublication`] and changes nothing.

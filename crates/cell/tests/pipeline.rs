@@ -315,7 +315,9 @@ fn checkpoints_wait_until_nothing_is_pending() {
     assert!(wal_len() < 32 * 1024);
     let (_, p2) = exec(&mut h, &[big(2, 2, 40_000)]);
     assert!(wal_len() >= 32 * 1024);
-    // Confirming the first leaves the second pending: no checkpoint.
+    // Confirming the first leaves the second pending: no checkpoint, so
+    // that confirm is light (the runtime runs it off the blocking pool).
+    assert!(h.cell().confirm_is_light());
     h.publish(p1);
     assert!(wal_len() >= 32 * 1024);
     // With the WAL over the bound and something pending, the pipeline
@@ -327,12 +329,19 @@ fn checkpoints_wait_until_nothing_is_pending() {
         "{err}"
     );
     // Confirming the last one checkpoints (TRUNCATE, verified: every pin
-    // is released by then, or SQLite would report the checkpoint busy).
+    // is released by then, or SQLite would report the checkpoint busy):
+    // not light.
+    assert!(!h.cell().confirm_is_light());
     h.publish(p2);
     assert_eq!(wal_len(), 0);
     assert!(h.cell().can_execute());
     let (_, p3) = exec(&mut h, &[set(3, 1, "x")]);
+    // The last one pending, the WAL under the bound: light, and it leaves
+    // the WAL as it is.
+    assert!(h.cell().confirm_is_light());
+    let before = wal_len();
     h.publish(p3);
+    assert_eq!(wal_len(), before);
     assert_eq!(items(h.cell()), json!([[1, "x"]]));
     let (pos, recovered) = h.recover_bytes("r.db");
     assert_eq!(pos, h.position());

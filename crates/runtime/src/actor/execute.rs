@@ -263,7 +263,7 @@ impl Actor {
         );
         self.root = root;
         let txid = front.txid;
-        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
+        let confirmed = self.confirm_engine(txid).await;
         // The root holds the group now: its replies are true whatever the
         // local engine does next.
         self.release_held(txid);

@@ -128,7 +128,7 @@ impl Actor {
             .checkpoint_lag_records
             .fetch_add(1, Ordering::Relaxed);
         let txid = front.txid;
-        let confirmed = self.with_cell(move |cell| cell.confirm(txid)).await;
+        let confirmed = self.confirm_engine(txid).await;
         // The log holds the group now: its replies are true whatever the
         // local engine does next.
         self.acked_txid = txid;

@@ -789,6 +789,33 @@ impl Actor {
         }
     }
 
+    /// Confirms the engine's oldest pending publication, `txid`. A light
+    /// confirm ([`Cell::confirm_is_light`]: no WAL checkpoint, no file read
+    /// or written) runs here, saving the blocking pool's two thread
+    /// hand-offs once per group; any other runs there. `None` as in
+    /// [`Actor::with_cell`]: a panic loses the engine.
+    async fn confirm_engine(
+        &mut self,
+        txid: Txid,
+    ) -> Option<cellfleet_cell::Result<cellfleet_cell::Position>> {
+        let light = self.cell.as_ref().is_some_and(Cell::confirm_is_light);
+        if !light {
+            return self.with_cell(move |cell| cell.confirm(txid)).await;
+        }
+        let mut cell = self.cell.take()?;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.confirm(txid))) {
+            Ok(out) => {
+                self.cell = Some(cell);
+                self.settle_fds();
+                Some(out)
+            }
+            Err(_) => {
+                tracing::error!(cell = %self.cell_id, "cell engine panicked in confirm");
+                None
+            }
+        }
+    }
+
     /// Brings the charge's descriptors to what the Cell holds
     /// ([`Cell::descriptors`]: its readers come and go). When the node's
     /// budget has none to give, the Cell's idle readers are closed; readers

@@ -222,8 +222,16 @@ type MetaRow = (String, Option<i64>, Option<String>, Option<i64>, i64, i64);
 /// `meta`'s fork columns: source, fork offset, sub-offset, soft-deleted.
 type ForkRow = (Option<String>, Option<i64>, Option<i64>, i64);
 
-/// Which migrations a Cell's published state has: 0 (never written), 1
-/// (no fork columns yet: read as no lineage, not deleted) or 2.
+/// The schema a command sees: the engine runs every outstanding migration
+/// of the kind before the commands of a group (`Cell::execute`), so a
+/// command never looks it up (the lookup scans `sqlite_master`, a few
+/// percent of an append's CPU). Queries read the published state, which
+/// may be older, and look it up with [`schema`].
+const COMMAND_SCHEMA: i64 = 2;
+
+/// Which migrations the state `conn` reads has, from the tables they
+/// create: 0 (never written), 1 (no fork columns yet: read as no lineage,
+/// not deleted) or 2.
 fn schema(conn: &Connection) -> Result<i64, KindError> {
     Ok(conn
         .prepare_cached(
@@ -233,8 +241,7 @@ fn schema(conn: &Connection) -> Result<i64, KindError> {
 }
 
 /// The stored stream, expired or not, and whether it is soft-deleted.
-fn load_any(conn: &Connection) -> Result<Option<(StreamState, bool)>, KindError> {
-    let schema = schema(conn)?;
+fn load_any(conn: &Connection, schema: i64) -> Result<Option<(StreamState, bool)>, KindError> {
     if schema == 0 {
         return Ok(None);
     }
@@ -296,9 +303,10 @@ fn expired(state: &StreamState, now_ms: i64) -> bool {
 /// The stream unless absent or expired; `Err(Gone)` when soft-deleted.
 fn load_live(
     conn: &Connection,
+    schema: i64,
     now_ms: i64,
 ) -> Result<Result<StreamState, StreamOutput>, KindError> {
-    Ok(match load_any(conn)? {
+    Ok(match load_any(conn, schema)? {
         Some((state, _)) if expired(&state, now_ms) => Err(StreamOutput::NotFound),
         Some((_, true)) => Err(StreamOutput::Gone),
         Some((state, false)) => Ok(state),
@@ -306,8 +314,8 @@ fn load_live(
     })
 }
 
-fn forks(conn: &Connection) -> Result<i64, KindError> {
-    if schema(conn)? < 2 {
+fn forks(conn: &Connection, schema: i64) -> Result<i64, KindError> {
+    if schema < 2 {
         return Ok(0);
     }
     Ok(conn
@@ -408,7 +416,7 @@ fn create(
     lineage: Option<Lineage>,
     fork_offset_given: bool,
 ) -> Result<StreamOutput, KindError> {
-    match load_live(conn, now_ms)? {
+    match load_live(conn, COMMAND_SCHEMA, now_ms)? {
         Ok(state) => {
             let same = media_type(&state.config.content_type) == media_type(&config.content_type)
                 && state.config.ttl_seconds == config.ttl_seconds
@@ -433,7 +441,7 @@ fn create(
     // An expired fork stored here gives back its reference
     // (unless the new stream is a fork of the same source: the
     // reference is keyed by this path, so it is the new one's).
-    let release = load_any(conn)?
+    let release = load_any(conn, COMMAND_SCHEMA)?
         .and_then(|(old, _)| old.lineage)
         .map(|old| old.source)
         .filter(|old| lineage.as_ref().map(|l| &l.source) != Some(old));
@@ -471,11 +479,11 @@ fn create(
 /// DELETE: removes the stream, or marks it deleted while forks still
 /// reference it (it answers 410 until its last fork is gone).
 fn delete(conn: &Connection, now_ms: i64) -> Result<StreamOutput, KindError> {
-    let state = match load_live(conn, now_ms)? {
+    let state = match load_live(conn, COMMAND_SCHEMA, now_ms)? {
         Ok(state) => state,
         Err(refusal) => return Ok(refusal),
     };
-    if forks(conn)? > 0 {
+    if forks(conn, COMMAND_SCHEMA)? > 0 {
         // Forks still reference it: answer 410 from now on,
         // remove it with its last fork.
         conn.execute("UPDATE meta SET deleted = 1 WHERE id = 1", [])?;
@@ -490,13 +498,13 @@ fn delete(conn: &Connection, now_ms: i64) -> Result<StreamOutput, KindError> {
 /// A fork at `fork` no longer references this stream; a deleted or
 /// expired stream with no fork left is collected.
 fn release_fork(conn: &Connection, fork: &str, now_ms: i64) -> Result<StreamOutput, KindError> {
-    let Some((state, deleted)) = load_any(conn)? else {
+    let Some((state, deleted)) = load_any(conn, COMMAND_SCHEMA)? else {
         return Ok(StreamOutput::NotFound);
     };
     conn.execute("DELETE FROM forks WHERE path = ?1", [fork])?;
     // Soft-deleted (or expired) and no fork left: nothing can
     // reach it any more.
-    if forks(conn)? == 0 && (deleted || expired(&state, now_ms)) {
+    if forks(conn, COMMAND_SCHEMA)? == 0 && (deleted || expired(&state, now_ms)) {
         wipe(conn)?;
         return Ok(StreamOutput::Released {
             collected: true,
@@ -518,7 +526,7 @@ fn append(
     close: bool,
     now_ms: i64,
 ) -> Result<StreamOutput, KindError> {
-    let mut state = match load_live(conn, now_ms)? {
+    let mut state = match load_live(conn, COMMAND_SCHEMA, now_ms)? {
         Ok(state) => state,
         Err(refusal) => return Ok(refusal),
     };
@@ -614,7 +622,7 @@ fn renew(conn: &Connection, state: &mut StreamState, now_ms: i64) -> Result<(), 
 }
 
 fn read(conn: &Connection, offset: Option<u64>, now_ms: i64) -> Result<StreamOutput, KindError> {
-    let state = match load_live(conn, now_ms)? {
+    let state = match load_live(conn, schema(conn)?, now_ms)? {
         Ok(state) => state,
         Err(refusal) => return Ok(refusal),
     };
@@ -729,7 +737,7 @@ impl RustKind for StreamKind {
                 close,
                 now_ms,
             } => append(conn, content_type, messages, seq, producer, close, now_ms),
-            StreamCommand::Touch { now_ms } => match load_live(conn, now_ms)? {
+            StreamCommand::Touch { now_ms } => match load_live(conn, COMMAND_SCHEMA, now_ms)? {
                 Ok(mut state) => {
                     renew(conn, &mut state, now_ms)?;
                     Ok(StreamOutput::Deleted { release: None })
@@ -737,13 +745,15 @@ impl RustKind for StreamKind {
                 Err(refusal) => Ok(refusal),
             },
             StreamCommand::Delete { now_ms } => delete(conn, now_ms),
-            StreamCommand::RegisterFork { fork, now_ms } => match load_live(conn, now_ms)? {
-                Ok(_) => {
-                    conn.execute("INSERT OR IGNORE INTO forks (path) VALUES (?1)", [&fork])?;
-                    Ok(StreamOutput::Registered)
+            StreamCommand::RegisterFork { fork, now_ms } => {
+                match load_live(conn, COMMAND_SCHEMA, now_ms)? {
+                    Ok(_) => {
+                        conn.execute("INSERT OR IGNORE INTO forks (path) VALUES (?1)", [&fork])?;
+                        Ok(StreamOutput::Registered)
+                    }
+                    Err(refusal) => Ok(refusal),
                 }
-                Err(refusal) => Ok(refusal),
-            },
+            }
             StreamCommand::ReleaseFork { fork, now_ms } => release_fork(conn, &fork, now_ms),
         }
     }
@@ -762,7 +772,7 @@ impl RustKind for StreamKind {
                     .collect::<Result<Vec<String>, _>>()?;
                 Ok(StreamOutput::Forks { forks })
             }
-            StreamQuery::Lineage { now_ms } => Ok(match load_any(conn)? {
+            StreamQuery::Lineage { now_ms } => Ok(match load_any(conn, schema(conn)?)? {
                 Some((state, _)) => StreamOutput::Lineage {
                     expired: expired(&state, now_ms),
                     lineage: state.lineage,
@@ -777,6 +787,18 @@ impl RustKind for StreamKind {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn commands_assume_every_migration_and_the_lookup_agrees_once_applied() {
+        let migrations = StreamKind.migrations();
+        assert_eq!(COMMAND_SCHEMA, migrations.len() as i64);
+        let conn = Connection::open_in_memory().unwrap();
+        assert_eq!(schema(&conn).unwrap(), 0);
+        for (applied, migration) in migrations.iter().enumerate() {
+            conn.execute_batch(migration).unwrap();
+            assert_eq!(schema(&conn).unwrap(), applied as i64 + 1);
+        }
+    }
 
     #[test]
     fn an_append_outcome_leaves_unset_expiries_out_and_old_outcomes_still_read() {

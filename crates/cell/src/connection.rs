@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 
 use crate::guard::Guard;
 use crate::{Error, Result};
@@ -226,13 +226,7 @@ fn open_writer_or_reader(
         || std::fs::metadata(path)
             .map(|m| m.len() > 0)
             .unwrap_or(false);
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    };
+    let flags = cellfleet_vfs::open_flags(read_only);
     cellfleet_vfs::register()?;
     let mut conn = match Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME) {
         Ok(conn) => conn,

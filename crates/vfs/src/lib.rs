@@ -62,6 +62,20 @@ const INNER: &CStr = c"unix-none";
 /// `RESERVED` and `SHARED` bytes after it), which other processes lock.
 const LOCK_BYTES: (i64, i64) = (0x4000_0000, 512);
 
+/// The flags a connection opens a file through this VFS with: read-only,
+/// or read-write creating the file; each connection used by one thread at
+/// a time (no SQLite mutex).
+pub fn open_flags(read_only: bool) -> rusqlite::OpenFlags {
+    use rusqlite::OpenFlags;
+    if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    }
+}
+
 /// Why [`register`] failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterError(pub String);

@@ -2,18 +2,12 @@
 
 use std::path::Path;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 
 /// A connection of `path` through the `cellfleet` VFS, read-only or
 /// read-write (creating the file), in SQLite's default journal mode.
 pub fn connect(path: &Path, read_only: bool) -> Connection {
     cellfleet_vfs::register().unwrap();
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    };
+    let flags = cellfleet_vfs::open_flags(read_only);
     Connection::open_with_flags_and_vfs(path, flags, cellfleet_vfs::NAME).unwrap()
 }

@@ -936,9 +936,15 @@ impl Cell {
     }
 
     fn capture_inner(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
-        let committed: Committed =
-            wal::read_committed(&self.wal_path, &self.capture.cursor, self.capture.page_size)?
-                .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?;
+        // Through the write connection's own WAL handle: no open, stat and
+        // close of the `-wal` by path per group.
+        let committed: Committed = {
+            let wal = cellfleet_vfs::wal_file(&mut self.write)?.ok_or_else(|| {
+                Error::Wal("a commit left the write connection without a WAL".into())
+            })?;
+            wal::read_committed(&wal, &self.capture.cursor, self.capture.page_size)?
+                .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?
+        };
         let pre = self.position();
         let undo = self.capture.apply(&committed);
         let encoded = self.capture.encode(

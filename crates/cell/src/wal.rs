@@ -16,8 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
 
 use crate::{Error, Result};
 
@@ -74,23 +72,47 @@ fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// Read the transactions committed in `wal_path` after `cursor`; `None`
-/// when there are none. `page_size` is the database's.
+/// Where a WAL's bytes are read from: SQLite's own handle of it (the
+/// engine, [`cellfleet_vfs::WalFile`]) or a file opened by its path.
+pub(crate) trait WalSource {
+    /// The WAL's length in bytes.
+    fn wal_len(&self) -> std::io::Result<u64>;
+    /// Fills `buf` from byte `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl WalSource for File {
+    fn wal_len(&self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl WalSource for cellfleet_vfs::WalFile<'_> {
+    fn wal_len(&self) -> std::io::Result<u64> {
+        self.len()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+}
+
+/// Read the transactions committed in the WAL `source` after `cursor`;
+/// `None` when there are none. `page_size` is the database's.
 pub(crate) fn read_committed(
-    wal_path: &Path,
+    source: &impl WalSource,
     cursor: &WalCursor,
     page_size: u32,
 ) -> Result<Option<Committed>> {
-    let mut file = match File::open(wal_path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let len = file.metadata()?.len();
+    let len = source.wal_len()?;
     if len < WAL_HEADER_SIZE {
         return Ok(None);
     }
-    let header = read_header(&mut file, page_size)?;
+    let header = read_header(source, page_size)?;
     let restarted =
         cursor.offset == 0 || (header.salt1, header.salt2) != (cursor.salt1, cursor.salt2);
     let (start, running) = if restarted {
@@ -101,10 +123,9 @@ pub(crate) fn read_committed(
     if len <= start {
         return Ok(None);
     }
-    file.seek(SeekFrom::Start(start))?;
     // Bounded by what one transaction wrote since the cursor.
-    let mut bytes = Vec::with_capacity((len - start) as usize);
-    file.take(len - start).read_to_end(&mut bytes)?;
+    let mut bytes = vec![0; (len - start) as usize];
+    source.read_at(&mut bytes, start)?;
     let Some(frames) = committed_frames(&bytes, start, running, &header, cursor, page_size)? else {
         return Ok(None);
     };
@@ -130,11 +151,11 @@ struct WalHeader {
     checksum: (u32, u32),
 }
 
-/// Reads the header at the start of `file` and checks it: a known magic,
+/// Reads the header at the start of `source` and checks it: a known magic,
 /// the database's `page_size`, and a matching checksum.
-fn read_header(file: &mut File, page_size: u32) -> Result<WalHeader> {
+fn read_header(source: &impl WalSource, page_size: u32) -> Result<WalHeader> {
     let mut header = [0u8; WAL_HEADER_SIZE as usize];
-    file.read_exact(&mut header)?;
+    source.read_at(&mut header, 0)?;
     let magic = be32(&header, 0);
     let big_endian = match magic {
         MAGIC_LE => false,
@@ -259,6 +280,16 @@ impl WalCursor {
 mod tests {
     use super::*;
     use rusqlite::Connection;
+    use std::path::Path;
+
+    /// What the engine reads, through a file opened by path.
+    fn read_committed(wal: &Path, cursor: &WalCursor, page_size: u32) -> Result<Option<Committed>> {
+        match File::open(wal) {
+            Ok(file) => super::read_committed(&file, cursor, page_size),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
 
     fn open(path: &Path) -> Connection {
         let conn = Connection::open(path).unwrap();
@@ -304,6 +335,51 @@ mod tests {
             third.restarted,
             "a truncated wal starts over with new salts"
         );
+    }
+
+    /// SQLite's own WAL handle reads what the file by its path reads, and
+    /// follows the WAL through a checkpoint that truncates it.
+    #[test]
+    fn sqlite_handle_reads_what_the_path_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let wal = dir.path().join("t.db-wal");
+        let mut conn = open(&db);
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        let mut cursor = WalCursor::default();
+        for round in 0..3 {
+            conn.execute_batch("INSERT INTO t VALUES (randomblob(6000))")
+                .unwrap();
+            let by_path = read_committed(&wal, &cursor, 4096).unwrap().unwrap();
+            let by_handle = {
+                let handle = cellfleet_vfs::wal_file(&mut conn).unwrap().unwrap();
+                assert_eq!(
+                    handle.len().unwrap(),
+                    std::fs::metadata(&wal).unwrap().len()
+                );
+                super::read_committed(&handle, &cursor, 4096)
+                    .unwrap()
+                    .unwrap()
+            };
+            assert_eq!(by_handle.pages, by_path.pages, "round {round}");
+            assert_eq!(by_handle.offsets, by_path.offsets);
+            assert_eq!(by_handle.commit, by_path.commit);
+            assert_eq!(by_handle.restarted, by_path.restarted);
+            assert_eq!(by_handle.cursor, by_path.cursor);
+            cursor = by_handle.cursor;
+            if round == 1 {
+                conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .unwrap();
+                let handle = cellfleet_vfs::wal_file(&mut conn).unwrap().unwrap();
+                assert_eq!(handle.len().unwrap(), 0);
+                let mut byte = [0u8; 1];
+                assert_eq!(
+                    handle.read_exact_at(&mut byte, 0).unwrap_err().kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                );
+            }
+        }
+        assert!(cursor.offset > 0);
     }
 
     /// A valid WAL header for `page_size` (little-endian checksums).

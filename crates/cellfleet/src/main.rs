@@ -15,9 +15,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc instead of the C library's allocator: a node allocates small,
-/// short-lived buffers on many threads (HTTP, JSON, the engine's groups),
-/// and glibc's malloc was about a fifth of a streams node's CPU samples.
+/// mimalloc instead of the C library's allocator for Rust's allocations:
+/// a node allocates small, short-lived buffers on many threads (HTTP,
+/// JSON, the engine's groups), and glibc's malloc was about a fifth of a
+/// streams node's CPU samples. It does not replace `malloc` itself (SQLite
+/// keeps glibc's): built that way the binary crashed at start under an
+/// `LD_PRELOAD` library (libfaketime, which the clock-skew tests use).
+/// Built without asking for transparent huge pages (`no_thp`): they bought
+/// no measurable speed for twice the resident memory (BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

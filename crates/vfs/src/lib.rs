@@ -608,6 +608,10 @@ impl WalFile<'_> {
     /// Fills `buf` from the WAL's byte `offset`; `UnexpectedEof` when the
     /// WAL ends first.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if buf.is_empty() {
+            // SQLite's read methods expect at least one byte.
+            return Ok(());
+        }
         let (Ok(amount), Ok(offset)) = (c_int::try_from(buf.len()), i64::try_from(offset)) else {
             return Err(std::io::Error::other("a WAL read past 2 GiB in one call"));
         };

@@ -15,7 +15,6 @@
 //! file; reading then starts again at the first frame.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 
 use crate::{Error, Result};
 
@@ -73,7 +72,8 @@ fn be32(b: &[u8], at: usize) -> u32 {
 }
 
 /// Where a WAL's bytes are read from: SQLite's own handle of it (the
-/// engine, [`cellfleet_vfs::WalFile`]) or a file opened by its path.
+/// engine, [`cellfleet_vfs::WalFile`]) or, in the tests, a file opened by
+/// its path.
 pub(crate) trait WalSource {
     /// The WAL's length in bytes.
     fn wal_len(&self) -> std::io::Result<u64>;
@@ -81,7 +81,8 @@ pub(crate) trait WalSource {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
 }
 
-impl WalSource for File {
+#[cfg(test)]
+impl WalSource for std::fs::File {
     fn wal_len(&self) -> std::io::Result<u64> {
         Ok(self.metadata()?.len())
     }
@@ -282,9 +283,10 @@ mod tests {
     use rusqlite::Connection;
     use std::path::Path;
 
-    /// What the engine reads, through a file opened by path.
+    /// The frames committed after `cursor` in the WAL file at `wal`, read
+    /// by its path (the engine reads through SQLite's handle instead).
     fn read_committed(wal: &Path, cursor: &WalCursor, page_size: u32) -> Result<Option<Committed>> {
-        match File::open(wal) {
+        match std::fs::File::open(wal) {
             Ok(file) => super::read_committed(&file, cursor, page_size),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),

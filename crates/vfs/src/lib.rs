@@ -32,6 +32,9 @@
 //! - The WAL index is zeroed when the first connection maps it and freed
 //!   when the last one unmaps it; SQLite then rebuilds it from the WAL, as
 //!   it does for a new `-shm` file.
+//! - A WAL file's small writes (a frame's header) wait for the next write
+//!   beside them (its page), so a frame is one system call; nothing is held
+//!   once a commit returns (see `x_write`).
 //!
 //! Only this crate in the workspace uses `unsafe`: it is SQLite's C
 //! interface. Every pointer it dereferences was handed to it by SQLite
@@ -283,7 +286,18 @@ struct Handle {
     level: c_int,
     shm_mapped: bool,
     shm_held: ShmHeld,
+    /// A WAL file's handle (only these hold writes back).
+    wal: bool,
+    /// WAL files: bytes written but held back, from `held_at`, at most
+    /// [`HOLD_BYTES_MAX`] of them until the next write extends them (see
+    /// [`x_write`]).
+    held: Vec<u8>,
+    held_at: i64,
 }
+
+/// The largest write a WAL handle holds back: the WAL header (32 bytes)
+/// and a frame header (24).
+const HOLD_BYTES_MAX: usize = 64;
 
 const HANDLE_BYTES: usize = std::mem::size_of::<Handle>().next_multiple_of(16);
 
@@ -355,6 +369,9 @@ unsafe extern "C" fn x_open(
                 level: locks::NONE,
                 shm_mapped: false,
                 shm_held: ShmHeld::default(),
+                wal: flags & ffi::SQLITE_OPEN_WAL != 0,
+                held: Vec::new(),
+                held_at: 0,
             },
         );
         (*inner).pMethods = ptr::null();
@@ -707,15 +724,106 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes a file it opened through `x_open` once.
     unsafe {
         let h = handle(file);
+        let written = write_held(h);
+        // The handle's memory is SQLite's and is never dropped: free the
+        // buffer here.
+        drop(std::mem::take(&mut h.held));
         let inner = h.inner;
         (*file).pMethods = ptr::null();
-        close_and_detach(h, || match inner_methods(inner).xClose {
+        let closed = close_and_detach(h, || match inner_methods(inner).xClose {
             Some(close) => close(inner),
             None => ffi::SQLITE_OK,
-        })
+        });
+        if written != ffi::SQLITE_OK {
+            written
+        } else {
+            closed
+        }
     }
 }
 
+/// Writes out what `h` holds back (nothing for files other than WALs).
+/// The held bytes are dropped whatever the write answers: SQLite treats a
+/// failed WAL write as the end of its transaction.
+///
+/// # Safety
+/// `h` is an open file's handle.
+unsafe fn write_held(h: &mut Handle) -> c_int {
+    if h.held.is_empty() {
+        return ffi::SQLITE_OK;
+    }
+    let Ok(amount) = c_int::try_from(h.held.len()) else {
+        h.held.clear();
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    // SAFETY: per the function's contract, `h.inner` is open.
+    let rc = unsafe {
+        match inner_methods(h.inner).xWrite {
+            Some(write) => write(h.inner, h.held.as_ptr().cast::<c_void>(), amount, h.held_at),
+            None => ffi::SQLITE_IOERR_WRITE,
+        }
+    };
+    h.held.clear();
+    rc
+}
+
+/// Writes `amount` bytes at `offset`. A WAL handle holds a write of at most
+/// [`HOLD_BYTES_MAX`] bytes back and sends it with the next write when
+/// that one follows it in the file, so each WAL frame (SQLite writes its
+/// 24-byte header, then its page) is one system call, not two. Every
+/// other method of the file writes the held bytes out first.
+///
+/// Why this is safe: SQLite's last WAL write of a transaction is a page,
+/// which sends everything held, before it publishes the new frames in
+/// the WAL index; other connections then read only pages (not frame
+/// headers) from the WAL, through their own files; and reading a WAL's
+/// headers (recovery, a checkpoint, [`WalFile`]) goes through a file's
+/// read method, which writes held bytes out first.
+unsafe extern "C" fn x_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: `file` is open (SQLite's contract), so its inner file is
+    // too; `buf` holds `amount` bytes.
+    unsafe {
+        let h = handle(file);
+        let forward = |h: &mut Handle| match inner_methods(h.inner).xWrite {
+            Some(write) => write(h.inner, buf, amount, offset),
+            None => ffi::SQLITE_IOERR_WRITE,
+        };
+        if !h.wal {
+            return forward(h);
+        }
+        let Ok(len) = usize::try_from(amount) else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
+        let bytes = std::slice::from_raw_parts(buf.cast::<u8>(), len);
+        if !h.held.is_empty() {
+            let held_end = h.held_at.saturating_add(h.held.len() as i64);
+            if offset == held_end {
+                h.held.extend_from_slice(bytes);
+                if h.held.len() <= HOLD_BYTES_MAX {
+                    return ffi::SQLITE_OK;
+                }
+                return write_held(h);
+            }
+            let rc = write_held(h);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        if len <= HOLD_BYTES_MAX {
+            h.held.extend_from_slice(bytes);
+            h.held_at = offset;
+            return ffi::SQLITE_OK;
+        }
+        forward(h)
+    }
+}
+
+/// A method that only asks the inner file (no I/O).
 macro_rules! forward {
     ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty, $missing:expr) => {
         unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> $ret {
@@ -732,12 +840,33 @@ macro_rules! forward {
     };
 }
 
-forward!(x_read, xRead, (buf: *mut c_void, amount: c_int, offset: ffi::sqlite3_int64) -> c_int, ffi::SQLITE_IOERR_READ);
-forward!(x_write, xWrite, (buf: *const c_void, amount: c_int, offset: ffi::sqlite3_int64) -> c_int, ffi::SQLITE_IOERR_WRITE);
-forward!(x_truncate, xTruncate, (size: ffi::sqlite3_int64) -> c_int, ffi::SQLITE_IOERR_TRUNCATE);
-forward!(x_sync, xSync, (flags: c_int) -> c_int, ffi::SQLITE_IOERR_FSYNC);
-forward!(x_file_size, xFileSize, (size: *mut ffi::sqlite3_int64) -> c_int, ffi::SQLITE_IOERR_FSTAT);
-forward!(x_file_control, xFileControl, (op: c_int, arg: *mut c_void) -> c_int, ffi::SQLITE_NOTFOUND);
+/// A method that reads, sizes, syncs or changes the file: the bytes a WAL
+/// handle holds back (see [`x_write`]) go out first.
+macro_rules! forward_after_held {
+    ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr) => {
+        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> c_int {
+            // SAFETY: `file` is open (SQLite's contract), so its inner
+            // file is too.
+            unsafe {
+                let h = handle(file);
+                let written = write_held(h);
+                if written != ffi::SQLITE_OK {
+                    return written;
+                }
+                match inner_methods(h.inner).$method {
+                    Some(method) => method(h.inner $(, $arg)*),
+                    None => $missing,
+                }
+            }
+        }
+    };
+}
+
+forward_after_held!(x_read, xRead, (buf: *mut c_void, amount: c_int, offset: ffi::sqlite3_int64), ffi::SQLITE_IOERR_READ);
+forward_after_held!(x_truncate, xTruncate, (size: ffi::sqlite3_int64), ffi::SQLITE_IOERR_TRUNCATE);
+forward_after_held!(x_sync, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
+forward_after_held!(x_file_size, xFileSize, (size: *mut ffi::sqlite3_int64), ffi::SQLITE_IOERR_FSTAT);
+forward_after_held!(x_file_control, xFileControl, (op: c_int, arg: *mut c_void), ffi::SQLITE_NOTFOUND);
 forward!(x_sector_size, xSectorSize, () -> c_int, 4096);
 forward!(x_device_characteristics, xDeviceCharacteristics, () -> c_int, 0);
 forward!(x_fetch, xFetch, (offset: ffi::sqlite3_int64, amount: c_int, out: *mut *mut c_void) -> c_int, {

@@ -38,6 +38,8 @@ pub struct FleetSetup {
     pub sizes: Vec<usize>,
     pub concurrency: usize,
     pub setup_budget: Duration,
+    /// Idle time after each size's set-up, before its warm-up.
+    pub settle: Duration,
     pub node_ids: Vec<String>,
     pub http_addrs: Vec<std::net::SocketAddr>,
     pub pids: Vec<u32>,
@@ -225,6 +227,14 @@ pub async fn run(
         }
         if cells.is_empty() {
             continue;
+        }
+        if !setup.settle.is_zero() {
+            eprintln!(
+                "bench: fleet of {} cells settling for {:.1} s before the measurement",
+                cells.len(),
+                setup.settle.as_secs_f64()
+            );
+            tokio::time::sleep(setup.settle).await;
         }
         let created = (cells.len() - before, setup_s);
         rows.push(measure_size(client, acks, setup, &cells, size, created, window).await);

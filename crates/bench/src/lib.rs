@@ -115,6 +115,13 @@ pub struct BenchArgs {
     /// reached are measured over the Cells created.
     #[arg(long, default_value_t = 900.0)]
     fleet_setup_s: f64,
+    /// `fleet`: seconds to wait after each size's set-up before its
+    /// warm-up, writing nothing. A log-mode node checkpoints a Cell that
+    /// has gone `checkpoint_idle_ms` (30 s) without a command, so Cells the
+    /// set-up created fall due together later; wait past that to measure
+    /// without them (a row counts the checkpoints inside its window only).
+    #[arg(long, default_value_t = 0.0)]
+    fleet_settle_s: f64,
     /// `capacity`: offered rates (commands/s), comma-separated; default:
     /// doubling from 250/s until one is not served, then two bisections.
     #[arg(long, value_delimiter = ',')]
@@ -215,6 +222,10 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         bail!("--fleet-setup-s: give seconds between 0 and 86400");
     }
     let fleet_setup = Duration::from_secs_f64(args.fleet_setup_s);
+    if !args.fleet_settle_s.is_finite() || !(0.0..=3_600.0).contains(&args.fleet_settle_s) {
+        bail!("--fleet-settle-s: give seconds between 0 and 3600");
+    }
+    let fleet_settle = Duration::from_secs_f64(args.fleet_settle_s);
     if args
         .capacity_rates
         .iter()
@@ -232,6 +243,7 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         fleet_cells: args.fleet_cells.clone(),
         fleet_concurrency: args.fleet_concurrency,
         fleet_setup,
+        fleet_settle,
         capacity_rates: args.capacity_rates.clone(),
         capacity_p99_ms: args.capacity_p99_ms,
     })
@@ -278,6 +290,7 @@ fn run_config(
         "fleet_cells": args.fleet_cells,
         "fleet_concurrency": args.fleet_concurrency,
         "fleet_setup_s": args.fleet_setup_s,
+        "fleet_settle_s": args.fleet_settle_s,
         "capacity_p99_ms": args.capacity_p99_ms,
         "run_s": started.elapsed().as_secs_f64(),
         "machine": machine(),
@@ -385,6 +398,7 @@ struct Plan {
     fleet_cells: Vec<usize>,
     fleet_concurrency: usize,
     fleet_setup: Duration,
+    fleet_settle: Duration,
     capacity_rates: Vec<f64>,
     capacity_p99_ms: f64,
 }
@@ -582,6 +596,7 @@ async fn run_own_drivers(
                     sizes: plan.fleet_cells.clone(),
                     concurrency: plan.fleet_concurrency,
                     setup_budget: plan.fleet_setup,
+                    settle: plan.fleet_settle,
                     node_ids: cluster.node_ids(),
                     http_addrs: cluster.http_addrs(),
                     pids: cluster.pids(),

@@ -30,6 +30,8 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             "20,40",
             "--fleet-concurrency",
             "4",
+            "--fleet-settle-s",
+            "0.2",
             "--capacity-rates",
             "20,40",
             "--keep-logs",
@@ -48,6 +50,10 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         output.status
     );
     assert!(stdout.contains("exactness: PASSED"), "{stdout}");
+    assert!(
+        stderr.contains("bench: fleet of 20 cells settling for 0.2 s before the measurement"),
+        "{stderr}"
+    );
     // --keep-logs: a passing run keeps its nodes' logs too, and says where.
     let kept = stderr
         .lines()

@@ -288,10 +288,12 @@ struct Handle {
     shm_held: ShmHeld,
     /// A WAL file's handle (only these hold writes back).
     wal: bool,
-    /// WAL files: bytes written but held back, from `held_at`, at most
-    /// [`HOLD_BYTES_MAX`] of them until the next write extends them (see
-    /// [`x_write`]).
-    held: Vec<u8>,
+    /// WAL files: the first `held_len` bytes are written but held back,
+    /// from `held_at`, until the next write extends them (see [`x_write`]).
+    /// Inline, so an open Cell's WAL handle keeps no buffer of a page's
+    /// size between commits.
+    held: [u8; HOLD_BYTES_MAX],
+    held_len: usize,
     held_at: i64,
 }
 
@@ -370,7 +372,8 @@ unsafe extern "C" fn x_open(
                 shm_mapped: false,
                 shm_held: ShmHeld::default(),
                 wal: flags & ffi::SQLITE_OPEN_WAL != 0,
-                held: Vec::new(),
+                held: [0; HOLD_BYTES_MAX],
+                held_len: 0,
                 held_at: 0,
             },
         );
@@ -725,9 +728,6 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
         let h = handle(file);
         let written = write_held(h);
-        // The handle's memory is SQLite's and is never dropped: free the
-        // buffer here.
-        drop(std::mem::take(&mut h.held));
         let inner = h.inner;
         (*file).pMethods = ptr::null();
         let closed = close_and_detach(h, || match inner_methods(inner).xClose {
@@ -742,6 +742,20 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
+/// The inner file's write of `amount` bytes from `buf` at `offset`.
+///
+/// # Safety
+/// `h` is an open file's handle; `buf` holds `amount` bytes.
+unsafe fn inner_write(h: &Handle, buf: *const c_void, amount: c_int, offset: i64) -> c_int {
+    // SAFETY: per the function's contract.
+    unsafe {
+        match inner_methods(h.inner).xWrite {
+            Some(write) => write(h.inner, buf, amount, offset),
+            None => ffi::SQLITE_IOERR_WRITE,
+        }
+    }
+}
+
 /// Writes out what `h` holds back (nothing for files other than WALs).
 /// The held bytes are dropped whatever the write answers: SQLite treats a
 /// failed WAL write as the end of its transaction.
@@ -749,22 +763,13 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
 /// # Safety
 /// `h` is an open file's handle.
 unsafe fn write_held(h: &mut Handle) -> c_int {
-    if h.held.is_empty() {
+    if h.held_len == 0 {
         return ffi::SQLITE_OK;
     }
-    let Ok(amount) = c_int::try_from(h.held.len()) else {
-        h.held.clear();
-        return ffi::SQLITE_IOERR_WRITE;
-    };
-    // SAFETY: per the function's contract, `h.inner` is open.
-    let rc = unsafe {
-        match inner_methods(h.inner).xWrite {
-            Some(write) => write(h.inner, h.held.as_ptr().cast::<c_void>(), amount, h.held_at),
-            None => ffi::SQLITE_IOERR_WRITE,
-        }
-    };
-    h.held.clear();
-    rc
+    let amount = h.held_len as c_int; // at most HOLD_BYTES_MAX
+    h.held_len = 0;
+    // SAFETY: per the function's contract; `held` holds `amount` bytes.
+    unsafe { inner_write(h, h.held.as_ptr().cast::<c_void>(), amount, h.held_at) }
 }
 
 /// Writes `amount` bytes at `offset`. A WAL handle holds a write of at most
@@ -789,25 +794,36 @@ unsafe extern "C" fn x_write(
     // too; `buf` holds `amount` bytes.
     unsafe {
         let h = handle(file);
-        let forward = |h: &mut Handle| match inner_methods(h.inner).xWrite {
-            Some(write) => write(h.inner, buf, amount, offset),
-            None => ffi::SQLITE_IOERR_WRITE,
-        };
         if !h.wal {
-            return forward(h);
+            return inner_write(h, buf, amount, offset);
         }
         let Ok(len) = usize::try_from(amount) else {
             return ffi::SQLITE_IOERR_WRITE;
         };
         let bytes = std::slice::from_raw_parts(buf.cast::<u8>(), len);
-        if !h.held.is_empty() {
-            let held_end = h.held_at.saturating_add(h.held.len() as i64);
+        if h.held_len > 0 {
+            let held_end = h.held_at.saturating_add(h.held_len as i64);
             if offset == held_end {
-                h.held.extend_from_slice(bytes);
-                if h.held.len() <= HOLD_BYTES_MAX {
+                let joined_len = h.held_len + len;
+                if joined_len <= HOLD_BYTES_MAX {
+                    h.held[h.held_len..joined_len].copy_from_slice(bytes);
+                    h.held_len = joined_len;
                     return ffi::SQLITE_OK;
                 }
-                return write_held(h);
+                // The held header and the page, one write from one buffer.
+                let mut joined = Vec::with_capacity(joined_len);
+                joined.extend_from_slice(&h.held[..h.held_len]);
+                joined.extend_from_slice(bytes);
+                h.held_len = 0;
+                let Ok(joined_amount) = c_int::try_from(joined_len) else {
+                    return ffi::SQLITE_IOERR_WRITE;
+                };
+                return inner_write(
+                    h,
+                    joined.as_ptr().cast::<c_void>(),
+                    joined_amount,
+                    h.held_at,
+                );
             }
             let rc = write_held(h);
             if rc != ffi::SQLITE_OK {
@@ -815,11 +831,12 @@ unsafe extern "C" fn x_write(
             }
         }
         if len <= HOLD_BYTES_MAX {
-            h.held.extend_from_slice(bytes);
+            h.held[..len].copy_from_slice(bytes);
+            h.held_len = len;
             h.held_at = offset;
             return ffi::SQLITE_OK;
         }
-        forward(h)
+        inner_write(h, buf, amount, offset)
     }
 }
 

@@ -1256,6 +1256,8 @@ async fn serve(file: NodeFile, accept_kinds_change: bool) -> anyhow::Result<Exit
     let node = Node::start(config, store.clone(), clock.clone(), Arc::new(kinds))
         .await
         .context("cannot take the node lease")?;
+    // From here on, every bucket request is counted in the node's metrics.
+    let store = node.store();
     let layout = Layout::new(&file.prefix)?;
     let router = router(&file, &node, &store, &layout, clock, &registry, &identity)?;
     let drain = Arc::new(DrainState::default());

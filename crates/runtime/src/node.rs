@@ -1280,6 +1280,24 @@ impl NodeHandle {
         cells
     }
 
+    /// Whether this node holds `cell` now: open, or passivated with its
+    /// root kept. A memory lookup, no store read; the answer can be stale
+    /// by the time the caller acts on it, so callers treat it as a hint
+    /// (the actor refuses with `NotOwner` if the Cell moved).
+    pub fn holds(&self, cell: &CellId) -> bool {
+        matches!(self.shared.slots().get(cell), Some(Slot::Active(_)))
+            || self.shared.parked().contains_key(cell)
+    }
+
+    /// The node's store, counted in its metrics
+    /// (`cellfleet_runtime_store_requests_total`). Everything else in the
+    /// process that reads or writes the bucket (the router's root and lease
+    /// reads, the HTTP side) goes through this one, so the counts are the
+    /// node's whole traffic.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.shared.activator.store.clone()
+    }
+
     /// Cells open now.
     pub fn open_cells(&self) -> usize {
         self.shared

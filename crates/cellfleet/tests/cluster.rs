@@ -178,10 +178,70 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
     }
 }
 
+/// An owner that took a Cell through a forward serves the first request
+/// a client sends it directly without reading the bucket: it holds the
+/// Cell, and a held Cell is routed locally with no root or lease read.
+async fn an_owner_finds_its_own_cell_without_a_bucket_read(cluster: &Cluster) {
+    let mut client = cluster.client("dev");
+    let gets = |node: &cluster_common::NodeProcess| {
+        let (_, text) = http_get(node.http, "/metrics");
+        text.lines()
+            .filter(|line| {
+                line.starts_with("cellfleet_runtime_store_requests_total{")
+                    && line.contains("op=\"get\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let entry = &cluster.nodes[0];
+    let mut checked = 0;
+    for i in 0..40 {
+        let cell = format!("held-{i}");
+        let request = client.command(
+            "log",
+            &cell,
+            "append",
+            serde_json::json!({"tag": "first"}),
+            rand::random(),
+        );
+        let first = client
+            .execute(entry.client, request)
+            .await
+            .expect("execute");
+        assert!(applied(&first), "{first:?}");
+        let Some(owner) = cluster.nodes.iter().find(|n| n.id == first.served_by) else {
+            panic!("served by {:?}, not a node of the cluster", first.served_by);
+        };
+        if owner.id == entry.id {
+            continue;
+        }
+        let before = gets(owner);
+        let response = client
+            .query(owner.client, "log", &cell, "count", serde_json::json!({}))
+            .await
+            .expect("query at the owner");
+        assert_eq!(response.served_by, owner.id);
+        let after = gets(owner);
+        assert_eq!(
+            after,
+            before,
+            "{}: {} store GETs to serve a Cell it holds",
+            owner.id,
+            after - before
+        );
+        checked += 1;
+        if checked == 3 {
+            return;
+        }
+    }
+    panic!("only {checked} of 40 Cells were placed off the entry node");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
     let cluster = Cluster::start(3, s3("cluster-route"), 5_000);
     routes_to_the_owner_exactly_once(&cluster).await;
+    an_owner_finds_its_own_cell_without_a_bucket_read(&cluster).await;
     // The default publication mode is the node log.
     let segments: f64 = cluster
         .nodes

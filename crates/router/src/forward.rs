@@ -473,6 +473,12 @@ impl Router {
                 node: node_id,
                 peer,
             }),
+            // A Cell this node holds needs no bucket read to find: the
+            // first request for each owned Cell used to read its root and
+            // the owner's lease, and with thousands of Cells those reads
+            // were a node's largest cost. If the Cell has moved, the actor
+            // answers NotOwner and the loop in `route_as` locates it.
+            _ if self.node.holds(cell) => Ok(Target::Local),
             _ => self.locate(cell, false, &[]).await,
         }
     }

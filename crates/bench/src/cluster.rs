@@ -24,8 +24,9 @@ use crate::StoreKind;
 
 /// How long a node may take to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the nodes may take to drain after SIGTERM.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the nodes may take to drain after SIGTERM, unless the run
+/// says otherwise (`cellfleet bench --drain-timeout-s`).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The bucket benchmark runs use on S3 (each run under its own prefix).
 const BENCH_BUCKET: &str = "cellfleet-bench";
 /// Lease length of the benchmark's nodes.
@@ -404,12 +405,14 @@ impl BenchCluster {
         keep_logs(self.dir.path(), &std::env::temp_dir())
     }
 
-    pub fn stop(&mut self) -> Vec<(String, bool)> {
+    /// SIGTERMs every node still running and waits up to `timeout` for
+    /// them to drain and exit; a node still running then is killed.
+    pub fn stop(&mut self, timeout: Duration) -> Vec<Drained> {
         for node in self.nodes.iter().filter(|n| !n.killed) {
             terminate(&node.child);
         }
         let started = Instant::now();
-        let deadline = started + DRAIN_TIMEOUT;
+        let deadline = started + timeout;
         let mut results = Vec::new();
         let mut unclean = 0;
         for node in self.nodes.iter_mut().filter(|n| !n.killed) {
@@ -437,7 +440,11 @@ impl BenchCluster {
                 }
             };
             unclean += usize::from(!clean);
-            results.push((node.id.clone(), clean));
+            results.push(Drained {
+                node: node.id.clone(),
+                clean,
+                seconds: started.elapsed().as_secs_f64(),
+            });
         }
         if unclean > 0 {
             // The directory goes with the cluster: show why now.
@@ -445,6 +452,18 @@ impl BenchCluster {
         }
         results
     }
+}
+
+/// One node's end after SIGTERM.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Drained {
+    pub node: String,
+    /// Exited with success within the timeout (else it was killed, or
+    /// exited with an error).
+    pub clean: bool,
+    /// Seconds from SIGTERM to its exit or kill, as far as the bench
+    /// could tell (nodes are waited for in turn, polled every 50 ms).
+    pub seconds: f64,
 }
 
 impl Drop for BenchCluster {

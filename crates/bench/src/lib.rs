@@ -122,6 +122,12 @@ pub struct BenchArgs {
     /// without them (a row counts the checkpoints inside its window only).
     #[arg(long, default_value_t = 0.0)]
     fleet_settle_s: f64,
+    /// Seconds the nodes may take to drain after SIGTERM at the end of the
+    /// run; a node still running then is killed and the run fails. A node
+    /// releases every Cell it owns as it drains, so a large fleet needs
+    /// more than the default.
+    #[arg(long, default_value_t = 60.0)]
+    drain_timeout_s: f64,
     /// `capacity`: offered rates (commands/s), comma-separated; default:
     /// doubling from 250/s until one is not served, then two bisections.
     #[arg(long, value_delimiter = ',')]
@@ -226,6 +232,9 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         bail!("--fleet-settle-s: give seconds between 0 and 3600");
     }
     let fleet_settle = Duration::from_secs_f64(args.fleet_settle_s);
+    if !args.drain_timeout_s.is_finite() || !(1.0..=86_400.0).contains(&args.drain_timeout_s) {
+        bail!("--drain-timeout-s: give seconds between 1 and 86400");
+    }
     if args
         .capacity_rates
         .iter()
@@ -291,6 +300,7 @@ fn run_config(
         "fleet_concurrency": args.fleet_concurrency,
         "fleet_setup_s": args.fleet_setup_s,
         "fleet_settle_s": args.fleet_settle_s,
+        "drain_timeout_s": args.drain_timeout_s,
         "capacity_p99_ms": args.capacity_p99_ms,
         "run_s": started.elapsed().as_secs_f64(),
         "machine": machine(),
@@ -316,7 +326,7 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let measured = runtime.block_on(measure(&cluster, &plan));
     eprintln!("bench: stopping the nodes (SIGTERM, drain)");
-    let drained = cluster.stop();
+    let drained = cluster.stop(Duration::from_secs_f64(args.drain_timeout_s));
     let cleanup = cleanup(&runtime, &cluster, args.keep_objects);
     let mut report = measured?;
     report.drained = drained;
@@ -335,7 +345,7 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let failed = if !report.exactness.passed {
         Some("the exactness check FAILED")
-    } else if report.drained.iter().any(|(_, clean)| !clean) {
+    } else if report.drained.iter().any(|node| !node.clean) {
         Some("a node did not drain cleanly")
     } else {
         None

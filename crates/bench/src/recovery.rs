@@ -142,7 +142,7 @@ pub fn run(exe: &Path, args: RecoveryArgs) -> anyhow::Result<ExitCode> {
         let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
         let row = runtime.block_on(measure(&mut cluster, &args, size));
         eprintln!("bench-recovery: stopping the survivors");
-        cluster.stop();
+        cluster.stop(crate::cluster::DRAIN_TIMEOUT);
         if let Err(error) = runtime.block_on(cluster.delete_objects()) {
             eprintln!("bench-recovery: deleting the run's objects failed: {error:#}");
         }

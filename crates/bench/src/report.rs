@@ -227,7 +227,7 @@ pub struct Report {
     pub fleet: Vec<FleetRow>,
     pub capacity: Option<CapacityResult>,
     pub exactness: Exactness,
-    pub drained: Vec<(String, bool)>,
+    pub drained: Vec<crate::cluster::Drained>,
     pub cleanup: Cleanup,
 }
 
@@ -726,10 +726,15 @@ impl Report {
         for problem in &e.problems {
             let _ = writeln!(out, "  {problem}");
         }
-        let clean = self.drained.iter().filter(|(_, clean)| *clean).count();
+        let clean = self.drained.iter().filter(|node| node.clean).count();
+        let last = self
+            .drained
+            .iter()
+            .map(|node| node.seconds)
+            .fold(0.0, f64::max);
         let _ = writeln!(
             out,
-            "drain: {clean} of {} nodes exited cleanly after SIGTERM",
+            "drain: {clean} of {} nodes exited cleanly after SIGTERM, the last after {last:.1} s",
             self.drained.len()
         );
         let _ = writeln!(
@@ -792,7 +797,7 @@ impl Report {
             "capacity": self.capacity,
             "goals": self.goals(),
             "exactness": self.exactness,
-            "drained": self.drained.iter().map(|(node, clean)| serde_json::json!({"node": node, "clean": clean})).collect::<Vec<_>>(),
+            "drained": self.drained.iter().map(|node| serde_json::json!({"node": node.node, "clean": node.clean, "seconds": node.seconds})).collect::<Vec<_>>(),
             "cleanup": self.cleanup,
         })
     }

@@ -32,6 +32,8 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             "4",
             "--fleet-settle-s",
             "0.2",
+            "--drain-timeout-s",
+            "120",
             "--capacity-rates",
             "20,40",
             "--keep-logs",
@@ -50,6 +52,10 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         output.status
     );
     assert!(stdout.contains("exactness: PASSED"), "{stdout}");
+    assert!(
+        stdout.contains("drain: 2 of 2 nodes exited cleanly after SIGTERM, the last after "),
+        "{stdout}"
+    );
     assert!(
         stderr.contains("bench: fleet of 20 cells settling for 0.2 s before the measurement"),
         "{stderr}"
@@ -181,6 +187,14 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
     let drained = report["drained"].as_array().expect("drained");
     assert_eq!(drained.len(), 2);
     assert!(drained.iter().all(|n| n["clean"] == true), "{report}");
+    // How long each node took from SIGTERM to its exit, within the limit.
+    assert!(
+        drained.iter().all(|n| n["seconds"]
+            .as_f64()
+            .is_some_and(|s| (0.0..120.0).contains(&s))),
+        "{report}"
+    );
+    assert_eq!(report["config"]["drain_timeout_s"], 120.0, "{report}");
     // The run's objects (Cells' roots and LTX files, the floor's keys) are gone.
     let cleanup = &report["cleanup"];
     assert!(cleanup["note"].is_null(), "{cleanup}");
@@ -195,6 +209,34 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             svg.starts_with("<svg") && svg.contains("<polyline"),
             "{name}"
         );
+    }
+}
+
+/// Bad timing options are refused before any node starts, each naming
+/// its range.
+#[test]
+fn bench_refuses_out_of_range_seconds_before_starting_nodes() {
+    for (option, value, says) in [
+        (
+            "--drain-timeout-s",
+            "0",
+            "--drain-timeout-s: give seconds between 1 and 86400",
+        ),
+        (
+            "--fleet-settle-s",
+            "-1",
+            "--fleet-settle-s: give seconds between 0 and 3600",
+        ),
+    ] {
+        let output = Command::new(BIN)
+            .args(["bench", "fleet", "--store", "local"])
+            .arg(format!("{option}={value}"))
+            .output()
+            .expect("run cellfleet bench");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{option}: {stderr}");
+        assert!(stderr.contains(says), "{option}: {stderr}");
+        assert!(!stderr.contains("bench: starting"), "{option}: {stderr}");
     }
 }
 

@@ -10,7 +10,7 @@ use cellfleet_proto::v1;
 use cellfleet_router::certs::{ClusterCa, Role};
 use cellfleet_router::signing::{generate_signing_key, seal, Domain};
 use cellfleet_router::tls::{self, TlsIdentity};
-use cluster_common::{error_code, http_get, metric, now_ms, Cluster, Store};
+use cluster_common::{error_code, http_get, metric, now_ms, store_requests, Cluster, Store};
 use prost::Message;
 
 fn s3(name: &str) -> Store {
@@ -183,16 +183,7 @@ async fn routes_to_the_owner_exactly_once(cluster: &Cluster) {
 /// Cell, and a held Cell is routed locally with no root or lease read.
 async fn an_owner_finds_its_own_cell_without_a_bucket_read(cluster: &Cluster) {
     let mut client = cluster.client("dev");
-    let gets = |node: &cluster_common::NodeProcess| {
-        let (_, text) = http_get(node.http, "/metrics");
-        text.lines()
-            .filter(|line| {
-                line.starts_with("cellfleet_runtime_store_requests_total{")
-                    && line.contains("op=\"get\"")
-            })
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
+    let gets = |node| store_requests(node, "get");
     let entry = &cluster.nodes[0];
     let mut checked = 0;
     for i in 0..40 {
@@ -254,16 +245,7 @@ async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
     let creates: f64 = cluster
         .nodes
         .iter()
-        .map(|node| {
-            let (_, text) = http_get(node.http, "/metrics");
-            text.lines()
-                .filter(|line| {
-                    line.starts_with("cellfleet_runtime_store_requests_total{")
-                        && line.contains("op=\"put_if_none_match\"")
-                })
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        })
+        .map(|node| store_requests(node, "put_if_none_match"))
         .sum();
     assert!(
         creates >= segments,

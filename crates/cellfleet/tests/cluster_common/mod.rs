@@ -677,6 +677,20 @@ pub fn metric(node: &NodeProcess, name: &str) -> f64 {
         .sum()
 }
 
+/// `node`'s store requests of one operation so far
+/// (`cellfleet_runtime_store_requests_total{op="…"}`).
+pub fn store_requests(node: &NodeProcess, op: &str) -> f64 {
+    let (status, text) = http_get(node.http, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|line| {
+            line.starts_with("cellfleet_runtime_store_requests_total{")
+                && line.contains(&format!("op=\"{op}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
     let (status, _, body) = http_request(address, "GET", path, "test");
     (status, body)

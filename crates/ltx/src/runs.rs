@@ -43,23 +43,15 @@ pub(crate) fn compress(input: &[u8], out: &mut [u8]) -> usize {
     let mut word = 0usize;
     let last_start = n.saturating_sub(MATCH_START_LIMIT);
     let last_end = n.saturating_sub(LAST_LITERALS);
-    let word_at = |at: usize| u64::from_ne_bytes(input[at..at + 8].try_into().expect("8 bytes"));
-    while word + 8 <= n {
+    while let Some(found) = uniform_word(&input[word..]) {
+        word += found;
         let byte = input[word];
-        let same = u64::from_ne_bytes([byte; 8]);
-        if word_at(word) != same {
-            word += 8;
-            continue;
-        }
         // Eight equal bytes: widen them to the whole run around them.
         let mut start = word;
         while start > literals && input[start - 1] == byte {
             start -= 1;
         }
-        let mut end = word + 8;
-        while end + 8 <= n && word_at(end) == same {
-            end += 8;
-        }
+        let mut end = word + 8 + 8 * uniform_words(&input[word + 8..], byte);
         while end < n && input[end] == byte {
             end += 1;
         }
@@ -71,9 +63,41 @@ pub(crate) fn compress(input: &[u8], out: &mut [u8]) -> usize {
             literals = match_end;
         }
         word = end.next_multiple_of(8);
+        if word >= n {
+            break;
+        }
     }
     sink.last_literals(&input[literals..]);
     sink.at
+}
+
+/// Where the first whole word (8 bytes, at a multiple of 8 into `bytes`)
+/// of one byte value starts. A word is eight equal bytes exactly when
+/// rotating it by a byte leaves it unchanged.
+fn uniform_word(bytes: &[u8]) -> Option<usize> {
+    let uniform = |c: &[u8]| {
+        let w = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+        w == w.rotate_left(8)
+    };
+    // Two words a step: most of a page's words are not uniform.
+    let pairs = bytes.chunks_exact(16);
+    let tail = pairs.remainder();
+    for (i, pair) in pairs.enumerate() {
+        let (a, b) = pair.split_at(8);
+        if uniform(a) | uniform(b) {
+            return Some(i * 16 + if uniform(a) { 0 } else { 8 });
+        }
+    }
+    (tail.len() >= 8 && uniform(&tail[..8])).then(|| bytes.len() - tail.len())
+}
+
+/// How many whole words at the start of `bytes` hold only `byte`.
+fn uniform_words(bytes: &[u8], byte: u8) -> usize {
+    let same = u64::from_ne_bytes([byte; 8]);
+    bytes
+        .chunks_exact(8)
+        .take_while(|c| u64::from_ne_bytes((*c).try_into().expect("chunks of 8")) == same)
+        .count()
 }
 
 struct Sink<'a> {
@@ -334,6 +358,28 @@ mod tests {
                     "run {run}, tail {tail}"
                 );
             }
+        }
+    }
+
+    proptest! {
+        /// The two-words-a-step scan finds the first 8-aligned word of
+        /// equal bytes that a word-by-word scan finds.
+        #[test]
+        fn the_scan_finds_the_first_uniform_word(
+            words in proptest::collection::vec((any::<bool>(), any::<[u8; 8]>()), 0..30),
+            tail in proptest::collection::vec(Just(0u8), 0..8),
+        ) {
+            // Words of eight equal bytes (sometimes) among arbitrary ones,
+            // and a tail too short to be a word.
+            let mut bytes: Vec<u8> = words
+                .iter()
+                .flat_map(|(uniform, w)| if *uniform { [w[0]; 8] } else { *w })
+                .collect();
+            bytes.extend(&tail);
+            let naive = (0..bytes.len() / 8)
+                .map(|i| i * 8)
+                .find(|&at| bytes[at..at + 8].iter().all(|&b| b == bytes[at]));
+            prop_assert_eq!(uniform_word(&bytes), naive);
         }
     }
 }

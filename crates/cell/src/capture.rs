@@ -145,7 +145,7 @@ impl CaptureState {
     }
 
     /// Fold the committed frames into the state; returns the undo record.
-    pub(crate) fn apply(&mut self, committed: &Committed) -> Undo {
+    pub(crate) fn apply(&mut self, committed: &Committed<'_>) -> Undo {
         let lock = lock_pgno(self.page_size);
         let mut undo = Undo {
             commit: self.commit,
@@ -187,7 +187,7 @@ impl CaptureState {
                 self.page_checksums.push(sum);
             }
         }
-        for (&pgno, data) in committed.pages.range(..=new_commit) {
+        for (pgno, data) in committed.pages_through(new_commit) {
             if pgno == lock {
                 continue;
             }
@@ -197,7 +197,7 @@ impl CaptureState {
             rolling ^= *slot ^ new;
             *slot = new;
         }
-        for (&pgno, &offset) in &committed.offsets {
+        for (pgno, offset) in committed.wal_offsets() {
             undo.wal_offsets
                 .push((pgno, self.wal_offsets.insert(pgno, offset)));
         }
@@ -251,14 +251,14 @@ impl CaptureState {
     /// chain (TXID 1).
     pub(crate) fn encode(
         &self,
-        committed: &Committed,
+        committed: &Committed<'_>,
         pre: Position,
         txid: Txid,
         timestamp_ms: i64,
         snapshot_delta_bytes: u64,
         files: &Files<'_>,
     ) -> Result<Publication> {
-        let delta_bytes = committed.pages.len() as u64 * u64::from(self.page_size);
+        let delta_bytes = committed.page_count() as u64 * u64::from(self.page_size);
         let post = Position {
             txid,
             checksum: self.checksum,
@@ -280,7 +280,7 @@ impl CaptureState {
             header,
             Compression::Runs,
         )?;
-        for (&pgno, data) in committed.pages.range(..=self.commit) {
+        for (pgno, data) in committed.pages_through(self.commit) {
             if pgno != lock {
                 encoder.encode_page(pgno, data)?;
             }

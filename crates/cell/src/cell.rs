@@ -936,13 +936,24 @@ impl Cell {
     }
 
     fn capture_inner(&mut self, txid: Txid, now_ms: i64) -> Result<Publication> {
+        // The frames are read into this thread's kept buffer: no zeroed
+        // allocation per group.
+        wal::with_frame_buffer(|buffer| self.capture_from(buffer, txid, now_ms))
+    }
+
+    fn capture_from(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        txid: Txid,
+        now_ms: i64,
+    ) -> Result<Publication> {
         // Through the write connection's own WAL handle: no open, stat and
         // close of the `-wal` by path per group.
-        let committed: Committed = {
+        let committed: Committed<'_> = {
             let wal = cellfleet_vfs::wal_file(&mut self.write)?.ok_or_else(|| {
                 Error::Wal("a commit left the write connection without a WAL".into())
             })?;
-            wal::read_committed(&wal, &self.capture.cursor, self.capture.page_size)?
+            wal::read_committed(&wal, &self.capture.cursor, self.capture.page_size, buffer)?
                 .ok_or_else(|| Error::Wal("a commit left no frames in the wal".into()))?
         };
         let pre = self.position();

@@ -35,13 +35,17 @@ pub(crate) struct WalCursor {
     pub big_endian: bool,
 }
 
-/// The frames of the transactions committed after a cursor.
+/// The frames of the transactions committed after a cursor. The pages are
+/// read in place, from the buffer the frames were read into: no copy and
+/// no allocation per page.
 #[derive(Debug)]
-pub(crate) struct Committed {
-    /// Latest version of each page, by page number.
-    pub pages: BTreeMap<u32, Vec<u8>>,
-    /// Offset of the page data of each page's latest frame.
-    pub offsets: BTreeMap<u32, u64>,
+pub(crate) struct Committed<'a> {
+    /// The frames read, from `start_offset` of the WAL.
+    bytes: &'a [u8],
+    /// Latest version of each page, by page number: where its data starts
+    /// in `bytes`.
+    at: BTreeMap<u32, usize>,
+    page_size: usize,
     /// Database size in pages after the last commit.
     pub commit: u32,
     /// Whether reading restarted at the first frame of a new WAL.
@@ -49,6 +53,53 @@ pub(crate) struct Committed {
     /// Where the frames began (for the LTX header's WAL fields).
     pub start_offset: u64,
     pub cursor: WalCursor,
+}
+
+impl Committed<'_> {
+    /// The latest version of each page up to page `last`, by page number.
+    pub fn pages_through(&self, last: u32) -> impl Iterator<Item = (u32, &[u8])> + '_ {
+        self.at
+            .range(..=last)
+            .map(|(&pgno, &at)| (pgno, &self.bytes[at..at + self.page_size]))
+    }
+
+    /// How many pages the frames hold (each once, its latest version).
+    pub fn page_count(&self) -> usize {
+        self.at.len()
+    }
+
+    /// The WAL offset of each page's latest frame's data, by page number.
+    pub fn wal_offsets(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.at
+            .iter()
+            .map(|(&pgno, &at)| (pgno, self.start_offset + at as u64))
+    }
+}
+
+/// The most bytes a thread keeps for reading frames between captures
+/// ([`read_committed`]'s buffer): 62 frames of 4 KiB pages, several times a
+/// usual group's; a larger transaction's buffer is freed after it. The
+/// blocking pool may run many threads (a streams node used about 85), so
+/// this bounds what they keep together.
+pub(crate) const BUFFER_KEPT_MAX: usize = 256 << 10;
+
+thread_local! {
+    /// The buffer the frames of a capture are read into, kept per thread
+    /// (groups run on the blocking pool's threads, and a buffer per Cell
+    /// would cost its size times the open Cells).
+    static FRAME_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Run `f` with this thread's frame buffer (empty if another caller on
+/// this thread holds it), and keep the buffer for the next capture unless
+/// it grew past [`BUFFER_KEPT_MAX`].
+pub(crate) fn with_frame_buffer<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    let mut buffer = FRAME_BUFFER.take();
+    let result = f(&mut buffer);
+    if buffer.capacity() <= BUFFER_KEPT_MAX {
+        FRAME_BUFFER.set(buffer);
+    }
+    result
 }
 
 fn checksum(big_endian: bool, data: &[u8], mut s: (u32, u32)) -> (u32, u32) {
@@ -103,12 +154,15 @@ impl WalSource for cellfleet_vfs::WalFile<'_> {
 }
 
 /// Read the transactions committed in the WAL `source` after `cursor`;
-/// `None` when there are none. `page_size` is the database's.
-pub(crate) fn read_committed(
+/// `None` when there are none. `page_size` is the database's. The frames
+/// are read into `buffer`, which the result borrows; its bytes past what
+/// this read needs are left as they are (a reused buffer is not cleared).
+pub(crate) fn read_committed<'a>(
     source: &impl WalSource,
     cursor: &WalCursor,
     page_size: u32,
-) -> Result<Option<Committed>> {
+    buffer: &'a mut Vec<u8>,
+) -> Result<Option<Committed<'a>>> {
     let len = source.wal_len()?;
     if len < WAL_HEADER_SIZE {
         return Ok(None);
@@ -125,14 +179,20 @@ pub(crate) fn read_committed(
         return Ok(None);
     }
     // Bounded by what one transaction wrote since the cursor.
-    let mut bytes = vec![0; (len - start) as usize];
-    source.read_at(&mut bytes, start)?;
-    let Some(frames) = committed_frames(&bytes, start, running, &header, cursor, page_size)? else {
+    let wanted = (len - start) as usize;
+    if buffer.len() < wanted {
+        buffer.resize(wanted, 0);
+    }
+    let bytes = &mut buffer[..wanted];
+    source.read_at(bytes, start)?;
+    let bytes = &buffer[..wanted];
+    let Some(frames) = committed_frames(bytes, start, running, &header, cursor, page_size)? else {
         return Ok(None);
     };
     Ok(Some(Committed {
-        pages: frames.pages,
-        offsets: frames.offsets,
+        bytes,
+        at: frames.at,
+        page_size: page_size as usize,
         commit: frames.commit,
         restarted,
         start_offset: start,
@@ -185,10 +245,9 @@ fn read_header(source: &impl WalSource, page_size: u32) -> Result<WalHeader> {
 /// What the valid commit frames among the frames read cover.
 #[derive(Debug)]
 struct CommittedFrames {
-    /// Latest version of each page, by page number.
-    pages: BTreeMap<u32, Vec<u8>>,
-    /// Offset of the page data of each page's latest frame.
-    offsets: BTreeMap<u32, u64>,
+    /// Where the data of each page's latest frame starts in the bytes
+    /// read, by page number.
+    at: BTreeMap<u32, usize>,
     /// Database size in pages after the last commit.
     commit: u32,
     /// Just after the last commit frame.
@@ -215,8 +274,7 @@ fn committed_frames(
     } = *header;
     let frame_size = FRAME_HEADER_SIZE + u64::from(page_size);
     let mut pending: Vec<(u32, usize)> = Vec::new();
-    let mut pages = BTreeMap::new();
-    let mut offsets = BTreeMap::new();
+    let mut at = BTreeMap::new();
     let mut commit = None;
     let mut end = cursor.clone_at(start, running, salt1, salt2, big_endian);
     for (i, frame) in bytes.chunks_exact(frame_size as usize).enumerate() {
@@ -236,9 +294,10 @@ fn committed_frames(
         let db_size = be32(frame, 4);
         if db_size != 0 {
             for (pgno, index) in pending.drain(..) {
-                let at = index * frame_size as usize + FRAME_HEADER_SIZE as usize;
-                pages.insert(pgno, bytes[at..at + page_size as usize].to_vec());
-                offsets.insert(pgno, start + at as u64);
+                at.insert(
+                    pgno,
+                    index * frame_size as usize + FRAME_HEADER_SIZE as usize,
+                );
             }
             commit = Some(db_size);
             end = cursor.clone_at(
@@ -250,12 +309,7 @@ fn committed_frames(
             );
         }
     }
-    Ok(commit.map(|commit| CommittedFrames {
-        pages,
-        offsets,
-        commit,
-        end,
-    }))
+    Ok(commit.map(|commit| CommittedFrames { at, commit, end }))
 }
 
 impl WalCursor {
@@ -283,11 +337,47 @@ mod tests {
     use rusqlite::Connection;
     use std::path::Path;
 
+    /// What a read found, copied out of the buffer the engine's result
+    /// borrows.
+    #[derive(Debug, PartialEq)]
+    struct Read {
+        pages: BTreeMap<u32, Vec<u8>>,
+        offsets: BTreeMap<u32, u64>,
+        commit: u32,
+        restarted: bool,
+        start_offset: u64,
+        cursor: WalCursor,
+    }
+
+    fn owned(c: Committed<'_>) -> Read {
+        Read {
+            pages: c
+                .pages_through(u32::MAX)
+                .map(|(p, d)| (p, d.to_vec()))
+                .collect(),
+            offsets: c.wal_offsets().collect(),
+            commit: c.commit,
+            restarted: c.restarted,
+            start_offset: c.start_offset,
+            cursor: c.cursor,
+        }
+    }
+
+    /// Reads `source` into `buffer` and copies the result out.
+    fn read_with(
+        source: &impl WalSource,
+        cursor: &WalCursor,
+        page_size: u32,
+        buffer: &mut Vec<u8>,
+    ) -> Result<Option<Read>> {
+        Ok(super::read_committed(source, cursor, page_size, buffer)?.map(owned))
+    }
+
     /// The frames committed after `cursor` in the WAL file at `wal`, read
     /// by its path (the engine reads through SQLite's handle instead).
-    fn read_committed(wal: &Path, cursor: &WalCursor, page_size: u32) -> Result<Option<Committed>> {
+    fn read_committed(wal: &Path, cursor: &WalCursor, page_size: u32) -> Result<Option<Read>> {
         match std::fs::File::open(wal) {
-            Ok(file) => super::read_committed(&file, cursor, page_size),
+            Ok(file) => read_with(&file, cursor, page_size, &mut Vec::new()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -359,7 +449,7 @@ mod tests {
                     handle.len().unwrap(),
                     std::fs::metadata(&wal).unwrap().len()
                 );
-                super::read_committed(&handle, &cursor, 4096)
+                read_with(&handle, &cursor, 4096, &mut Vec::new())
                     .unwrap()
                     .unwrap()
             };
@@ -424,7 +514,15 @@ mod tests {
                 checksum: (1, 2),
                 big_endian: false,
             };
-            if let Ok(Some(committed)) = read_committed(&wal, &cursor, 512) {
+            let fresh = read_committed(&wal, &cursor, 512);
+            // A reused buffer, longer than the read and full of other
+            // bytes, reads the same as a fresh one.
+            let mut stale = vec![0xa5u8; bytes.len() + 700];
+            let file = std::fs::File::open(&wal).unwrap();
+            let reused = read_with(&file, &cursor, 512, &mut stale);
+            proptest::prop_assert_eq!(fresh.as_ref().ok(), reused.as_ref().ok());
+            proptest::prop_assert_eq!(fresh.is_err(), reused.is_err());
+            if let Ok(Some(committed)) = fresh {
                 let frame = FRAME_HEADER_SIZE + 512;
                 proptest::prop_assert!(committed.cursor.offset <= bytes.len() as u64);
                 proptest::prop_assert_eq!((committed.cursor.offset - committed.start_offset) % frame, 0);

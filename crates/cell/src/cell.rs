@@ -155,12 +155,32 @@ pub struct Cell {
     /// (pending groups included); `None` when it may be out of step (after
     /// open, abort or an error), and then read again by the next group.
     ledger_index: Option<ledger::Index>,
+    /// The next group runs each command in its own savepoint from the
+    /// start: the last group had a command its kind rejected. Otherwise a
+    /// group runs without them and starts over with them only when a
+    /// command is rejected ([`Cell::run_transaction`]).
+    group_savepoints: bool,
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
     migrations_published: usize,
     /// Keeps other engines of this process (and recovery) off these
     /// files; dropped after the connections.
     claim: Claim,
+}
+
+/// How a group's run inside its transaction ended ([`Cell::run_group`]).
+enum GroupRun {
+    /// Every command has its result; `expiry_floor` is `Some` when the
+    /// database changed; `rejected` when a command's kind rejected it.
+    Done {
+        results: Vec<CommandResult>,
+        expiry_floor: Option<i64>,
+        rejected: bool,
+    },
+    /// A command was rejected with no savepoint to roll back to: roll the
+    /// transaction back, take the `recorded` ids out of the index, and run
+    /// the group again with savepoints.
+    Again { recorded: Vec<[u8; 16]> },
 }
 
 /// Whether the WAL at `path` holds no byte (or does not exist).
@@ -331,6 +351,7 @@ impl Cell {
             stats: CaptureStats::default(),
             ledger_expiry_floor: None,
             ledger_index: None,
+            group_savepoints: false,
             migrations_declared: 0,
             migrations_published: 0,
             claim,
@@ -528,8 +549,9 @@ impl Cell {
 
     /// Execute `group` as one transaction and capture it.
     ///
-    /// Each command runs in its own savepoint; a failing command rolls back
-    /// only its savepoint and its rejection is recorded. A command id seen
+    /// A failing command's writes are rolled back and its rejection is
+    /// recorded; the group's other commands keep theirs (each command runs
+    /// in its own savepoint; see [`Cell::run_transaction`] for when). A command id seen
     /// before with the same payload digest returns the stored outcome; with
     /// another digest it is refused (the ledger answers first, even past the
     /// command's expiry). Other expired commands are refused before
@@ -604,34 +626,68 @@ impl Cell {
 
     /// BEGIN, run the group, and COMMIT when it changed anything (the new
     /// ledger expiry floor is then `Some`) or roll back when not.
+    ///
+    /// A savepoint per command (`SAVEPOINT`, `RELEASE`) was about a ninth
+    /// of a command's instructions at group 16 (BENCHMARKS.md), and only a
+    /// command its kind rejects needs one, to roll back its own writes. So
+    /// a group first runs without them; when a command is rejected, the
+    /// whole transaction is rolled back and the group runs again from the
+    /// start, each command in its own savepoint. Nothing of the first run
+    /// was seen by anyone, so the second run's outcomes are the group's.
+    /// The Cell's next group starts with savepoints when this one had a
+    /// rejection, so a workload that keeps being rejected runs each group
+    /// once.
     fn run_transaction(
         &mut self,
         group: &[Command],
         txid: Txid,
         now_ms: i64,
     ) -> Result<(Vec<CommandResult>, Option<i64>)> {
-        self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        // Taken out while the group runs: an error leaves it `None`.
-        let mut index = self.ledger_index.take();
-        let (results, expiry_floor) = match self.run_group(group, txid, now_ms, &mut index) {
-            Ok(v) => v,
-            Err(e) => {
+        let mut savepoints = self.group_savepoints;
+        loop {
+            self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            // Taken out while the group runs: an error leaves it `None`.
+            let mut index = self.ledger_index.take();
+            let run = self.run_group(group, txid, now_ms, &mut index, savepoints);
+            let (results, expiry_floor, rejected) = match run {
+                Ok(GroupRun::Done {
+                    results,
+                    expiry_floor,
+                    rejected,
+                }) => (results, expiry_floor, rejected),
+                Ok(GroupRun::Again { recorded }) => {
+                    self.rollback()?;
+                    // The index as it was before the group: the ids this
+                    // run recorded were not in it (a known id is answered
+                    // from the ledger and recorded by nobody).
+                    if let Some(index) = index.as_mut() {
+                        for id in &recorded {
+                            index.remove(id);
+                        }
+                    }
+                    self.ledger_index = index;
+                    savepoints = true;
+                    continue;
+                }
+                Err(e) => {
+                    self.rollback()?;
+                    return Err(e);
+                }
+            };
+            self.group_savepoints = rejected;
+            if expiry_floor.is_none() {
+                // Nothing changed: the index still matches the database.
                 self.rollback()?;
-                return Err(e);
+                self.ledger_index = index;
+                return Ok((results, None));
             }
-        };
-        if expiry_floor.is_none() {
-            // Nothing changed: the index still matches the database.
-            self.rollback()?;
+            if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
+                self.rollback()?;
+                return Err(e.into());
+            }
             self.ledger_index = index;
-            return Ok((results, None));
+            return Ok((results, expiry_floor));
         }
-        if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
-            self.rollback()?;
-            return Err(e.into());
-        }
-        self.ledger_index = index;
-        Ok((results, expiry_floor))
     }
 
     /// Pin a reader at the latest state (`head`) before a group changes
@@ -698,15 +754,19 @@ impl Cell {
         Ok(())
     }
 
-    /// Run the commands inside the open transaction; returns the results
-    /// and, when the database changed, the new ledger expiry floor.
+    /// Run the commands inside the open transaction, each in its own
+    /// savepoint when `savepoints`; returns the results and, when the
+    /// database changed, the new ledger expiry floor, or
+    /// [`GroupRun::Again`] when a command was rejected with no savepoint
+    /// to roll back to.
     fn run_group(
         &self,
         group: &[Command],
         txid: Txid,
         now_ms: i64,
         index: &mut Option<ledger::Index>,
-    ) -> Result<(Vec<CommandResult>, Option<i64>)> {
+        savepoints: bool,
+    ) -> Result<GroupRun> {
         let behind = self.behind()?;
         let mut changed = behind;
         if behind {
@@ -717,6 +777,8 @@ impl Cell {
         let kind_name = self.kind.name().to_string();
         let mut results = Vec::with_capacity(group.len());
         let mut recorded_expiry = i64::MAX;
+        let mut recorded = Vec::new();
+        let mut rejected = false;
         for command in group {
             // The ledger first: a retry of a committed command gets its
             // stored outcome even when it arrives after its expiry (its
@@ -736,15 +798,31 @@ impl Cell {
                 });
                 continue;
             }
-            results.push(self.run_and_record(command, &digest, txid, index)?);
+            let Some(result) = self.run_and_record(command, &digest, txid, index, savepoints)?
+            else {
+                return Ok(GroupRun::Again { recorded });
+            };
+            rejected |= matches!(result.outcome, Outcome::Rejected { .. });
+            if !savepoints {
+                recorded.push(command.id.0);
+            }
+            results.push(result);
             changed = true;
             recorded_expiry = recorded_expiry.min(command.expires_at_ms);
         }
         if !changed {
-            return Ok((results, None));
+            return Ok(GroupRun::Done {
+                results,
+                expiry_floor: None,
+                rejected,
+            });
         }
         let floor = self.stamp_and_prune_ledger(txid, now_ms, recorded_expiry, index)?;
-        Ok((results, Some(floor)))
+        Ok(GroupRun::Done {
+            results,
+            expiry_floor: Some(floor),
+            rejected,
+        })
     }
 
     /// The ledger index the group works with: the one kept in memory, or,
@@ -813,15 +891,19 @@ impl Cell {
     /// Runs a command the ledger does not know yet and records its outcome
     /// (in the ledger table and `index`) under the group's `txid`, so a
     /// retry gets the same answer; the result depends on this group's
-    /// publication.
+    /// publication. `None`: the command was rejected and ran without a
+    /// savepoint (nothing recorded; the group must run again).
     fn run_and_record(
         &self,
         command: &Command,
         digest: &[u8; 32],
         txid: Txid,
         index: &mut ledger::Index,
-    ) -> Result<CommandResult> {
-        let outcome = self.run_command(command)?;
+        savepoint: bool,
+    ) -> Result<Option<CommandResult>> {
+        let Some(outcome) = self.run_command(command, savepoint)? else {
+            return Ok(None);
+        };
         ledger::record(
             &self.write,
             &command.id,
@@ -831,13 +913,13 @@ impl Cell {
             &outcome,
         )?;
         index.insert(command.id.0, command.expires_at_ms);
-        Ok(CommandResult {
+        Ok(Some(CommandResult {
             id: command.id,
             outcome,
             txid: Some(txid),
             duplicate: false,
             depends_on_txid: Some(txid),
-        })
+        }))
     }
 
     /// After a group that changed the database: stamps its `txid` into the
@@ -871,11 +953,15 @@ impl Cell {
         Ok(floor)
     }
 
-    /// One command in its own savepoint.
-    fn run_command(&self, command: &Command) -> Result<Outcome> {
-        self.write
-            .prepare_cached("SAVEPOINT command")?
-            .execute([])?;
+    /// One command, in its own savepoint when `savepoint`. `None`: it was
+    /// rejected without a savepoint, and its writes (if any) are still in
+    /// the transaction.
+    fn run_command(&self, command: &Command, savepoint: bool) -> Result<Option<Outcome>> {
+        if savepoint {
+            self.write
+                .prepare_cached("SAVEPOINT command")?
+                .execute([])?;
+        }
         let limits = self.kind.limits();
         let ran = self.write_guard.run(Mode::Kind, || {
             self.kind.execute(&self.write, &command.name, &command.args)
@@ -903,15 +989,18 @@ impl Cell {
         };
         match outcome {
             Ok(result) => {
-                self.write.prepare_cached("RELEASE command")?.execute([])?;
-                Ok(Outcome::Applied { result })
+                if savepoint {
+                    self.write.prepare_cached("RELEASE command")?.execute([])?;
+                }
+                Ok(Some(Outcome::Applied { result }))
             }
+            Err(_) if !savepoint => Ok(None),
             Err(rejection) => {
                 self.write
                     .prepare_cached("ROLLBACK TO command")?
                     .execute([])?;
                 self.write.prepare_cached("RELEASE command")?.execute([])?;
-                Ok(Outcome::Rejected { rejection })
+                Ok(Some(Outcome::Rejected { rejection }))
             }
         }
     }

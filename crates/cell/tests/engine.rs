@@ -362,6 +362,76 @@ fn manifest_kind_commands_queries_rejections_and_limits() {
     );
 }
 
+/// A group runs without savepoints until a command is rejected; then it
+/// runs again from the start with one per command. Either way a rejected
+/// command's writes are gone (here its first statement inserts a row, its
+/// second fails a CHECK), the others keep theirs, a repeated id in the
+/// same group gets the stored outcome, and the groups after it (the next
+/// one with savepoints from the start, the one after that without) do the
+/// same.
+#[test]
+fn a_rejected_command_loses_its_writes_and_the_rest_of_its_group_keeps_theirs() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
+    let dep = |n, id: &str, cents: i64| {
+        Command::new(
+            common::id(n),
+            "deposit",
+            json!({"id": id, "cents": cents}),
+            NOW + 1000,
+        )
+    };
+    let outcomes = |r: &cellfleet_cell::GroupResult| -> Vec<(Option<RejectCode>, bool)> {
+        r.results
+            .iter()
+            .map(|c| match &c.outcome {
+                Outcome::Applied { .. } => (None, c.duplicate),
+                Outcome::Rejected { rejection } => (Some(rejection.code), c.duplicate),
+            })
+            .collect()
+    };
+    let balance = |h: &mut Harness, id: &str| {
+        h.cell().query("balance", &json!({ "id": id })).unwrap()["rows"].clone()
+    };
+    let r = h.run(&[
+        dep(1, "a", 5),
+        dep(2, "z", -1),
+        dep(3, "b", 1),
+        dep(1, "a", 5),
+        dep(4, "a", 2),
+    ]);
+    use RejectCode::Sql;
+    assert_eq!(
+        outcomes(&r),
+        vec![
+            (None, false),
+            (Some(Sql), false),
+            (None, false),
+            (None, true),
+            (None, false)
+        ]
+    );
+    assert_eq!(balance(&mut h, "a"), json!([[7]]));
+    assert_eq!(balance(&mut h, "b"), json!([[1]]));
+    assert_eq!(balance(&mut h, "z"), json!([]));
+    assert_eq!(h.cell().ledger_len().unwrap(), 4);
+
+    let r = h.run(&[dep(5, "b", 1)]);
+    assert_eq!(outcomes(&r), vec![(None, false)]);
+    let r = h.run(&[dep(6, "z", -1), dep(7, "c", 1), dep(2, "z", -1)]);
+    assert_eq!(
+        outcomes(&r),
+        vec![(Some(Sql), false), (None, false), (Some(Sql), true)]
+    );
+    assert_eq!(balance(&mut h, "b"), json!([[2]]));
+    assert_eq!(balance(&mut h, "c"), json!([[1]]));
+    assert_eq!(balance(&mut h, "z"), json!([]));
+    assert_eq!(h.cell().ledger_len().unwrap(), 7);
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
 #[test]
 fn oversized_payloads_and_groups_are_refused() {
     let mut h = Harness::new(

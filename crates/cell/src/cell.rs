@@ -177,10 +177,25 @@ enum GroupRun {
         expiry_floor: Option<i64>,
         rejected: bool,
     },
-    /// A command was rejected with no savepoint to roll back to: roll the
-    /// transaction back, take the `recorded` ids out of the index, and run
-    /// the group again with savepoints.
-    Again { recorded: Vec<[u8; 16]> },
+    /// Roll the transaction back, take the `recorded` ids out of the
+    /// index, and run the group again with savepoints: a command was
+    /// rejected with no savepoint to roll back to, or (`lost`) a command
+    /// lost the whole transaction, and runs again as that rejection
+    /// without running.
+    Again {
+        recorded: Vec<[u8; 16]>,
+        lost: Option<([u8; 16], Rejection)>,
+    },
+}
+
+/// How one command ran ([`Cell::run_command`]).
+enum Ran {
+    /// Its outcome; a rejected command's writes are rolled back.
+    Done(Outcome),
+    /// Rejected with no savepoint: its writes are still in the transaction.
+    Undo,
+    /// Rejected, and the transaction is gone: SQLite rolled it back.
+    Lost(Rejection),
 }
 
 /// Whether the WAL at `path` holds no byte (or does not exist).
@@ -644,19 +659,26 @@ impl Cell {
         now_ms: i64,
     ) -> Result<(Vec<CommandResult>, Option<i64>)> {
         let mut savepoints = self.group_savepoints;
+        // Commands that lost the whole transaction: rejected without
+        // running when the group runs again.
+        let mut lost: Vec<([u8; 16], Rejection)> = Vec::new();
         loop {
             self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             // Taken out while the group runs: an error leaves it `None`.
             let mut index = self.ledger_index.take();
-            let run = self.run_group(group, txid, now_ms, &mut index, savepoints);
+            let run = self.run_group(group, txid, now_ms, &mut index, savepoints, &lost);
             let (results, expiry_floor, rejected) = match run {
                 Ok(GroupRun::Done {
                     results,
                     expiry_floor,
                     rejected,
                 }) => (results, expiry_floor, rejected),
-                Ok(GroupRun::Again { recorded }) => {
+                Ok(GroupRun::Again {
+                    recorded,
+                    lost: lost_now,
+                }) => {
                     self.rollback()?;
+                    lost.extend(lost_now);
                     // The index as it was before the group: the ids this
                     // run recorded were not in it (a known id is answered
                     // from the ledger and recorded by nobody).
@@ -755,10 +777,10 @@ impl Cell {
     }
 
     /// Run the commands inside the open transaction, each in its own
-    /// savepoint when `savepoints`; returns the results and, when the
-    /// database changed, the new ledger expiry floor, or
-    /// [`GroupRun::Again`] when a command was rejected with no savepoint
-    /// to roll back to.
+    /// savepoint when `savepoints`, the `lost` ones rejected without
+    /// running; returns the results and, when the database changed, the
+    /// new ledger expiry floor, or [`GroupRun::Again`] when a command was
+    /// rejected with no savepoint to roll back to, or lost the transaction.
     fn run_group(
         &self,
         group: &[Command],
@@ -766,6 +788,7 @@ impl Cell {
         now_ms: i64,
         index: &mut Option<ledger::Index>,
         savepoints: bool,
+        lost: &[([u8; 16], Rejection)],
     ) -> Result<GroupRun> {
         let behind = self.behind()?;
         let mut changed = behind;
@@ -798,14 +821,31 @@ impl Cell {
                 });
                 continue;
             }
-            let Some(result) = self.run_and_record(command, &digest, txid, index, savepoints)?
-            else {
-                return Ok(GroupRun::Again { recorded });
+            let decided = lost
+                .iter()
+                .find(|(id, _)| *id == command.id.0)
+                .map(|(_, rejection)| rejection.clone());
+            let outcome = match decided {
+                Some(rejection) => Outcome::Rejected { rejection },
+                None => match self.run_command(command, savepoints)? {
+                    Ran::Done(outcome) => outcome,
+                    Ran::Undo => {
+                        return Ok(GroupRun::Again {
+                            recorded,
+                            lost: None,
+                        })
+                    }
+                    Ran::Lost(rejection) => {
+                        return Ok(GroupRun::Again {
+                            recorded,
+                            lost: Some((command.id.0, rejection)),
+                        })
+                    }
+                },
             };
+            let result = self.record(command, &digest, txid, index, outcome)?;
             rejected |= matches!(result.outcome, Outcome::Rejected { .. });
-            if !savepoints {
-                recorded.push(command.id.0);
-            }
+            recorded.push(command.id.0);
             results.push(result);
             changed = true;
             recorded_expiry = recorded_expiry.min(command.expires_at_ms);
@@ -888,22 +928,17 @@ impl Cell {
         Ok(Some(result))
     }
 
-    /// Runs a command the ledger does not know yet and records its outcome
-    /// (in the ledger table and `index`) under the group's `txid`, so a
-    /// retry gets the same answer; the result depends on this group's
-    /// publication. `None`: the command was rejected and ran without a
-    /// savepoint (nothing recorded; the group must run again).
-    fn run_and_record(
+    /// Records the outcome of a command the ledger did not know (in the
+    /// ledger table and `index`) under the group's `txid`, so a retry gets
+    /// the same answer; the result depends on this group's publication.
+    fn record(
         &self,
         command: &Command,
         digest: &[u8; 32],
         txid: Txid,
         index: &mut ledger::Index,
-        savepoint: bool,
-    ) -> Result<Option<CommandResult>> {
-        let Some(outcome) = self.run_command(command, savepoint)? else {
-            return Ok(None);
-        };
+        outcome: Outcome,
+    ) -> Result<CommandResult> {
         ledger::record(
             &self.write,
             &command.id,
@@ -913,13 +948,13 @@ impl Cell {
             &outcome,
         )?;
         index.insert(command.id.0, command.expires_at_ms);
-        Ok(Some(CommandResult {
+        Ok(CommandResult {
             id: command.id,
             outcome,
             txid: Some(txid),
             duplicate: false,
             depends_on_txid: Some(txid),
-        }))
+        })
     }
 
     /// After a group that changed the database: stamps its `txid` into the
@@ -953,10 +988,8 @@ impl Cell {
         Ok(floor)
     }
 
-    /// One command, in its own savepoint when `savepoint`. `None`: it was
-    /// rejected without a savepoint, and its writes (if any) are still in
-    /// the transaction.
-    fn run_command(&self, command: &Command, savepoint: bool) -> Result<Option<Outcome>> {
+    /// One command, in its own savepoint when `savepoint`.
+    fn run_command(&self, command: &Command, savepoint: bool) -> Result<Ran> {
         if savepoint {
             self.write
                 .prepare_cached("SAVEPOINT command")?
@@ -987,20 +1020,29 @@ impl Cell {
             }
             Err(KindError::Sqlite(e)) => Err(rejection_of(e, self.write_guard.steps_max())),
         };
+        if self.write.is_autocommit() {
+            // SQLite rolled the whole transaction back (an INSERT, UPDATE
+            // or DELETE interrupted by the step budget does), or the kind
+            // ended it: the group's earlier work is gone with it.
+            let rejection = outcome.err().unwrap_or_else(|| {
+                Rejection::new(RejectCode::Sql, "the command ended the group's transaction")
+            });
+            return Ok(Ran::Lost(rejection));
+        }
         match outcome {
             Ok(result) => {
                 if savepoint {
                     self.write.prepare_cached("RELEASE command")?.execute([])?;
                 }
-                Ok(Some(Outcome::Applied { result }))
+                Ok(Ran::Done(Outcome::Applied { result }))
             }
-            Err(_) if !savepoint => Ok(None),
+            Err(_) if !savepoint => Ok(Ran::Undo),
             Err(rejection) => {
                 self.write
                     .prepare_cached("ROLLBACK TO command")?
                     .execute([])?;
                 self.write.prepare_cached("RELEASE command")?.execute([])?;
-                Ok(Some(Outcome::Rejected { rejection }))
+                Ok(Ran::Done(Outcome::Rejected { rejection }))
             }
         }
     }

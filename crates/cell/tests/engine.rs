@@ -432,6 +432,62 @@ fn a_rejected_command_loses_its_writes_and_the_rest_of_its_group_keeps_theirs() 
     assert_eq!(recovered, h.live_bytes());
 }
 
+/// A command stopped by the step budget in the middle of an INSERT, after
+/// an earlier statement of its own wrote a row: its writes are gone, the
+/// commands around it keep theirs, with or without savepoints at the start
+/// of the group, and the Cell goes on.
+#[test]
+fn a_command_stopped_by_the_step_budget_loses_its_writes() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let config = CellConfig {
+        statement_steps_max: 100_000,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(manifest.kind("account").unwrap(), config);
+    let dep = |n, id: &str| {
+        Command::new(
+            common::id(n),
+            "deposit",
+            json!({"id": id, "cents": 1}),
+            NOW + 1000,
+        )
+    };
+    let runaway = |n| {
+        Command::new(
+            common::id(n),
+            "$sql",
+            json!({"sql": "INSERT INTO balance VALUES ('x', 1); \
+                WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) \
+                INSERT INTO balance SELECT 'y' || n, 0 FROM c LIMIT 10000000"}),
+            NOW + 1000,
+        )
+    };
+    let codes = |r: &cellfleet_cell::GroupResult| -> Vec<Option<RejectCode>> {
+        r.results
+            .iter()
+            .map(|c| match &c.outcome {
+                Outcome::Applied { .. } => None,
+                Outcome::Rejected { rejection } => Some(rejection.code),
+            })
+            .collect()
+    };
+    use RejectCode::LimitExceeded;
+    for round in 0..2u64 {
+        let base = round * 10;
+        let r = h.run(&[dep(base + 1, "a"), runaway(base + 2), dep(base + 3, "b")]);
+        assert_eq!(
+            codes(&r),
+            vec![None, Some(LimitExceeded), None],
+            "round {round}"
+        );
+    }
+    let all = h.cell().query("all", &json!({})).unwrap()["rows"].clone();
+    assert_eq!(all, json!([["a", 2], ["b", 2]]));
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
 #[test]
 fn oversized_payloads_and_groups_are_refused() {
     let mut h = Harness::new(

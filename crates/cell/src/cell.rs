@@ -666,6 +666,7 @@ impl Cell {
             self.write.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             // Taken out while the group runs: an error leaves it `None`.
             let mut index = self.ledger_index.take();
+            let index_was_known = index.is_some();
             let run = self.run_group(group, txid, now_ms, &mut index, savepoints, &lost);
             let (results, expiry_floor, rejected) = match run {
                 Ok(GroupRun::Done {
@@ -681,13 +682,15 @@ impl Cell {
                     lost.extend(lost_now);
                     // The index as it was before the group: the ids this
                     // run recorded were not in it (a known id is answered
-                    // from the ledger and recorded by nobody).
+                    // from the ledger and recorded by nobody). One this run
+                    // read from the table goes: it may describe a layout
+                    // upgrade the rollback undid.
                     if let Some(index) = index.as_mut() {
                         for id in &recorded {
                             index.remove(id);
                         }
                     }
-                    self.ledger_index = index;
+                    self.ledger_index = index.filter(|_| index_was_known);
                     savepoints = true;
                     continue;
                 }

@@ -1189,6 +1189,38 @@ fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
     assert_eq!(h.cell().ledger_len().unwrap(), 5);
 }
 
+/// The first group of a Cell of the old ledger layout, with a command that
+/// writes and is then rejected: the group runs again after rolling back
+/// the layout's upgrade with everything else, and upgrades again.
+#[test]
+fn an_upgrading_group_with_a_rejected_command_runs_again_and_upgrades() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
+    let dep = |n, id: &str, cents: i64| {
+        Command::new(
+            common::id(n),
+            "deposit",
+            json!({"id": id, "cents": cents}),
+            NOW + 1000,
+        )
+    };
+    h.run(&[dep(1, "a", 5)]);
+    make_legacy(&mut h);
+    let r = h.run(&[dep(1, "a", 5), dep(2, "z", -1), dep(3, "b", 1)]);
+    assert!(r.results[0].duplicate, "a retry gets its stored outcome");
+    assert!(
+        matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Sql)
+    );
+    assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
+    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
+    assert_eq!(h.cell().ledger_len().unwrap(), 3);
+    let all = h.cell().query("all", &json!({})).unwrap()["rows"].clone();
+    assert_eq!(all, json!([["a", 5], ["b", 1]]));
+    let (pos, recovered) = h.recover_bytes("r.db");
+    assert_eq!(pos, h.position());
+    assert_eq!(recovered, h.live_bytes());
+}
+
 /// An aborted upgrade leaves the old layout, and the next group upgrades
 /// again: even a group of retries alone publishes the move.
 #[test]

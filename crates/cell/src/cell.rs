@@ -156,9 +156,9 @@ pub struct Cell {
     /// open, abort or an error), and then read again by the next group.
     ledger_index: Option<ledger::Index>,
     /// The next group runs each command in its own savepoint from the
-    /// start: the last group had a command its kind rejected. Otherwise a
-    /// group runs without them and starts over with them only when a
-    /// command is rejected ([`Cell::run_transaction`]).
+    /// start: the last group had a rejected command. Otherwise a group
+    /// runs without them and starts over with them only when a command is
+    /// rejected ([`Cell::run_transaction`]).
     group_savepoints: bool,
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
@@ -565,8 +565,8 @@ impl Cell {
     /// Execute `group` as one transaction and capture it.
     ///
     /// A failing command's writes are rolled back and its rejection is
-    /// recorded; the group's other commands keep theirs (each command runs
-    /// in its own savepoint; see [`Cell::run_transaction`] for when). A command id seen
+    /// recorded; the group's other commands keep theirs (see
+    /// [`Cell::run_transaction`] for how). A command id seen
     /// before with the same payload digest returns the stored outcome; with
     /// another digest it is refused (the ledger answers first, even past the
     /// command's expiry). Other expired commands are refused before

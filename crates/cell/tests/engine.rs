@@ -285,22 +285,35 @@ rows_max = 3
 migrations = ["CREATE TABLE t (x)"]
 "#;
 
+/// A `deposit` command of the `account` kind.
+fn deposit(n: u64, id: &str, cents: i64) -> Command {
+    Command::new(
+        common::id(n),
+        "deposit",
+        json!({"id": id, "cents": cents}),
+        NOW + 1000,
+    )
+}
+
+/// Each result's rejection code, `None` for an applied command.
+fn reject_codes(r: &cellfleet_cell::GroupResult) -> Vec<Option<RejectCode>> {
+    r.results
+        .iter()
+        .map(|c| match &c.outcome {
+            Outcome::Applied { .. } => None,
+            Outcome::Rejected { rejection } => Some(rejection.code),
+        })
+        .collect()
+}
+
 #[test]
 fn manifest_kind_commands_queries_rejections_and_limits() {
     let manifest = Manifest::parse(MANIFEST).unwrap();
     let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
-    let dep = |n, id: &str, cents: i64| {
-        Command::new(
-            common::id(n),
-            "deposit",
-            json!({"id": id, "cents": cents}),
-            NOW + 1000,
-        )
-    };
     let r = h.run(&[
-        dep(1, "a", 5),
-        dep(2, "a", -10), // CHECK fails: only this savepoint rolls back
-        dep(3, "b", 1),
+        deposit(1, "a", 5),
+        deposit(2, "a", -10), // CHECK fails: only this savepoint rolls back
+        deposit(3, "b", 1),
         Command::new(id(4), "deposit", json!({"id": "a"}), NOW + 1000),
         Command::new(id(5), "deposit", json!({"id": "a", "cents": 1, "extra": 1}), NOW + 1000),
         Command::new(id(6), "nope", json!({}), NOW + 1000),
@@ -308,14 +321,7 @@ fn manifest_kind_commands_queries_rejections_and_limits() {
         Command::new(id(8), "$sql", json!({"sql": "COMMIT"}), NOW + 1000),
         Command::new(id(9), "$sql", json!({"sql": "INSERT INTO balance VALUES ('c', 1); INSERT INTO balance VALUES ('d', 1)"}), NOW + 1000),
     ]);
-    let codes: Vec<Option<RejectCode>> = r
-        .results
-        .iter()
-        .map(|c| match &c.outcome {
-            Outcome::Applied { .. } => None,
-            Outcome::Rejected { rejection } => Some(rejection.code),
-        })
-        .collect();
+    let codes = reject_codes(&r);
     use RejectCode::*;
     assert_eq!(
         codes,
@@ -373,14 +379,6 @@ fn manifest_kind_commands_queries_rejections_and_limits() {
 fn a_rejected_command_loses_its_writes_and_the_rest_of_its_group_keeps_theirs() {
     let manifest = Manifest::parse(MANIFEST).unwrap();
     let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
-    let dep = |n, id: &str, cents: i64| {
-        Command::new(
-            common::id(n),
-            "deposit",
-            json!({"id": id, "cents": cents}),
-            NOW + 1000,
-        )
-    };
     let outcomes = |r: &cellfleet_cell::GroupResult| -> Vec<(Option<RejectCode>, bool)> {
         r.results
             .iter()
@@ -394,11 +392,11 @@ fn a_rejected_command_loses_its_writes_and_the_rest_of_its_group_keeps_theirs() 
         h.cell().query("balance", &json!({ "id": id })).unwrap()["rows"].clone()
     };
     let r = h.run(&[
-        dep(1, "a", 5),
-        dep(2, "z", -1),
-        dep(3, "b", 1),
-        dep(1, "a", 5),
-        dep(4, "a", 2),
+        deposit(1, "a", 5),
+        deposit(2, "z", -1),
+        deposit(3, "b", 1),
+        deposit(1, "a", 5),
+        deposit(4, "a", 2),
     ]);
     use RejectCode::Sql;
     assert_eq!(
@@ -416,9 +414,9 @@ fn a_rejected_command_loses_its_writes_and_the_rest_of_its_group_keeps_theirs() 
     assert_eq!(balance(&mut h, "z"), json!([]));
     assert_eq!(h.cell().ledger_len().unwrap(), 4);
 
-    let r = h.run(&[dep(5, "b", 1)]);
+    let r = h.run(&[deposit(5, "b", 1)]);
     assert_eq!(outcomes(&r), vec![(None, false)]);
-    let r = h.run(&[dep(6, "z", -1), dep(7, "c", 1), dep(2, "z", -1)]);
+    let r = h.run(&[deposit(6, "z", -1), deposit(7, "c", 1), deposit(2, "z", -1)]);
     assert_eq!(
         outcomes(&r),
         vec![(Some(Sql), false), (None, false), (Some(Sql), true)]
@@ -444,14 +442,6 @@ fn a_command_stopped_by_the_step_budget_loses_its_writes() {
         ..CellConfig::default()
     };
     let mut h = Harness::new(manifest.kind("account").unwrap(), config);
-    let dep = |n, id: &str| {
-        Command::new(
-            common::id(n),
-            "deposit",
-            json!({"id": id, "cents": 1}),
-            NOW + 1000,
-        )
-    };
     let runaway = |n| {
         Command::new(
             common::id(n),
@@ -462,21 +452,16 @@ fn a_command_stopped_by_the_step_budget_loses_its_writes() {
             NOW + 1000,
         )
     };
-    let codes = |r: &cellfleet_cell::GroupResult| -> Vec<Option<RejectCode>> {
-        r.results
-            .iter()
-            .map(|c| match &c.outcome {
-                Outcome::Applied { .. } => None,
-                Outcome::Rejected { rejection } => Some(rejection.code),
-            })
-            .collect()
-    };
     use RejectCode::LimitExceeded;
     for round in 0..2u64 {
         let base = round * 10;
-        let r = h.run(&[dep(base + 1, "a"), runaway(base + 2), dep(base + 3, "b")]);
+        let r = h.run(&[
+            deposit(base + 1, "a", 1),
+            runaway(base + 2),
+            deposit(base + 3, "b", 1),
+        ]);
         assert_eq!(
-            codes(&r),
+            reject_codes(&r),
             vec![None, Some(LimitExceeded), None],
             "round {round}"
         );
@@ -1196,17 +1181,9 @@ fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
 fn an_upgrading_group_with_a_rejected_command_runs_again_and_upgrades() {
     let manifest = Manifest::parse(MANIFEST).unwrap();
     let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
-    let dep = |n, id: &str, cents: i64| {
-        Command::new(
-            common::id(n),
-            "deposit",
-            json!({"id": id, "cents": cents}),
-            NOW + 1000,
-        )
-    };
-    h.run(&[dep(1, "a", 5)]);
+    h.run(&[deposit(1, "a", 5)]);
     make_legacy(&mut h);
-    let r = h.run(&[dep(1, "a", 5), dep(2, "z", -1), dep(3, "b", 1)]);
+    let r = h.run(&[deposit(1, "a", 5), deposit(2, "z", -1), deposit(3, "b", 1)]);
     assert!(r.results[0].duplicate, "a retry gets its stored outcome");
     assert!(
         matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Sql)

@@ -77,11 +77,11 @@ impl Committed<'_> {
 }
 
 /// The most bytes a thread keeps for reading frames between captures
-/// ([`read_committed`]'s buffer): 62 frames of 4 KiB pages, several times a
+/// ([`read_committed`]'s buffer): 63 frames of 4 KiB pages, several times a
 /// usual group's; a larger transaction's buffer is freed after it. The
 /// blocking pool may run many threads (a streams node used about 85), so
 /// this bounds what they keep together.
-pub(crate) const BUFFER_KEPT_MAX: usize = 256 << 10;
+const BUFFER_KEPT_MAX: usize = 256 << 10;
 
 thread_local! {
     /// The buffer the frames of a capture are read into, kept per thread

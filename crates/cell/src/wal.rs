@@ -429,6 +429,44 @@ mod tests {
         );
     }
 
+    /// A buffer kept from a longer read of the same WAL holds valid frames
+    /// past the end of a shorter one (same salts, a checksum chain that
+    /// continues): a read must stop where its file ends, not at the end of
+    /// the buffer.
+    #[test]
+    fn a_kept_buffer_never_adds_frames_past_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let wal = dir.path().join("t.db-wal");
+        let conn = open(&db);
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        let first = read_committed(&wal, &WalCursor::default(), 4096)
+            .unwrap()
+            .unwrap();
+        conn.execute_batch("INSERT INTO t VALUES (randomblob(9000))")
+            .unwrap();
+        // The same WAL, cut after the first commit.
+        let short = dir.path().join("short-wal");
+        std::fs::copy(&wal, &short).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&short)
+            .unwrap();
+        file.set_len(first.cursor.offset).unwrap();
+
+        let mut buffer = Vec::new();
+        let long = std::fs::File::open(&wal).unwrap();
+        let all = read_with(&long, &WalCursor::default(), 4096, &mut buffer)
+            .unwrap()
+            .unwrap();
+        assert!(all.cursor.offset > first.cursor.offset);
+        let cut = std::fs::File::open(&short).unwrap();
+        let again = read_with(&cut, &WalCursor::default(), 4096, &mut buffer)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, first);
+    }
+
     /// SQLite's own WAL handle reads what the file by its path reads, and
     /// follows the WAL through a checkpoint that truncates it.
     #[test]

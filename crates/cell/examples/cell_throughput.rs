@@ -37,14 +37,14 @@ use shared::{MANIFEST, NOW};
 const LEDGER: &str = "
 CREATE TABLE _cellfleet_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO _cellfleet_meta VALUES ('txid', 0);
-CREATE TABLE _cellfleet_outcomes (
-    expires_at_ms INTEGER NOT NULL,
+CREATE TABLE _cellfleet_entries (
+    seq INTEGER PRIMARY KEY,
     id BLOB NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
     digest BLOB NOT NULL,
     txid INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    PRIMARY KEY (expires_at_ms, id)
-) WITHOUT ROWID;
+    outcome TEXT NOT NULL
+);
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -242,14 +242,14 @@ fn floor_run(variant: Variant, group: usize, commands: usize, seq: &mut u64) -> 
                 digest[..16].copy_from_slice(&id);
                 digest[16..].copy_from_slice(&id);
                 conn.prepare_cached(
-                    "INSERT INTO _cellfleet_outcomes (id, digest, txid, expires_at_ms, outcome) \
+                    "INSERT INTO _cellfleet_entries (id, expires_at_ms, digest, txid, outcome) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .and_then(|mut s| {
-                    s.execute((&id[..], &digest[..], txid, expires_at_ms(*seq), outcome))
+                    s.execute((&id[..], expires_at_ms(*seq), &digest[..], txid, outcome))
                 })
                 .expect("record");
-                seen.insert(id, expires_at_ms(*seq));
+                seen.insert(id, conn.last_insert_rowid());
             }
         }
         if ledger {

@@ -147,7 +147,7 @@ pub struct Cell {
     pending: VecDeque<Pending>,
     poisoned: bool,
     stats: CaptureStats,
-    /// A lower bound of the earliest expiry in the ledger (`i64::MAX` when
+    /// A lower bound of the expiry at the ledger's front (`i64::MAX` when
     /// it is empty), so groups skip the prune statement when nothing can
     /// have expired; `None` when unknown (after open, abort or an error).
     ledger_expiry_floor: Option<i64>,
@@ -177,16 +177,21 @@ enum GroupRun {
         expiry_floor: Option<i64>,
         rejected: bool,
     },
-    /// Roll the transaction back, take the `recorded` ids out of the
-    /// index, and run the group again with savepoints: a command was
+    /// Roll the transaction back, put the index entries of the `recorded`
+    /// ids back as they were before the run, and run the group again with
+    /// savepoints: a command was
     /// rejected with no savepoint to roll back to, or (`lost`) a command
     /// lost the whole transaction, and runs again as that rejection
     /// without running.
     Again {
-        recorded: Vec<[u8; 16]>,
+        recorded: Vec<Recorded>,
         lost: Option<([u8; 16], Rejection)>,
     },
 }
+
+/// An id a group's run recorded, with the row its index entry named
+/// before (an id whose window ended can run again).
+type Recorded = ([u8; 16], Option<i64>);
 
 /// How one command ran ([`Cell::run_command`]).
 enum Ran {
@@ -680,14 +685,16 @@ impl Cell {
                 }) => {
                     self.rollback()?;
                     lost.extend(lost_now);
-                    // The index as it was before the group: the ids this
-                    // run recorded were not in it (a known id is answered
-                    // from the ledger and recorded by nobody). One this run
-                    // read from the table goes: it may describe a layout
-                    // upgrade the rollback undid.
+                    // The index as it was before the group: each id this
+                    // run recorded named no row, or (its window ended) an
+                    // older one. One this run read from the table goes: it
+                    // may describe a layout upgrade the rollback undid.
                     if let Some(index) = index.as_mut() {
-                        for id in &recorded {
-                            index.remove(id);
+                        for (id, before) in recorded.iter().rev() {
+                            match before {
+                                Some(seq) => index.insert(*id, *seq),
+                                None => index.remove(id),
+                            };
                         }
                     }
                     self.ledger_index = index.filter(|_| index_was_known);
@@ -810,7 +817,7 @@ impl Cell {
             // stored outcome even when it arrives after its expiry (its
             // entry is kept until expiry plus the skew margin).
             let digest = command.digest(&kind_name);
-            if let Some(result) = self.stored_result(index, command, &digest)? {
+            if let Some(result) = self.stored_result(index, command, &digest, now_ms)? {
                 results.push(result);
                 continue;
             }
@@ -846,9 +853,9 @@ impl Cell {
                     }
                 },
             };
-            let result = self.record(command, &digest, txid, index, outcome)?;
+            let (result, before) = self.record(command, &digest, txid, index, outcome)?;
             rejected |= matches!(result.outcome, Outcome::Rejected { .. });
-            recorded.push(command.id.0);
+            recorded.push((command.id.0, before));
             results.push(result);
             changed = true;
             recorded_expiry = recorded_expiry.min(command.expires_at_ms);
@@ -887,22 +894,29 @@ impl Cell {
     }
 
     /// The answer the ledger already holds for `command`, if `index` names
-    /// its id: the stored outcome when the payload `digest` matches (a
-    /// retry), else a refusal (the id was reused for another payload).
-    /// Either answer depends on the publication of the group that stored
-    /// the entry while that group is not confirmed.
+    /// its id and the entry's window has not ended at `now_ms`: the stored
+    /// outcome when the payload `digest` matches (a retry), else a refusal
+    /// (the id was reused for another payload). Either answer depends on
+    /// the publication of the group that stored the entry while that group
+    /// is not confirmed.
     fn stored_result(
         &self,
         index: &ledger::Index,
         command: &Command,
         digest: &[u8; 32],
+        now_ms: i64,
     ) -> Result<Option<CommandResult>> {
-        let Some(&expires_at_ms) = index.get(&command.id.0) else {
+        let Some(&seq) = index.get(&command.id.0) else {
             return Ok(None);
         };
-        let entry = ledger::get(&self.write, expires_at_ms, &command.id)?.ok_or_else(|| {
+        let entry = ledger::get(&self.write, seq, &command.id)?.ok_or_else(|| {
             Error::Recovery("the ledger index names a row the table lacks".into())
         })?;
+        if !entry.answers_at(now_ms, self.config.skew_margin_ms) {
+            // Past its window, waiting for the front of the ledger to be
+            // pruned: the id is free, as if the row were gone.
+            return Ok(None);
+        }
         // An entry of a pending group (or of this one) stands only
         // if that group's publication is confirmed.
         let depends_on_txid = (entry.txid > self.published.txid).then_some(entry.txid);
@@ -934,6 +948,7 @@ impl Cell {
     /// Records the outcome of a command the ledger did not know (in the
     /// ledger table and `index`) under the group's `txid`, so a retry gets
     /// the same answer; the result depends on this group's publication.
+    /// Also returns the row `index` named for the id before, if any.
     fn record(
         &self,
         command: &Command,
@@ -941,8 +956,8 @@ impl Cell {
         txid: Txid,
         index: &mut ledger::Index,
         outcome: Outcome,
-    ) -> Result<CommandResult> {
-        ledger::record(
+    ) -> Result<(CommandResult, Option<i64>)> {
+        let seq = ledger::record(
             &self.write,
             &command.id,
             digest,
@@ -950,20 +965,22 @@ impl Cell {
             command.expires_at_ms,
             &outcome,
         )?;
-        index.insert(command.id.0, command.expires_at_ms);
-        Ok(CommandResult {
+        let before = index.insert(command.id.0, seq);
+        let result = CommandResult {
             id: command.id,
             outcome,
             txid: Some(txid),
             duplicate: false,
             depends_on_txid: Some(txid),
-        })
+        };
+        Ok((result, before))
     }
 
     /// After a group that changed the database: stamps its `txid` into the
-    /// ledger and, when the earliest expiry is past (expiry plus the skew
-    /// margin), prunes at most `ledger_prune_max` such entries (from the
-    /// table and `index`); returns the new ledger expiry floor.
+    /// ledger and, when the front entry's expiry is past (expiry plus the
+    /// skew margin), prunes at most `ledger_prune_max` such entries from the
+    /// front (from the table and `index`); returns the new ledger expiry
+    /// floor.
     /// `recorded_expiry` is the earliest expiry the group recorded
     /// (`i64::MAX` when it recorded none).
     fn stamp_and_prune_ledger(
@@ -976,17 +993,19 @@ impl Cell {
         ledger::set_txid(&self.write, txid)?;
         let mut floor = match self.ledger_expiry_floor {
             Some(floor) => floor.min(recorded_expiry),
-            None => ledger::earliest_expiry(&self.write)?,
+            None => ledger::front_expiry(&self.write)?,
         };
-        // Pruning prepares anew on every run (SQLite re-plans a range
-        // bound on an indexed column), so it runs only when some entry can
-        // have expired.
+        // A group's own entries expire in the future, so this holds on
+        // every group only when the front has expired.
         let cutoff = now_ms.saturating_sub(self.config.skew_margin_ms);
         if floor < cutoff {
-            for id in ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)? {
-                index.remove(&id);
+            for (id, seq) in ledger::prune(&self.write, cutoff, self.config.ledger_prune_max)? {
+                // The id may have run again since, in a newer row.
+                if index.get(&id) == Some(&seq) {
+                    index.remove(&id);
+                }
             }
-            floor = ledger::earliest_expiry(&self.write)?;
+            floor = ledger::front_expiry(&self.write)?;
         }
         Ok(floor)
     }
@@ -1343,28 +1362,26 @@ impl Cell {
         if self.published.txid == Txid::ZERO {
             return Ok(None);
         }
-        if self.ledger_index.is_none() && ledger::layout(&self.write)? == ledger::Layout::ByExpiry {
+        if self.ledger_index.is_none() && ledger::layout(&self.write)? == ledger::Layout::Arrival {
             // Between groups: the write connection's state, pending included.
             self.ledger_index = Some(ledger::load(&self.write)?);
         }
         let conn = &self.view()?.conn;
-        let entry = match ledger::layout(conn)? {
-            ledger::Layout::ById => ledger::find_by_id(conn, id)?,
+        let entry = match (ledger::layout(conn)?, self.ledger_index.as_ref()) {
             // The index holds every id of the write connection's state. One
             // it lacks is not in the published state either, unless a
             // pending group pruned it, which only happens past its window.
             // One it holds may be pending (the runtime answers those from
-            // what it has in flight) or recorded again after such a prune.
-            ledger::Layout::ByExpiry => {
-                match self
-                    .ledger_index
-                    .as_ref()
-                    .and_then(|index| index.get(&id.0))
-                {
-                    Some(&expires_at_ms) => ledger::get(conn, expires_at_ms, id)?,
-                    None => None,
-                }
-            }
+            // what it has in flight), or recorded again past its window in
+            // a newer row, whose `seq` the published state may lack or
+            // give to another id (`get` then finds nothing).
+            (ledger::Layout::Arrival, Some(index)) => match index.get(&id.0) {
+                Some(&seq) => ledger::get(conn, seq, id)?,
+                None => None,
+            },
+            // A state published before the Cell's move to the current
+            // layout, or a writer that has not moved yet.
+            (layout, _) => ledger::find_by_id(conn, layout, id)?,
         };
         // As for queries: an answer read through a lost pin is void.
         self.check_published_view()?;

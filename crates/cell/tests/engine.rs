@@ -317,7 +317,7 @@ fn manifest_kind_commands_queries_rejections_and_limits() {
         Command::new(id(4), "deposit", json!({"id": "a"}), NOW + 1000),
         Command::new(id(5), "deposit", json!({"id": "a", "cents": 1, "extra": 1}), NOW + 1000),
         Command::new(id(6), "nope", json!({}), NOW + 1000),
-        Command::new(id(7), "$sql", json!({"sql": "DELETE FROM _cellfleet_outcomes"}), NOW + 1000),
+        Command::new(id(7), "$sql", json!({"sql": "DELETE FROM _cellfleet_entries"}), NOW + 1000),
         Command::new(id(8), "$sql", json!({"sql": "COMMIT"}), NOW + 1000),
         Command::new(id(9), "$sql", json!({"sql": "INSERT INTO balance VALUES ('c', 1); INSERT INTO balance VALUES ('d', 1)"}), NOW + 1000),
     ]);
@@ -904,8 +904,8 @@ fn expired_ledger_entries_are_pruned_in_bounded_steps() {
     );
     assert!(r.publication.is_none());
     // Past its window an id is free again: sent with a new expiry it runs
-    // as a new command (the engine's index of the ledger forgot it when the
-    // group before pruned it) and is exactly-once from then on.
+    // as a new command and is exactly-once from then on, though its old row
+    // waits behind entries that have not expired (pruning takes the front).
     let start = h.now;
     h.run(&[with_expiry(20, start + 1_000)]);
     h.now = start + 1_501;
@@ -913,8 +913,8 @@ fn expired_ledger_entries_are_pruned_in_bounded_steps() {
     h.run(&[with_expiry(21, NOW + 200_000)]);
     assert_eq!(
         h.cell().ledger_len().unwrap(),
-        before,
-        "20 pruned, 21 added"
+        before + 1,
+        "20 waits behind 6 to 11, which have not expired"
     );
     let r = h.run(&[
         with_expiry(20, NOW + 200_000),
@@ -923,9 +923,29 @@ fn expired_ledger_entries_are_pruned_in_bounded_steps() {
     assert!(matches!(r.results[0].outcome, Outcome::Applied { .. }));
     assert!(!r.results[0].duplicate);
     assert!(r.results[1].duplicate);
+    let again = r.results[0].txid;
+    // Reopened, the index is read from the table: the newer row answers.
     h.open();
     let r = h.run(&[with_expiry(20, NOW + 200_000)]);
     assert!(r.results[0].duplicate);
+    assert_eq!(r.results[0].txid, again);
+    // Once the front expires, pruning goes on, three a group, past the
+    // old row of 20 and up to the first entry that has not expired.
+    h.now = NOW + 100_501;
+    let len = h.cell().ledger_len().unwrap();
+    assert_eq!(len, 9, "6 to 11, 20, 21 and 20 again");
+    for n in 30..33 {
+        h.run(&[with_expiry(n, NOW + 200_000)]);
+    }
+    assert_eq!(
+        h.cell().ledger_len().unwrap(),
+        9 + 3 - 7,
+        "21, 20 again, 30, 31 and 32 are left"
+    );
+    // Pruning the old row of 20 left the newer one in the index.
+    let r = h.run(&[with_expiry(20, NOW + 200_000)]);
+    assert!(r.results[0].duplicate);
+    assert_eq!(r.results[0].txid, again);
     let (pos, recovered) = h.recover_bytes("r.db");
     assert_eq!(pos, h.position());
     assert_eq!(recovered, h.live_bytes());
@@ -1049,18 +1069,51 @@ fn a_cell_closed_keeping_its_sidecars_reopens_and_tidies_to_one_file() {
     assert_eq!(recovered, h.live_bytes());
 }
 
-/// The ledger of Cells created before `_cellfleet_outcomes`, as the engine
-/// declared it then: keyed by the command id.
-const LEGACY_LEDGER: &str = "
-CREATE TABLE _cellfleet_ledger (
-    id BLOB PRIMARY KEY,
-    digest BLOB NOT NULL,
-    txid INTEGER NOT NULL,
-    expires_at_ms INTEGER NOT NULL,
-    outcome TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);
-";
+/// The ledger layouts of Cells created before `_cellfleet_entries`, as the
+/// engine declared them then.
+#[derive(Clone, Copy, Debug)]
+enum Legacy {
+    /// `_cellfleet_ledger`, keyed by the command id (the first layout).
+    ById,
+    /// `_cellfleet_outcomes`, keyed by expiry and id (the second).
+    ByExpiry,
+}
+
+impl Legacy {
+    const ALL: [Legacy; 2] = [Legacy::ById, Legacy::ByExpiry];
+
+    fn table(self) -> &'static str {
+        match self {
+            Legacy::ById => "_cellfleet_ledger",
+            Legacy::ByExpiry => "_cellfleet_outcomes",
+        }
+    }
+
+    fn schema(self) -> &'static str {
+        match self {
+            Legacy::ById => {
+                "CREATE TABLE _cellfleet_ledger (
+                    id BLOB PRIMARY KEY,
+                    digest BLOB NOT NULL,
+                    txid INTEGER NOT NULL,
+                    expires_at_ms INTEGER NOT NULL,
+                    outcome TEXT NOT NULL
+                ) WITHOUT ROWID;
+                CREATE INDEX _cellfleet_ledger_expiry ON _cellfleet_ledger (expires_at_ms);"
+            }
+            Legacy::ByExpiry => {
+                "CREATE TABLE _cellfleet_outcomes (
+                    expires_at_ms INTEGER NOT NULL,
+                    id BLOB NOT NULL,
+                    digest BLOB NOT NULL,
+                    txid INTEGER NOT NULL,
+                    outcome TEXT NOT NULL,
+                    PRIMARY KEY (expires_at_ms, id)
+                ) WITHOUT ROWID;"
+            }
+        }
+    }
+}
 
 /// The names of the engine's ledger tables in the Cell's database file,
 /// read beside the open Cell (through the VFS it opens with: any other
@@ -1075,26 +1128,28 @@ fn ledger_tables(h: &Harness) -> Vec<String> {
     let mut stmt = conn
         .prepare(
             "SELECT name FROM sqlite_schema WHERE type = 'table' \
-             AND name IN ('_cellfleet_ledger', '_cellfleet_outcomes') ORDER BY name",
+             AND name IN ('_cellfleet_ledger', '_cellfleet_outcomes', '_cellfleet_entries') \
+             ORDER BY name",
         )
         .unwrap();
     let names = stmt.query_map([], |r| r.get(0)).unwrap();
     names.collect::<rusqlite::Result<_>>().unwrap()
 }
 
-/// Turns the harness Cell into one written by an engine of the old ledger
-/// layout: its outcomes moved into `_cellfleet_ledger`, at the same TXID,
+/// Turns the harness Cell into one written by an engine of an old ledger
+/// layout: its outcomes moved into that layout's table, at the same TXID,
 /// and published as one snapshot (what the bucket holds for such a Cell).
-fn make_legacy(h: &mut Harness) {
+fn make_legacy(h: &mut Harness, legacy: Legacy) {
     let cell = h.cell.take().unwrap();
     let txid = cell.published_position().txid;
     cell.close();
     let conn = rusqlite::Connection::open(&h.path).unwrap();
+    let (schema, table) = (legacy.schema(), legacy.table());
     conn.execute_batch(&format!(
-        "BEGIN; {LEGACY_LEDGER}
-         INSERT INTO _cellfleet_ledger SELECT id, digest, txid, expires_at_ms, outcome
-             FROM _cellfleet_outcomes;
-         DROP TABLE _cellfleet_outcomes;
+        "BEGIN; {schema}
+         INSERT INTO {table} (id, digest, txid, expires_at_ms, outcome)
+             SELECT id, digest, txid, expires_at_ms, outcome FROM _cellfleet_entries;
+         DROP TABLE _cellfleet_entries;
          COMMIT; PRAGMA wal_checkpoint(TRUNCATE);"
     ))
     .unwrap();
@@ -1112,66 +1167,68 @@ fn make_legacy(h: &mut Harness) {
     let (ltx, _) = cellfleet_ltx::encode_to_vec(header, &mut pages, checksum).unwrap();
     h.chain = vec![(ltx, Position { txid, checksum })];
     h.open();
-    assert_eq!(ledger_tables(h), ["_cellfleet_ledger"]);
+    assert_eq!(ledger_tables(h), [table]);
 }
 
-/// A Cell of the old ledger layout keeps every exactly-once answer: its
+/// A Cell of either old ledger layout keeps every exactly-once answer: its
 /// first writing group moves the outcomes to the current layout inside its
 /// own transaction, and the chain recovers to the same bytes.
 #[test]
 fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
-    let mut h = Harness::new(kv(), CellConfig::default());
-    h.run(&[put(1, "a", json!(1)), put(2, "b", json!(2))]);
-    h.run(&[put(3, "c", json!(3))]);
-    let first_txid = h.position().txid.0 - 1;
-    make_legacy(&mut h);
-    let legacy = h.position();
-    assert_eq!(h.cell().ledger_len().unwrap(), 3);
-    let (txid, _) = h
-        .cell()
-        .published_outcome(&cellfleet_cell::CommandId(id(1)))
-        .unwrap()
-        .expect("an outcome of the old layout is found");
-    assert_eq!(txid.0, first_txid);
+    for legacy in Legacy::ALL {
+        let mut h = Harness::new(kv(), CellConfig::default());
+        h.run(&[put(1, "a", json!(1)), put(2, "b", json!(2))]);
+        h.run(&[put(3, "c", json!(3))]);
+        let first_txid = h.position().txid.0 - 1;
+        make_legacy(&mut h, legacy);
+        let old = h.position();
+        assert_eq!(h.cell().ledger_len().unwrap(), 3);
+        let (txid, _) = h
+            .cell()
+            .published_outcome(&cellfleet_cell::CommandId(id(1)))
+            .unwrap()
+            .expect("an outcome of the old layout is found");
+        assert_eq!(txid.0, first_txid);
 
-    let r = h.run(&[
-        put(1, "a", json!(1)),
-        put(2, "b", json!(9)),
-        put(4, "d", json!(4)),
-    ]);
-    assert!(r.results[0].duplicate, "a retry gets its stored outcome");
-    assert_eq!(r.results[0].txid.map(|t| t.0), Some(first_txid));
-    assert!(
-        matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused)
-    );
-    assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
-    assert_eq!(h.position().txid.0, legacy.txid.0 + 1);
-    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
-    assert_eq!(h.cell().ledger_len().unwrap(), 4);
-    assert_eq!(get(h.cell.as_ref().unwrap(), "b"), Some(json!(2)));
-    let (txid, _) = h
-        .cell()
-        .published_outcome(&cellfleet_cell::CommandId(id(3)))
-        .unwrap()
-        .expect("a moved outcome is found");
-    assert_eq!(txid.0, first_txid + 1);
-    let (pos, recovered) = h.recover_bytes("r.db");
-    assert_eq!(pos, h.position());
-    assert_eq!(recovered, h.live_bytes());
-    // And a reopened Cell answers from, and goes on in, the current layout.
-    h.open();
-    let cell = h.cell();
-    assert!(cell
-        .published_outcome(&cellfleet_cell::CommandId(id(4)))
-        .unwrap()
-        .is_some());
-    assert!(cell
-        .published_outcome(&cellfleet_cell::CommandId(id(99)))
-        .unwrap()
-        .is_none());
-    let r = h.run(&[put(3, "c", json!(3)), put(5, "e", json!(5))]);
-    assert!(r.results[0].duplicate);
-    assert_eq!(h.cell().ledger_len().unwrap(), 5);
+        let r = h.run(&[
+            put(1, "a", json!(1)),
+            put(2, "b", json!(9)),
+            put(4, "d", json!(4)),
+        ]);
+        assert!(r.results[0].duplicate, "a retry gets its stored outcome");
+        assert_eq!(r.results[0].txid.map(|t| t.0), Some(first_txid));
+        assert!(
+            matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::IdReused)
+        );
+        assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
+        assert_eq!(h.position().txid.0, old.txid.0 + 1);
+        assert_eq!(ledger_tables(&h), ["_cellfleet_entries"]);
+        assert_eq!(h.cell().ledger_len().unwrap(), 4);
+        assert_eq!(get(h.cell.as_ref().unwrap(), "b"), Some(json!(2)));
+        let (txid, _) = h
+            .cell()
+            .published_outcome(&cellfleet_cell::CommandId(id(3)))
+            .unwrap()
+            .expect("a moved outcome is found");
+        assert_eq!(txid.0, first_txid + 1);
+        let (pos, recovered) = h.recover_bytes("r.db");
+        assert_eq!(pos, h.position());
+        assert_eq!(recovered, h.live_bytes());
+        // And a reopened Cell answers from, and goes on in, the current layout.
+        h.open();
+        let cell = h.cell();
+        assert!(cell
+            .published_outcome(&cellfleet_cell::CommandId(id(4)))
+            .unwrap()
+            .is_some());
+        assert!(cell
+            .published_outcome(&cellfleet_cell::CommandId(id(99)))
+            .unwrap()
+            .is_none());
+        let r = h.run(&[put(3, "c", json!(3)), put(5, "e", json!(5))]);
+        assert!(r.results[0].duplicate);
+        assert_eq!(h.cell().ledger_len().unwrap(), 5);
+    }
 }
 
 /// The first group of a Cell of the old ledger layout, with a command that
@@ -1179,48 +1236,52 @@ fn a_cell_of_the_old_ledger_layout_upgrades_in_its_first_group() {
 /// the layout's upgrade with everything else, and upgrades again.
 #[test]
 fn an_upgrading_group_with_a_rejected_command_runs_again_and_upgrades() {
-    let manifest = Manifest::parse(MANIFEST).unwrap();
-    let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
-    h.run(&[deposit(1, "a", 5)]);
-    make_legacy(&mut h);
-    let r = h.run(&[deposit(1, "a", 5), deposit(2, "z", -1), deposit(3, "b", 1)]);
-    assert!(r.results[0].duplicate, "a retry gets its stored outcome");
-    assert!(
-        matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Sql)
-    );
-    assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
-    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
-    assert_eq!(h.cell().ledger_len().unwrap(), 3);
-    let all = h.cell().query("all", &json!({})).unwrap()["rows"].clone();
-    assert_eq!(all, json!([["a", 5], ["b", 1]]));
-    let (pos, recovered) = h.recover_bytes("r.db");
-    assert_eq!(pos, h.position());
-    assert_eq!(recovered, h.live_bytes());
+    for legacy in Legacy::ALL {
+        let manifest = Manifest::parse(MANIFEST).unwrap();
+        let mut h = Harness::new(manifest.kind("account").unwrap(), CellConfig::default());
+        h.run(&[deposit(1, "a", 5)]);
+        make_legacy(&mut h, legacy);
+        let r = h.run(&[deposit(1, "a", 5), deposit(2, "z", -1), deposit(3, "b", 1)]);
+        assert!(r.results[0].duplicate, "a retry gets its stored outcome");
+        assert!(
+            matches!(&r.results[1].outcome, Outcome::Rejected { rejection } if rejection.code == RejectCode::Sql)
+        );
+        assert!(matches!(r.results[2].outcome, Outcome::Applied { .. }));
+        assert_eq!(ledger_tables(&h), ["_cellfleet_entries"]);
+        assert_eq!(h.cell().ledger_len().unwrap(), 3);
+        let all = h.cell().query("all", &json!({})).unwrap()["rows"].clone();
+        assert_eq!(all, json!([["a", 5], ["b", 1]]));
+        let (pos, recovered) = h.recover_bytes("r.db");
+        assert_eq!(pos, h.position());
+        assert_eq!(recovered, h.live_bytes());
+    }
 }
 
 /// An aborted upgrade leaves the old layout, and the next group upgrades
 /// again: even a group of retries alone publishes the move.
 #[test]
 fn an_aborted_upgrade_of_the_ledger_is_done_again() {
-    let mut h = Harness::new(kv(), CellConfig::default());
-    h.run(&[put(1, "a", json!(1))]);
-    make_legacy(&mut h);
-    let now = h.now;
-    let pending = h.cell().execute(&[put(2, "b", json!(2))], now).unwrap();
-    assert!(pending.publication.is_some());
-    h.cell().abort().unwrap();
-    assert_eq!(h.cell().ledger_len().unwrap(), 1);
-    h.cell().checkpoint().unwrap();
-    assert_eq!(ledger_tables(&h), ["_cellfleet_ledger"]);
-    let r = h.run(&[put(1, "a", json!(1))]);
-    assert!(r.results[0].duplicate);
-    assert!(r.publication.is_some(), "the move is published");
-    assert_eq!(h.cell().ledger_len().unwrap(), 1);
-    h.cell().checkpoint().unwrap();
-    assert_eq!(ledger_tables(&h), ["_cellfleet_outcomes"]);
-    h.run(&[put(2, "b", json!(2))]);
-    assert_eq!(h.cell().ledger_len().unwrap(), 2);
-    let (pos, recovered) = h.recover_bytes("r.db");
-    assert_eq!(pos, h.position());
-    assert_eq!(recovered, h.live_bytes());
+    for legacy in Legacy::ALL {
+        let mut h = Harness::new(kv(), CellConfig::default());
+        h.run(&[put(1, "a", json!(1))]);
+        make_legacy(&mut h, legacy);
+        let now = h.now;
+        let pending = h.cell().execute(&[put(2, "b", json!(2))], now).unwrap();
+        assert!(pending.publication.is_some());
+        h.cell().abort().unwrap();
+        assert_eq!(h.cell().ledger_len().unwrap(), 1);
+        h.cell().checkpoint().unwrap();
+        assert_eq!(ledger_tables(&h), [legacy.table()]);
+        let r = h.run(&[put(1, "a", json!(1))]);
+        assert!(r.results[0].duplicate);
+        assert!(r.publication.is_some(), "the move is published");
+        assert_eq!(h.cell().ledger_len().unwrap(), 1);
+        h.cell().checkpoint().unwrap();
+        assert_eq!(ledger_tables(&h), ["_cellfleet_entries"]);
+        h.run(&[put(2, "b", json!(2))]);
+        assert_eq!(h.cell().ledger_len().unwrap(), 2);
+        let (pos, recovered) = h.recover_bytes("r.db");
+        assert_eq!(pos, h.position());
+        assert_eq!(recovered, h.live_bytes());
+    }
 }

@@ -390,8 +390,16 @@ mod tests {
         conn
     }
 
-    #[test]
-    fn reads_each_commit_once_and_detects_restart() {
+    /// A database in WAL mode with one table created, and the read of that
+    /// first commit: the directory, the database's and the WAL's paths, the
+    /// connection and the read.
+    fn wal_with_table() -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::path::PathBuf,
+        Connection,
+        Read,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("t.db");
         let wal = dir.path().join("t.db-wal");
@@ -400,6 +408,12 @@ mod tests {
         let first = read_committed(&wal, &WalCursor::default(), 4096)
             .unwrap()
             .unwrap();
+        (dir, db, wal, conn, first)
+    }
+
+    #[test]
+    fn reads_each_commit_once_and_detects_restart() {
+        let (_dir, db, wal, conn, first) = wal_with_table();
         assert!(first.restarted);
         assert_eq!(first.commit, 2);
         assert!(first.pages.contains_key(&1) && first.pages.contains_key(&2));
@@ -435,14 +449,7 @@ mod tests {
     /// the buffer.
     #[test]
     fn a_kept_buffer_never_adds_frames_past_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("t.db");
-        let wal = dir.path().join("t.db-wal");
-        let conn = open(&db);
-        conn.execute_batch("CREATE TABLE t (x)").unwrap();
-        let first = read_committed(&wal, &WalCursor::default(), 4096)
-            .unwrap()
-            .unwrap();
+        let (dir, _db, wal, conn, first) = wal_with_table();
         conn.execute_batch("INSERT INTO t VALUES (randomblob(9000))")
             .unwrap();
         // The same WAL, cut after the first commit.

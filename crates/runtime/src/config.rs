@@ -64,6 +64,14 @@ pub struct NodeLimits {
     pub activation_attempts_max: usize,
     /// Retry hint given with `ResourceExhausted`, in ms.
     pub retry_after_ms: u64,
+    /// Most commands in a group that may execute on its actor's task
+    /// instead of the blocking pool (saving two thread hand-offs); 0 runs
+    /// every group on the pool. Only for a Cell whose last group's engine
+    /// time, scaled to this group, is within `inline_execute_us_max`.
+    pub inline_commands_max: usize,
+    /// Longest estimated engine time (µs) of a group run on its actor's
+    /// task; runtime workers are held that long.
+    pub inline_execute_us_max: u64,
 }
 
 impl Default for NodeLimits {
@@ -87,6 +95,8 @@ impl Default for NodeLimits {
             upload_attempts_max: 3,
             activation_attempts_max: 3,
             retry_after_ms: 50,
+            inline_commands_max: 16,
+            inline_execute_us_max: 250,
         }
     }
 }

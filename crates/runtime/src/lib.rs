@@ -20,7 +20,9 @@
 //!
 //! **Blocking SQLite.** Each engine call (execute, confirm, query, snapshot,
 //! open, recover) moves the actor's `Cell` into `tokio::task::spawn_blocking`
-//! and back. Chosen over `block_in_place` (which panics on a current-thread
+//! and back, except a light confirm and a warm Cell's short group, which
+//! run on the actor's task (`actor/inline.rs`: the hand-offs were half of
+//! a lone command's execute phase). Chosen over `block_in_place` (which panics on a current-thread
 //! runtime and stalls the worker's other tasks) and over one OS thread per
 //! open Cell (1,000 open Cells would be 1,000 threads). The hand-off costs
 //! tens of microseconds; `runtime_bench` measured the execute phase at about

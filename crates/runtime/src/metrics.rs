@@ -189,6 +189,8 @@ pub struct Metrics {
     pub activations_recovered_total: AtomicU64,
     /// Cells passivated.
     pub passivations_total: AtomicU64,
+    /// Groups executed on their actor's task instead of the blocking pool.
+    pub groups_inline_total: AtomicU64,
     /// Cells open now.
     pub cells_open: AtomicI64,
     /// Requests refused over a bound.
@@ -277,6 +279,7 @@ impl Default for Metrics {
             activations_took_over_total: AtomicU64::new(0),
             activations_recovered_total: AtomicU64::new(0),
             passivations_total: AtomicU64::new(0),
+            groups_inline_total: AtomicU64::new(0),
             cells_open: AtomicI64::new(0),
             refusals_total: AtomicU64::new(0),
             authority_reads_total: AtomicU64::new(0),
@@ -629,6 +632,11 @@ impl Metrics {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for (name, help, value) in [
             ("cellfleet_runtime_passivations", "Cells passivated", &self.passivations_total),
+            (
+                "cellfleet_runtime_groups_inline",
+                "Groups executed on their actor's task, not the blocking pool",
+                &self.groups_inline_total,
+            ),
             ("cellfleet_runtime_refusals", "Requests refused over a bound", &self.refusals_total),
             (
                 "cellfleet_runtime_authority_reads",
@@ -746,8 +754,13 @@ mod tests {
             assert!(text.contains(&format!("{sample}\n")), "{sample}: {text}");
         }
         // Every family of the exposition before it moved to prometheus-client
-        // (the two store families need a store), and the two of watches.
-        assert_eq!(helps.len(), 39, "{helps:?}");
+        // (the two store families need a store), the two of watches and
+        // the inline groups.
+        assert_eq!(helps.len(), 40, "{helps:?}");
+        assert!(
+            helps.contains("cellfleet_runtime_groups_inline"),
+            "{helps:?}"
+        );
         assert!(helps.contains("cellfleet_runtime_watches"), "{helps:?}");
         assert!(helps.contains("cellfleet_runtime_watch_wakes"), "{helps:?}");
     }

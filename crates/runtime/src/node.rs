@@ -342,6 +342,10 @@ fn actor_context(
         log: activator.log.clone(),
         log_settings: config.log.clone(),
         watches: Arc::new(crate::watch::Watches::default()),
+        inline: crate::actor::InlineRule {
+            commands_max: limits.inline_commands_max,
+            budget: std::time::Duration::from_micros(limits.inline_execute_us_max),
+        },
     }
 }
 

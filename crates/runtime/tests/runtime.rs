@@ -1108,3 +1108,45 @@ async fn a_watch_is_answered_by_the_next_acknowledged_group() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_cells_execute_small_groups_on_their_actor_task() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("inline", dir.path()).await {
+        for commands_max in [16, 0] {
+            let prefix = format!("{prefix}/max{commands_max}");
+            let clock = manual_clock();
+            let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
+            config.limits.inline_commands_max = commands_max;
+            let node = start(config, inner.clone(), clock.clone()).await;
+            let acks = AckLog::default();
+            const N: u64 = 12;
+            for n in 0..N {
+                let executed = node
+                    .execute(KIND, KEY, append(clock.as_ref(), n))
+                    .await
+                    .unwrap();
+                acks.ack(n, executed.outcome);
+            }
+            // A duplicate on the task answers the stored outcome, once.
+            let again = node
+                .execute(KIND, KEY, append(clock.as_ref(), 3))
+                .await
+                .unwrap();
+            assert!(again.duplicate, "{backend}: {again:?}");
+            let inline = node
+                .metrics()
+                .groups_inline_total
+                .load(std::sync::atomic::Ordering::Relaxed);
+            // The Cell's first group runs on the pool (nothing measured
+            // yet), the other N - 1 and the duplicate's on the task; none
+            // with the rule off.
+            let expected = if commands_max == 0 { 0 } else { N };
+            assert_eq!(inline, expected, "{backend}, commands_max {commands_max}");
+            let tags = journal(&node, KEY).await;
+            assert_eq!(tags.len(), N as usize, "{backend}: {tags:?}");
+            acks.verify(&node, KEY).await;
+            node.drain().await.unwrap();
+        }
+    }
+}

@@ -40,13 +40,29 @@ impl Actor {
         let commands: Vec<Command> = group.iter().map(|q| q.command.clone()).collect();
         let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
         let started = Instant::now();
-        let executed = self
-            .with_cell(move |cell| cell.execute(&commands, now_ms))
-            .await;
+        let count = commands.len();
+        let work = move |cell: &mut Cell| {
+            let engine = Instant::now();
+            let out = cell.execute(&commands, now_ms);
+            (out, engine.elapsed())
+        };
+        let executed = if self.ctx.inline.runs_inline(count, self.execute_per_command) {
+            self.ctx
+                .metrics
+                .groups_inline_total
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.with_cell_inline(work)
+        } else {
+            self.with_cell(work).await
+        };
         self.ctx
             .metrics
             .publication_execute_seconds
             .observe_duration(started.elapsed());
+        let executed = executed.map(|(out, engine)| {
+            self.execute_per_command = Some(inline::per_command(engine, count));
+            out
+        });
         let result = match executed {
             None => {
                 for queued in group {

@@ -42,6 +42,8 @@
 mod cell_mode;
 mod close;
 mod execute;
+mod inline;
+pub(crate) use inline::InlineRule;
 mod log_mode;
 mod query;
 mod replies;
@@ -290,6 +292,8 @@ pub(crate) struct ActorContext {
     pub log_settings: LogSettings,
     /// Raised after each acknowledged group ([`crate::watch`]).
     pub watches: Arc<crate::watch::Watches>,
+    /// Which groups execute on the actor's task ([`inline`]).
+    pub inline: inline::InlineRule,
 }
 
 #[derive(Debug)]
@@ -424,6 +428,9 @@ pub(crate) struct Actor {
     ckpt_due: Option<tokio::time::Instant>,
     ckpt_failures: u32,
     charge: OpenCharge,
+    /// The engine time per command of the last group (`None` until one
+    /// ran): where the next group executes ([`inline::InlineRule`]).
+    execute_per_command: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Actor {
@@ -484,6 +491,7 @@ impl Actor {
             ckpt_due: None,
             ckpt_failures: 0,
             charge: start.charge,
+            execute_per_command: None,
         };
         let mut actor = actor;
         actor.acked_txid = start
@@ -784,6 +792,27 @@ impl Actor {
             }
             Err(error) => {
                 tracing::error!(cell = %self.cell_id, %error, "cell engine task failed");
+                None
+            }
+        }
+    }
+
+    /// Runs `work` on the engine here, on the actor's task, for work known
+    /// to be short ([`inline`]). `None` as in [`Actor::with_cell`]: a panic
+    /// loses the engine.
+    fn with_cell_inline<T, F>(&mut self, work: F) -> Option<T>
+    where
+        F: FnOnce(&mut Cell) -> T,
+    {
+        let mut cell = self.cell.take()?;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut cell))) {
+            Ok(out) => {
+                self.cell = Some(cell);
+                self.settle_fds();
+                Some(out)
+            }
+            Err(_) => {
+                tracing::error!(cell = %self.cell_id, "cell engine panicked");
                 None
             }
         }

@@ -124,6 +124,9 @@ pub struct Phases {
     pub publications: f64,
     pub commands_per_publication: f64,
     pub execute_ms: f64,
+    /// Groups executed on their actor's task rather than the blocking
+    /// pool (`cellfleet_runtime_groups_inline_total`).
+    pub groups_inline: f64,
     pub upload_ms: f64,
     pub cas_ms: f64,
     /// Log mode: node-log segments written, Cell groups per segment, and a
@@ -198,6 +201,7 @@ impl Phases {
                 0.0
             },
             execute_ms: mean_ms("execute"),
+            groups_inline: delta("cellfleet_runtime_groups_inline_total"),
             upload_ms: mean_ms("upload"),
             cas_ms: mean_ms("cas"),
             segments,
@@ -249,7 +253,7 @@ impl Phases {
         if self.segments > 0.0 {
             let other = (self.publication_ms - self.execute_ms - self.segment_ms).max(0.0);
             return format!(
-                "client {:.2} = queueing {:.2} + execute+capture {:.2} + segment PUT {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per segment, {:.0} segments, {:.0} checkpoints ({:.0} of parked records), {:.0} activations)",
+                "client {:.2} = queueing {:.2} + execute+capture {:.2} + segment PUT {:.2} + other {:.2} + transport/reply {:.2} (ms, means; {:.1} commands per segment, {:.0} segments, {:.0} of {:.0} groups on the actor's task, {:.0} checkpoints ({:.0} of parked records), {:.0} activations)",
                 self.client_mean_ms,
                 self.queueing_ms,
                 self.execute_ms,
@@ -258,6 +262,8 @@ impl Phases {
                 self.reply_ms,
                 self.commands_per_segment,
                 self.segments,
+                self.groups_inline,
+                self.publications,
                 self.checkpoints,
                 self.parked_checkpoints,
                 self.activations
@@ -409,6 +415,7 @@ mod tests {
                 .observe_duration(std::time::Duration::from_millis(ms));
         }
         metrics.lease_lapses_total.fetch_add(1, Ordering::Relaxed);
+        metrics.groups_inline_total.fetch_add(3, Ordering::Relaxed);
         let after = Snapshot {
             nodes: vec![parse(&metrics.render("n1"))],
         };
@@ -416,6 +423,7 @@ mod tests {
         assert_eq!(phases.lease_renewals, 4.0);
         assert_eq!(phases.lease_renewals_over_1s, 2.0);
         assert_eq!(phases.lease_lapses, 1.0);
+        assert_eq!(phases.groups_inline, 3.0);
         assert!(
             phases
                 .measured_line()

@@ -124,8 +124,9 @@ pub struct Phases {
     pub publications: f64,
     pub commands_per_publication: f64,
     pub execute_ms: f64,
-    /// Groups executed on their actor's task rather than the blocking
-    /// pool (`cellfleet_runtime_groups_inline_total`).
+    /// Groups executed, and those of them on their actor's task rather
+    /// than the blocking pool (`cellfleet_runtime_groups_inline_total`).
+    pub groups_executed: f64,
     pub groups_inline: f64,
     pub upload_ms: f64,
     pub cas_ms: f64,
@@ -201,6 +202,7 @@ impl Phases {
                 0.0
             },
             execute_ms: mean_ms("execute"),
+            groups_executed: delta(&format!("{PUBLICATION}_count{{phase=\"execute\"}}")),
             groups_inline: delta("cellfleet_runtime_groups_inline_total"),
             upload_ms: mean_ms("upload"),
             cas_ms: mean_ms("cas"),
@@ -263,7 +265,7 @@ impl Phases {
                 self.commands_per_segment,
                 self.segments,
                 self.groups_inline,
-                self.publications,
+                self.groups_executed,
                 self.checkpoints,
                 self.parked_checkpoints,
                 self.activations
@@ -416,6 +418,11 @@ mod tests {
         }
         metrics.lease_lapses_total.fetch_add(1, Ordering::Relaxed);
         metrics.groups_inline_total.fetch_add(3, Ordering::Relaxed);
+        for _ in 0..4 {
+            metrics
+                .publication_execute_seconds
+                .observe_duration(std::time::Duration::from_micros(80));
+        }
         let after = Snapshot {
             nodes: vec![parse(&metrics.render("n1"))],
         };
@@ -424,6 +431,7 @@ mod tests {
         assert_eq!(phases.lease_renewals_over_1s, 2.0);
         assert_eq!(phases.lease_lapses, 1.0);
         assert_eq!(phases.groups_inline, 3.0);
+        assert_eq!(phases.groups_executed, 4.0);
         assert!(
             phases
                 .measured_line()

@@ -69,6 +69,8 @@ pub struct NodeLimits {
     /// every group on the pool. Only for a Cell whose last group's engine
     /// time, scaled to this group, is within `inline_execute_us_max`.
     pub inline_commands_max: usize,
+    /// Most payload bytes of a group that may execute on its actor's task.
+    pub inline_bytes_max: usize,
     /// Longest estimated engine time (µs) of a group run on its actor's
     /// task; runtime workers are held that long.
     pub inline_execute_us_max: u64,
@@ -96,6 +98,7 @@ impl Default for NodeLimits {
             activation_attempts_max: 3,
             retry_after_ms: 50,
             inline_commands_max: 16,
+            inline_bytes_max: 64 << 10,
             inline_execute_us_max: 250,
         }
     }

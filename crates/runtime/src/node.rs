@@ -344,6 +344,7 @@ fn actor_context(
         watches: Arc::new(crate::watch::Watches::default()),
         inline: crate::actor::InlineRule {
             commands_max: limits.inline_commands_max,
+            bytes_max: limits.inline_bytes_max,
             budget: std::time::Duration::from_micros(limits.inline_execute_us_max),
         },
     }

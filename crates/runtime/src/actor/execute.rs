@@ -41,12 +41,17 @@ impl Actor {
         let now_ms = i64::try_from(self.ctx.clock.now_wall_ms()).unwrap_or(i64::MAX);
         let started = Instant::now();
         let count = commands.len();
+        let bytes: usize = group.iter().map(|q| q.bytes).sum();
         let work = move |cell: &mut Cell| {
             let engine = Instant::now();
             let out = cell.execute(&commands, now_ms);
             (out, engine.elapsed())
         };
-        let executed = if self.ctx.inline.runs_inline(count, self.execute_per_command) {
+        let inline = self
+            .ctx
+            .inline
+            .runs_inline(count, bytes, self.execute_per_command);
+        let executed = if inline {
             self.ctx
                 .metrics
                 .groups_inline_total
@@ -60,7 +65,15 @@ impl Actor {
             .publication_execute_seconds
             .observe_duration(started.elapsed());
         let executed = executed.map(|(out, engine)| {
-            self.execute_per_command = Some(inline::per_command(engine, count));
+            // A failed group measures nothing: the next may redo what it
+            // did not (a migration), so it goes to the pool.
+            self.execute_per_command = match out {
+                Ok(_) => Some(inline::next_estimate(
+                    self.execute_per_command,
+                    inline::per_command(engine, count),
+                )),
+                Err(_) => None,
+            };
             out
         });
         let result = match executed {

@@ -798,8 +798,8 @@ impl Actor {
     }
 
     /// Runs `work` on the engine here, on the actor's task, for work known
-    /// to be short ([`inline`]). `None` as in [`Actor::with_cell`]: a panic
-    /// loses the engine.
+    /// to be short (a light confirm, a group [`inline`] allows). `None` as
+    /// in [`Actor::with_cell`]: a panic loses the engine.
     fn with_cell_inline<T, F>(&mut self, work: F) -> Option<T>
     where
         F: FnOnce(&mut Cell) -> T,
@@ -831,18 +831,7 @@ impl Actor {
         if !light {
             return self.with_cell(move |cell| cell.confirm(txid)).await;
         }
-        let mut cell = self.cell.take()?;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.confirm(txid))) {
-            Ok(out) => {
-                self.cell = Some(cell);
-                self.settle_fds();
-                Some(out)
-            }
-            Err(_) => {
-                tracing::error!(cell = %self.cell_id, "cell engine panicked in confirm");
-                None
-            }
-        }
+        self.with_cell_inline(|cell| cell.confirm(txid))
     }
 
     /// Brings the charge's descriptors to what the Cell holds

@@ -1150,3 +1150,44 @@ async fn warm_cells_execute_small_groups_on_their_actor_task() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_over_the_inline_byte_bound_runs_on_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("inline-bytes", dir.path()).await {
+        let clock = manual_clock();
+        let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
+        config.limits.inline_bytes_max = 512;
+        let node = start(config, inner.clone(), clock.clone()).await;
+        let inline = || {
+            node.metrics()
+                .groups_inline_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let tagged = |n: u64, tag: String| {
+            cellfleet_cell::Command::new(
+                command_id(n),
+                "append",
+                json!({ "tag": tag }),
+                (clock.now_wall_ms() + 600_000) as i64,
+            )
+        };
+        let mut expected = Vec::new();
+        // Small, large, small: the Cell's first group runs on the pool
+        // (nothing measured yet), a group over 512 payload bytes on the
+        // pool, every other one on the actor's task.
+        let plan: Vec<(u64, usize)> = vec![(0, 8), (1, 8), (2, 2048), (3, 2048), (4, 8), (5, 8)];
+        let mut counts = Vec::new();
+        for (n, len) in plan {
+            let tag = format!("{n:0>len$}");
+            node.execute(KIND, KEY, tagged(n, tag.clone()))
+                .await
+                .unwrap();
+            expected.push(tag);
+            counts.push(inline());
+        }
+        assert_eq!(counts, vec![0, 1, 1, 1, 2, 3], "{backend}");
+        assert_eq!(journal(&node, KEY).await, expected, "{backend}");
+        node.drain().await.unwrap();
+    }
+}

@@ -45,7 +45,7 @@
 //!
 //! [envelope]                 # optional
 //! skew_ms = 500
-//! max_window_ms = 600000
+//! max_window_ms = 600000     # longest signed window; a Cell runs any expiry the router admits
 //!
 //! [publication]              # optional
 //! mode = "log"               # "log": the node log (default); "cell": one root CAS per group
@@ -1337,7 +1337,24 @@ fn node_config(
     config.log = file.publication.log_settings();
     config.gc = file.gc.settings();
     config.limits = node_limits(file);
+    config.cell.validity_ms_max = validity_ms_max(file);
     Ok(config)
+}
+
+/// How far in the future a command's expiry may lie when its Cell runs
+/// it: the longest window the router admits (`[envelope] max_window_ms`,
+/// counted from an `issued_at_ms` up to `skew_ms` ahead of the ingress
+/// node's clock), plus `[lease] drift_margin_ms` for the owner's clock
+/// running behind the ingress node's. Anything the router admits, the
+/// Cell runs; and the ledger keeps an entry no longer than this plus its
+/// skew margin past its run.
+fn validity_ms_max(file: &NodeFile) -> i64 {
+    let ms = file
+        .envelope
+        .max_window_ms
+        .saturating_add(file.envelope.skew_ms)
+        .saturating_add(file.lease.drift_margin_ms);
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 /// The request router over the started node: roots and leases read from

@@ -2085,3 +2085,67 @@ async fn store_export_writes_a_cell_s_database_from_the_bucket() {
         "{missing:?}"
     );
 }
+
+/// A cluster configured for long signed windows (`[envelope]
+/// max_window_ms` of two days) runs a command whose window is 30 hours,
+/// sent by `cellfleet exec` with `window_ms` in its client config: the
+/// Cell's own bound on an expiry follows the router's, so what the router
+/// admits is not refused inside the Cell. A window past the configured
+/// maximum is still refused, before it reaches any Cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_the_router_admits_runs_in_the_cell() {
+    const TWO_DAYS_MS: u64 = 2 * 24 * 3600 * 1000;
+    let cluster = Cluster::start_with_setup(1, Store::Local, 3_000, &[], |dir| {
+        let path = dir.join("n1.toml");
+        let text = std::fs::read_to_string(&path).expect("n1.toml");
+        let wide = text.replace(
+            "max_window_ms = 600000",
+            &format!("max_window_ms = {TWO_DAYS_MS}"),
+        );
+        assert_ne!(wide, text, "n1.toml sets max_window_ms");
+        std::fs::write(&path, wide).expect("write n1.toml");
+        HashMap::new()
+    });
+    let base = std::fs::read_to_string(cluster.write_client_config("client-base.toml"))
+        .expect("client config");
+    let exec = |name: &str, window_ms: u64, tag: &str| {
+        let config = cluster.path(name);
+        std::fs::write(&config, format!("{base}window_ms = {window_ms}\n")).expect("write");
+        tokio::task::block_in_place(|| {
+            std::process::Command::new(cluster_common::BIN)
+                .args(["exec", "log", "long-window", "append", "--arg"])
+                .arg(format!("tag=\"{tag}\""))
+                .arg("--config")
+                .arg(&config)
+                .output()
+                .expect("run cellfleet exec")
+        })
+    };
+    let thirty_hours = exec("client-30h.toml", 30 * 3600 * 1000, "thirty-hours");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&thirty_hours.stdout),
+        String::from_utf8_lossy(&thirty_hours.stderr),
+    );
+    assert!(
+        thirty_hours.status.success(),
+        "a 30 h window under a 2 day maximum: exit {:?}: {stdout}{stderr}",
+        thirty_hours.status
+    );
+    let three_days = exec("client-3d.toml", 3 * 24 * 3600 * 1000, "three-days");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&three_days.stdout),
+        String::from_utf8_lossy(&three_days.stderr),
+    );
+    assert!(
+        !three_days.status.success(),
+        "a 3 day window over a 2 day maximum must be refused: {stdout}{stderr}"
+    );
+    assert!(stderr.contains("window"), "{stdout}{stderr}");
+    // Exactly the first one ran.
+    let mut client = cluster.client("dev");
+    let counts = client
+        .log_counts(cluster.nodes[0].client, "long-window")
+        .await;
+    assert_eq!(counts.get("thirty-hours"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("three-days"), None, "{counts:?}");
+}

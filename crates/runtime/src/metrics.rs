@@ -191,6 +191,8 @@ pub struct Metrics {
     pub passivations_total: AtomicU64,
     /// Groups executed on their actor's task instead of the blocking pool.
     pub groups_inline_total: AtomicU64,
+    /// Queries run on their Cell's actor task instead of the blocking pool.
+    pub queries_inline_total: AtomicU64,
     /// Cells open now.
     pub cells_open: AtomicI64,
     /// Requests refused over a bound.
@@ -280,6 +282,7 @@ impl Default for Metrics {
             activations_recovered_total: AtomicU64::new(0),
             passivations_total: AtomicU64::new(0),
             groups_inline_total: AtomicU64::new(0),
+            queries_inline_total: AtomicU64::new(0),
             cells_open: AtomicI64::new(0),
             refusals_total: AtomicU64::new(0),
             authority_reads_total: AtomicU64::new(0),
@@ -636,6 +639,11 @@ impl Metrics {
                 "cellfleet_runtime_groups_inline",
                 "Groups executed on their actor's task, not the blocking pool",
                 &self.groups_inline_total,
+            ),
+            (
+                "cellfleet_runtime_queries_inline",
+                "Queries run on their Cell's actor task, not the blocking pool",
+                &self.queries_inline_total,
             ),
             ("cellfleet_runtime_refusals", "Requests refused over a bound", &self.refusals_total),
             (

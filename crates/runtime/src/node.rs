@@ -439,6 +439,11 @@ const SESSION_END_SETTLE: Duration = Duration::from_secs(5);
 /// The bytes a command charges against the mailbox budget: its name and
 /// its arguments as JSON, counted without building the text.
 fn command_bytes(command: &Command) -> usize {
+    payload_bytes(&command.name, &command.args)
+}
+
+/// A command's or query's payload: its name and its arguments as JSON.
+pub(crate) fn payload_bytes(name: &str, args: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -450,9 +455,9 @@ fn command_bytes(command: &Command) -> usize {
         }
     }
     let mut count = Count(0);
-    serde_json::to_writer(&mut count, &command.args)
+    serde_json::to_writer(&mut count, args)
         .expect("a JSON value writes into a counter, which never fails");
-    command.name.len() + count.0
+    name.len() + count.0
 }
 
 /// An open Cell with nothing in its mailbox or groups, not already asked

@@ -1191,3 +1191,39 @@ async fn a_group_over_the_inline_byte_bound_runs_on_the_pool() {
         node.drain().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_cells_answer_short_queries_on_their_actor_task() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("inline-queries", dir.path()).await {
+        for commands_max in [16, 0] {
+            let prefix = format!("{prefix}/max{commands_max}");
+            let clock = manual_clock();
+            let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
+            config.limits.inline_commands_max = commands_max;
+            let node = start(config, inner.clone(), clock.clone()).await;
+            node.execute(KIND, KEY, append(clock.as_ref(), 0))
+                .await
+                .unwrap();
+            let mut counts = Vec::new();
+            for _ in 0..5 {
+                assert_eq!(journal(&node, KEY).await, vec!["t0"], "{backend}");
+                counts.push(
+                    node.metrics()
+                        .queries_inline_total
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                );
+            }
+            // The first query opens the Cell's reader (on the pool, and
+            // not measured), the second has nothing measured yet (on the
+            // pool), the rest run on the task; none with the rule off.
+            let expected = if commands_max == 0 {
+                vec![0; 5]
+            } else {
+                vec![0, 0, 1, 2, 3]
+            };
+            assert_eq!(counts, expected, "{backend}, commands_max {commands_max}");
+            node.drain().await.unwrap();
+        }
+    }
+}

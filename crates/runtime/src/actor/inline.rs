@@ -1,4 +1,4 @@
-//! Where a group executes (pure): on the actor's own task, or on the blocking pool.
+//! Where a group or a query executes (pure): on the actor's own task, or on the blocking pool.
 //!
 //! The blocking pool costs two thread hand-offs per group, there and back.
 //! At one command per group they were about half of a command's execute
@@ -18,6 +18,10 @@
 //! the task only after enough fast groups on the pool, so a client that
 //! alternates cheap and heavy commands cannot have every heavy group run
 //! on the task.
+//!
+//! A query follows the same rule as a group of one command, with an
+//! estimate of its own: the Cell's last query's engine time
+//! (`actor/query.rs`).
 
 use std::time::Duration;
 

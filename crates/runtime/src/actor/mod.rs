@@ -431,6 +431,9 @@ pub(crate) struct Actor {
     /// The engine time per command of the last group (`None` until one
     /// ran): where the next group executes ([`inline::InlineRule`]).
     execute_per_command: Option<std::time::Duration>,
+    /// The engine time of the last query (`None` until one ran, and after
+    /// the reader was closed): where the next query runs.
+    query_estimate: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Actor {
@@ -492,6 +495,7 @@ impl Actor {
             ckpt_failures: 0,
             charge: start.charge,
             execute_per_command: None,
+            query_estimate: None,
         };
         let mut actor = actor;
         actor.acked_txid = start

@@ -100,12 +100,46 @@ impl Actor {
 
     /// The value and its TXID come from one engine call
     /// ([`Cell::query_with_position`]), so they name the same state.
+    ///
+    /// A query the Cell's recent queries say is short ([`inline`]: the
+    /// same bounds as a group of one command) runs on the actor's task,
+    /// any other on the blocking pool.
+    ///
+    /// [`inline`]: super::inline
     pub(super) async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
         self.reserve_reader().await?;
-        match self
-            .with_cell(move |cell| cell.query_with_position(&name, &args))
-            .await
-        {
+        let bytes = crate::node::payload_bytes(&name, &args);
+        let work = move |cell: &mut Cell| {
+            let engine = std::time::Instant::now();
+            let out = cell.query_with_position(&name, &args);
+            (out, engine.elapsed())
+        };
+        // A query that opens the Cell's reader (files, a schema parse)
+        // runs on the pool, and its time says nothing of the next one's.
+        let opens_reader = self
+            .cell
+            .as_ref()
+            .is_none_or(|cell| cell.readers_open() == 0);
+        let inline = !opens_reader && self.ctx.inline.runs_inline(1, bytes, self.query_estimate);
+        let ran = if inline {
+            self.ctx
+                .metrics
+                .queries_inline_total
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.with_cell_inline(work)
+        } else {
+            self.with_cell(work).await
+        };
+        let answered = ran.map(|(out, engine)| {
+            // A query that failed measured what it did before failing
+            // (over its step bound, say): it still counts.
+            if !opens_reader {
+                self.query_estimate =
+                    Some(super::inline::next_estimate(self.query_estimate, engine));
+            }
+            out
+        });
+        match answered {
             Some(Ok(answer)) => Ok(Queried {
                 receipt: self.receipt(answer.position.txid),
                 value: answer.value,

@@ -128,6 +128,9 @@ pub struct Phases {
     /// than the blocking pool (`cellfleet_runtime_groups_inline_total`).
     pub groups_executed: f64,
     pub groups_inline: f64,
+    /// Queries answered on their actor's task
+    /// (`cellfleet_runtime_queries_inline_total`).
+    pub queries_inline: f64,
     pub upload_ms: f64,
     pub cas_ms: f64,
     /// Log mode: node-log segments written, Cell groups per segment, and a
@@ -204,6 +207,7 @@ impl Phases {
             execute_ms: mean_ms("execute"),
             groups_executed: delta(&format!("{PUBLICATION}_count{{phase=\"execute\"}}")),
             groups_inline: delta("cellfleet_runtime_groups_inline_total"),
+            queries_inline: delta("cellfleet_runtime_queries_inline_total"),
             upload_ms: mean_ms("upload"),
             cas_ms: mean_ms("cas"),
             segments,
@@ -418,6 +422,7 @@ mod tests {
         }
         metrics.lease_lapses_total.fetch_add(1, Ordering::Relaxed);
         metrics.groups_inline_total.fetch_add(3, Ordering::Relaxed);
+        metrics.queries_inline_total.fetch_add(5, Ordering::Relaxed);
         for _ in 0..4 {
             metrics
                 .publication_execute_seconds
@@ -432,6 +437,7 @@ mod tests {
         assert_eq!(phases.lease_lapses, 1.0);
         assert_eq!(phases.groups_inline, 3.0);
         assert_eq!(phases.groups_executed, 4.0);
+        assert_eq!(phases.queries_inline, 5.0);
         assert!(
             phases
                 .measured_line()

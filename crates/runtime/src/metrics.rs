@@ -763,10 +763,14 @@ mod tests {
         }
         // Every family of the exposition before it moved to prometheus-client
         // (the two store families need a store), the two of watches and
-        // the inline groups.
-        assert_eq!(helps.len(), 40, "{helps:?}");
+        // the inline groups and queries.
+        assert_eq!(helps.len(), 41, "{helps:?}");
         assert!(
             helps.contains("cellfleet_runtime_groups_inline"),
+            "{helps:?}"
+        );
+        assert!(
+            helps.contains("cellfleet_runtime_queries_inline"),
             "{helps:?}"
         );
         assert!(helps.contains("cellfleet_runtime_watches"), "{helps:?}");

@@ -233,13 +233,17 @@ fn is_fatal(e: &rusqlite::Error) -> bool {
     }
 }
 
+fn over_budget(steps_max: u64) -> Rejection {
+    Rejection::new(
+        RejectCode::LimitExceeded,
+        format!("statement exceeded the budget of {steps_max} steps"),
+    )
+}
+
 fn rejection_of(e: rusqlite::Error, steps_max: u64) -> Rejection {
     if let rusqlite::Error::SqliteFailure(f, _) = &e {
         if f.code == rusqlite::ErrorCode::OperationInterrupted {
-            return Rejection::new(
-                RejectCode::LimitExceeded,
-                format!("statement exceeded the budget of {steps_max} steps"),
-            );
+            return over_budget(steps_max);
         }
         if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied {
             return Rejection::new(
@@ -1317,6 +1321,23 @@ impl Cell {
     /// read at. Both come from this one call on `&self`, so no publication
     /// can be confirmed between reading the value and naming its position.
     pub fn query_with_position(&self, name: &str, args: &Value) -> Result<QueryAnswer> {
+        // The full budget never stops a query short: over it, the query
+        // is rejected as over its limit.
+        self.query_within(name, args, u64::MAX)?
+            .ok_or_else(|| Error::Rejected(over_budget(self.config.statement_steps_max)))
+    }
+
+    /// [`Cell::query_with_position`] within a budget of `steps` VM
+    /// instructions: `None` when a budget below the configured
+    /// `statement_steps_max` stopped the query short, whatever the kind
+    /// made of the interruption. Queries write nothing, so the caller may
+    /// run it again with the full budget.
+    pub fn query_within(
+        &self,
+        name: &str,
+        args: &Value,
+        steps: u64,
+    ) -> Result<Option<QueryAnswer>> {
         let position = self.published;
         self.check_not_poisoned()?;
         let limits = self.kind.limits();
@@ -1329,9 +1350,12 @@ impl Cell {
             });
         }
         let reader = self.view()?;
-        let ran = reader
-            .guard
-            .run(Mode::Kind, || self.kind.query(&reader.conn, name, args));
+        let (ran, interrupted) = reader.guard.run_within(Mode::Kind, steps, || {
+            self.kind.query(&reader.conn, name, args)
+        });
+        if interrupted && steps < reader.guard.steps_max() {
+            return Ok(None);
+        }
         // A pin lost while the query ran may have let it read pending
         // state: whatever it returned is discarded.
         self.check_published_view()?;
@@ -1351,7 +1375,7 @@ impl Cell {
                 limit: limits.bytes_max,
             });
         }
-        Ok(QueryAnswer { value, position })
+        Ok(Some(QueryAnswer { value, position }))
     }
 
     /// The stored outcome of command `id` in the published state (never in

@@ -30,6 +30,10 @@ pub(crate) struct Guard {
     mode: Arc<AtomicU8>,
     steps: Arc<AtomicU64>,
     steps_max: u64,
+    /// The current run's budget, in progress callbacks.
+    budget: Arc<AtomicU64>,
+    /// The progress handler interrupted the current run.
+    interrupted: Arc<AtomicBool>,
     /// A migration prepared a call of a function outside [`PURE_FUNCTIONS`]
     /// or a pragma: its outcome may depend on the moment, the Cell or the
     /// connection, so its database is not one every Cell of the kind may
@@ -40,6 +44,11 @@ pub(crate) struct Guard {
 /// VM instructions between two progress callbacks.
 const STEPS_PER_CALLBACK: u64 = 1_000;
 
+/// Progress callbacks a budget of `steps` VM instructions allows.
+fn callbacks(steps: u64) -> u64 {
+    steps / STEPS_PER_CALLBACK + 1
+}
+
 impl Guard {
     /// Install the authorizer and step budget on `conn`.
     pub(crate) fn install(conn: &mut Connection, steps_max: u64) -> rusqlite::Result<Guard> {
@@ -47,6 +56,8 @@ impl Guard {
             mode: Arc::new(AtomicU8::new(Mode::Engine as u8)),
             steps: Arc::new(AtomicU64::new(0)),
             steps_max,
+            budget: Arc::new(AtomicU64::new(callbacks(steps_max))),
+            interrupted: Arc::new(AtomicBool::new(false)),
             migration_impure: Arc::new(AtomicBool::new(false)),
         };
         let mode = guard.mode.clone();
@@ -60,15 +71,20 @@ impl Guard {
         }))?;
         let steps = guard.steps.clone();
         let mode = guard.mode.clone();
-        let budget = steps_max / STEPS_PER_CALLBACK + 1;
+        let budget = guard.budget.clone();
+        let interrupted = guard.interrupted.clone();
         // Only kind code and migrations spend the budget: the engine's own
         // statements (ledger lookups, pins of read snapshots) run between
         // budgets and must never be interrupted, however many run in a row.
         conn.progress_handler(
             STEPS_PER_CALLBACK as i32,
             Some(move || {
-                mode.load(Ordering::Relaxed) != Mode::Engine as u8
-                    && steps.fetch_add(1, Ordering::Relaxed) >= budget
+                let stop = mode.load(Ordering::Relaxed) != Mode::Engine as u8
+                    && steps.fetch_add(1, Ordering::Relaxed) >= budget.load(Ordering::Relaxed);
+                if stop {
+                    interrupted.store(true, Ordering::Relaxed);
+                }
+                stop
             }),
         )?;
         Ok(guard)
@@ -76,11 +92,22 @@ impl Guard {
 
     /// Run `f` with kind code fenced and a fresh step budget.
     pub(crate) fn run<T>(&self, mode: Mode, f: impl FnOnce() -> T) -> T {
+        self.run_within(mode, self.steps_max, f).0
+    }
+
+    /// [`Guard::run`] with a budget of `steps` (at most the guard's own);
+    /// also says whether the budget interrupted a statement of `f`.
+    pub(crate) fn run_within<T>(&self, mode: Mode, steps: u64, f: impl FnOnce() -> T) -> (T, bool) {
         self.steps.store(0, Ordering::Relaxed);
+        self.interrupted.store(false, Ordering::Relaxed);
+        self.budget
+            .store(callbacks(steps.min(self.steps_max)), Ordering::Relaxed);
         self.mode.store(mode as u8, Ordering::Relaxed);
         let out = f();
         self.mode.store(Mode::Engine as u8, Ordering::Relaxed);
-        out
+        self.budget
+            .store(callbacks(self.steps_max), Ordering::Relaxed);
+        (out, self.interrupted.load(Ordering::Relaxed))
     }
 
     /// Whether a migration run on this connection prepared a call of a

@@ -1285,3 +1285,55 @@ fn an_aborted_upgrade_of_the_ledger_is_done_again() {
         assert_eq!(recovered, h.live_bytes());
     }
 }
+
+/// A query run within a first, smaller budget is stopped short (`None`)
+/// when it needs more, and answers in full within the configured one;
+/// over the configured budget it is rejected as before. A short query
+/// answers within the small budget, and the Cell's next query has the
+/// full budget again.
+#[test]
+fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let config = CellConfig {
+        statement_steps_max: 1_000_000,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(manifest.kind("account").unwrap(), config);
+    h.run(&[deposit(1, "a", 5)]);
+    let counting = |to: u64| {
+        json!({"sql": format!(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {to}) \
+             SELECT count(*) FROM c"
+        )})
+    };
+    let cell = h.cell();
+    // About 10 steps a row: 20,000 rows need far more than 5,000 steps,
+    // far fewer than 1,000,000.
+    let stopped = cell.query_within("$sql", &counting(20_000), 5_000).unwrap();
+    assert!(stopped.is_none(), "{stopped:?}");
+    let full = cell
+        .query_within("$sql", &counting(20_000), u64::MAX)
+        .unwrap();
+    assert_eq!(full.unwrap().value["rows"], json!([[20_000]]));
+    assert_eq!(
+        cell.query_with_position("$sql", &counting(20_000))
+            .unwrap()
+            .value["rows"],
+        json!([[20_000]])
+    );
+    let short = cell
+        .query_within("balance", &json!({"id": "a"}), 5_000)
+        .unwrap();
+    assert_eq!(short.unwrap().value["rows"], json!([[5]]));
+    // Over the configured budget: rejected, whatever budget was asked for.
+    for steps in [5_000, u64::MAX] {
+        let over = cell.query_within("$sql", &counting(10_000_000), steps);
+        match (steps, over) {
+            (5_000, Ok(None)) => {}
+            (u64::MAX, Err(cellfleet_cell::Error::Rejected(r))) => {
+                assert_eq!(r.code, RejectCode::LimitExceeded)
+            }
+            (steps, other) => panic!("steps {steps}: {other:?}"),
+        }
+    }
+}

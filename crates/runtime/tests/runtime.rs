@@ -1227,3 +1227,44 @@ async fn warm_cells_answer_short_queries_on_their_actor_task() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_over_the_inline_step_budget_answers_from_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("inline-query-steps", dir.path()).await {
+        let clock = manual_clock();
+        let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
+        // The smallest budget: a query stops short past about 2,000 VM
+        // steps on the task.
+        config.limits.inline_query_steps_max = 0;
+        let node = start(config, inner.clone(), clock.clone()).await;
+        let inline = || {
+            node.metrics()
+                .queries_inline_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        node.execute(KIND, KEY, append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(journal(&node, KEY).await, vec!["t0"], "{backend}");
+        }
+        // Reader opened, then measured, then one on the task.
+        assert_eq!(inline(), 1, "{backend}");
+        // 3,000 rows take the query well past the task's budget: it stops
+        // there and answers in full from the pool, each time.
+        for first in (1..3000).step_by(200) {
+            for (n, result) in execute_all(&node, &clock, KEY, first..(first + 200).min(3000)).await
+            {
+                result.unwrap_or_else(|e| panic!("{backend}: append {n}: {e:?}"));
+            }
+        }
+        for _ in 0..2 {
+            let tags = journal(&node, KEY).await;
+            assert_eq!(tags.len(), 3000, "{backend}");
+            assert_eq!(tags.first().map(String::as_str), Some("t0"), "{backend}");
+        }
+        assert_eq!(inline(), 1, "{backend}");
+        node.drain().await.unwrap();
+    }
+}

@@ -109,11 +109,6 @@ impl Actor {
     pub(super) async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
         self.reserve_reader().await?;
         let bytes = crate::node::payload_bytes(&name, &args);
-        let work = move |cell: &mut Cell| {
-            let engine = std::time::Instant::now();
-            let out = cell.query_with_position(&name, &args);
-            (out, engine.elapsed())
-        };
         // A query that opens the Cell's reader (files, a schema parse)
         // runs on the pool, and its time says nothing of the next one's.
         let opens_reader = self
@@ -121,24 +116,13 @@ impl Actor {
             .as_ref()
             .is_none_or(|cell| cell.readers_open() == 0);
         let inline = !opens_reader && self.ctx.inline.runs_inline(1, bytes, self.query_estimate);
-        let ran = if inline {
-            self.ctx
-                .metrics
-                .queries_inline_total
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.with_cell_inline(work)
-        } else {
-            self.with_cell(work).await
-        };
-        let answered = ran.map(|(out, engine)| {
-            // A query that failed measured what it did before failing
-            // (over its step bound, say): it still counts.
-            if !opens_reader {
-                self.query_estimate =
-                    Some(super::inline::next_estimate(self.query_estimate, engine));
+        let answered = match inline.then(|| self.query_inline(&name, &args)) {
+            Some(InlineQuery::Answered(out)) => Some(out),
+            Some(InlineQuery::Lost) => None,
+            Some(InlineQuery::StoppedShort) | None => {
+                self.query_on_pool(name, args, !opens_reader).await
             }
-            out
-        });
+        };
         match answered {
             Some(Ok(answer)) => Ok(Queried {
                 receipt: self.receipt(answer.position.txid),
@@ -147,6 +131,59 @@ impl Actor {
             Some(Err(error)) => Err(Error::from(error)),
             None => Err(Error::Closed("the cell engine was lost".into())),
         }
+    }
+
+    /// Runs a query on the actor's task within `inline_query_steps_max`
+    /// VM steps; one that needs more stops short (queries write nothing)
+    /// and is left for the pool.
+    fn query_inline(&mut self, name: &str, args: &Value) -> InlineQuery {
+        let steps = self.ctx.inline_query_steps_max;
+        let ran = self.with_cell_inline(|cell| {
+            let engine = std::time::Instant::now();
+            let out = cell.query_within(name, args, steps);
+            (out, engine.elapsed())
+        });
+        let Some((out, engine)) = ran else {
+            return InlineQuery::Lost;
+        };
+        let out = match out {
+            Ok(None) => return InlineQuery::StoppedShort,
+            Ok(Some(answer)) => Ok(answer),
+            Err(error) => Err(error),
+        };
+        self.ctx
+            .metrics
+            .queries_inline_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.query_estimate = Some(super::inline::next_estimate(self.query_estimate, engine));
+        InlineQuery::Answered(out)
+    }
+
+    /// Runs a query on the blocking pool with the full step budget;
+    /// `measure`: its engine time becomes the Cell's query estimate.
+    /// `None` if the engine was lost.
+    async fn query_on_pool(
+        &mut self,
+        name: String,
+        args: Value,
+        measure: bool,
+    ) -> Option<cellfleet_cell::Result<cellfleet_cell::QueryAnswer>> {
+        let ran = self
+            .with_cell(move |cell| {
+                let engine = std::time::Instant::now();
+                let out = cell.query_with_position(&name, &args);
+                (out, engine.elapsed())
+            })
+            .await;
+        ran.map(|(out, engine)| {
+            // A query that failed measured what it did before failing
+            // (over its step bound, say): it still counts.
+            if measure {
+                self.query_estimate =
+                    Some(super::inline::next_estimate(self.query_estimate, engine));
+            }
+            out
+        })
     }
 
     /// Keeps a query until `min_txid` is published (or its wait bound
@@ -242,4 +279,14 @@ impl Actor {
             now,
         ))
     }
+}
+
+/// What a query on the actor's task came to.
+enum InlineQuery {
+    /// The engine answered (or refused) it.
+    Answered(cellfleet_cell::Result<cellfleet_cell::QueryAnswer>),
+    /// It needed more than the task's step budget: run it on the pool.
+    StoppedShort,
+    /// The engine panicked: the actor must stop.
+    Lost,
 }

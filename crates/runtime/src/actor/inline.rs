@@ -20,8 +20,9 @@
 //! on the task.
 //!
 //! A query follows the same rule as a group of one command, with an
-//! estimate of its own: the Cell's last query's engine time
-//! (`actor/query.rs`).
+//! estimate of its own: the Cell's last query's engine time. On the task
+//! it also runs within a small VM-step budget, and one that needs more
+//! runs again on the pool (`actor/query.rs`).
 
 use std::time::Duration;
 

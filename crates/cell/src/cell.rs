@@ -558,7 +558,7 @@ impl Cell {
             ));
         }
         let limits = self.kind.limits();
-        let payload = command.name.len() as u64 + value_bytes(&command.args);
+        let payload = crate::sql::payload_bytes(&command.name, &command.args);
         if payload > limits.payload_bytes_max {
             return Some(Rejection::new(
                 RejectCode::LimitExceeded,
@@ -1341,7 +1341,7 @@ impl Cell {
         let position = self.published;
         self.check_not_poisoned()?;
         let limits = self.kind.limits();
-        let payload = name.len() as u64 + value_bytes(args);
+        let payload = crate::sql::payload_bytes(name, args);
         if payload > limits.payload_bytes_max {
             return Err(Error::LimitExceeded {
                 what: "query payload bytes",

@@ -105,8 +105,8 @@ impl Guard {
         self.mode.store(mode as u8, Ordering::Relaxed);
         let out = f();
         self.mode.store(Mode::Engine as u8, Ordering::Relaxed);
-        self.budget
-            .store(callbacks(self.steps_max), Ordering::Relaxed);
+        // The budget stays as this run left it: it counts only while kind
+        // code runs, and every run sets its own first.
         (out, self.interrupted.load(Ordering::Relaxed))
     }
 

@@ -32,6 +32,7 @@ pub use kind::{Kind, KindError, Limits, RustKind, Typed};
 pub use kv::Kv;
 pub use manifest::Manifest;
 pub use recovery::{recover, ChainFile};
+pub use sql::payload_bytes;
 
 /// The website's embedding guide, compiled and run as a doc-test so its
 /// Rust snippets stay true.

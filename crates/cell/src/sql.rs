@@ -80,6 +80,12 @@ fn limit(what: &str, actual: u64, limit: u64) -> KindError {
     )
 }
 
+/// Approximate size of a command's or query's payload (its name and
+/// arguments), as the engine counts it against `payload_bytes_max`.
+pub fn payload_bytes(name: &str, args: &Value) -> u64 {
+    name.len() as u64 + value_bytes(args)
+}
+
 /// Approximate encoded size of a JSON value, for the bytes limit.
 pub(crate) fn value_bytes(v: &Value) -> u64 {
     match v {

@@ -440,11 +440,6 @@ const SESSION_END_SETTLE: Duration = Duration::from_secs(5);
 /// The bytes a command charges against the mailbox budget: its name and
 /// its arguments as JSON, counted without building the text.
 fn command_bytes(command: &Command) -> usize {
-    payload_bytes(&command.name, &command.args)
-}
-
-/// A command's or query's payload: its name and its arguments as JSON.
-pub(crate) fn payload_bytes(name: &str, args: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -456,9 +451,9 @@ pub(crate) fn payload_bytes(name: &str, args: &Value) -> usize {
         }
     }
     let mut count = Count(0);
-    serde_json::to_writer(&mut count, args)
+    serde_json::to_writer(&mut count, &command.args)
         .expect("a JSON value writes into a counter, which never fails");
-    name.len() + count.0
+    command.name.len() + count.0
 }
 
 /// An open Cell with nothing in its mailbox or groups, not already asked

@@ -108,7 +108,9 @@ impl Actor {
     /// [`inline`]: super::inline
     pub(super) async fn run_query(&mut self, name: String, args: Value) -> Result<Queried> {
         self.reserve_reader().await?;
-        let bytes = crate::node::payload_bytes(&name, &args);
+        // The engine's own measure of the payload (no JSON written).
+        let bytes =
+            usize::try_from(cellfleet_cell::payload_bytes(&name, &args)).unwrap_or(usize::MAX);
         // A query that opens the Cell's reader (files, a schema parse)
         // runs on the pool, and its time says nothing of the next one's.
         let opens_reader = self

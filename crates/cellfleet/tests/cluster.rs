@@ -610,9 +610,11 @@ fn signatures_verified(cluster: &Cluster) -> f64 {
         .sum()
 }
 
-/// A client request's signature is checked once by each node it reaches:
-/// once when its ingress owns the Cell, twice when the ingress forwards it
-/// (the owner checks again). Counted by the nodes' own metric.
+/// A client request's signature is checked once, by its ingress: the owner
+/// of a forwarded request checks everything else but not the signature
+/// the forward says its ingress verified. A forward that does not say so
+/// is verified by the owner, and a forged signature is refused there.
+/// Counted by the nodes' own metric.
 async fn each_node_checks_a_signature_once(cluster: &Cluster) {
     let mut client = cluster.client("dev");
     let key = "signature-count";
@@ -653,9 +655,69 @@ async fn each_node_checks_a_signature_once(cluster: &Cluster) {
     let request = append(&client, "forwarded");
     let (checks, forwarded) = checks_during(cluster, client.execute(other.client, request)).await;
     assert_eq!(forwarded.expect("applied").served_by, owner.id);
+    assert_eq!(checks, 1.0, "a forwarded command: its ingress only");
+
+    let query = client.query(other.client, "log", key, "count", serde_json::json!({}));
+    let (checks, read) = checks_during(cluster, query).await;
+    let read = read.expect("answered");
+    assert_eq!(read.served_by, owner.id);
+    assert_eq!(checks, 1.0, "a forwarded query: its ingress only");
+    let counts: serde_json::Value = serde_json::from_slice(&read.result_json).expect("json");
     assert_eq!(
-        checks, 2.0,
-        "a forwarded command: its ingress and its owner"
+        counts["rows"].as_array().map(Vec::len),
+        Some(3),
+        "placed, local, forwarded: {counts}"
+    );
+
+    // A forward as another node sends it, but with a forged signature and
+    // without the ingress's word that it verified it: the owner verifies,
+    // refuses, and nothing runs.
+    let mut forged = append(&client, "forged");
+    let envelope = forged.envelope.as_mut().expect("signed");
+    envelope.signature[0] ^= 0x5a;
+    let as_other = tls::client_config(
+        &TlsIdentity::load(
+            &cluster.path("certs/ca.pem"),
+            &cluster.path(&format!("certs/node-{}.pem", other.id)),
+            &cluster.path(&format!("certs/node-{}.key", other.id)),
+        )
+        .expect("identity"),
+    )
+    .expect("tls");
+    let channel = cellfleet_router::transport::channel(
+        owner.peer,
+        "127.0.0.1",
+        as_other,
+        Duration::from_secs(2),
+    )
+    .expect("channel");
+    let forward = v1::ForwardRequest {
+        request: Some(v1::forward_request::Request::Execute(forged)),
+        hops: 1,
+        ingress_node_id: other.id.clone(),
+        deadline_unix_ms: 0,
+        ingress_verified: false,
+    };
+    let (checks, refused) = checks_during(
+        cluster,
+        v1::peer_client::PeerClient::new(channel).forward(forward),
+    )
+    .await;
+    let refused = refused.expect_err("a forged signature must be refused");
+    assert_eq!(
+        error_code(&refused),
+        Some(v1::ErrorCode::BadSignature),
+        "{refused:?}"
+    );
+    assert_eq!(checks, 1.0, "the owner verified the unvouched forward");
+    let expected: HashMap<String, i64> = ["placed", "local", "forwarded"]
+        .into_iter()
+        .map(|tag| (tag.to_owned(), 1))
+        .collect();
+    assert_eq!(
+        client.log_counts(owner.client, key).await,
+        expected,
+        "the forged command did not run"
     );
 }
 

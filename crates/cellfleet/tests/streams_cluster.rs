@@ -318,6 +318,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
             hops: 1,
             ingress_node_id: "n2".into(),
             deadline_unix_ms: 0,
+            ingress_verified: false,
         };
     let refused = PeerClient::new(channel.clone())
         .forward(node_command(
@@ -350,6 +351,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
         hops: 1,
         ingress_node_id: "n2".into(),
         deadline_unix_ms: 0,
+        ingress_verified: false,
     };
     // The same node request for a stream runs (on the owner) or answers
     // NOT_OWNER: it is never refused for its kind.
@@ -375,6 +377,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
         hops: 1,
         ingress_node_id: "n2".into(),
         deadline_unix_ms: 0,
+        ingress_verified: false,
     };
     let refused = PeerClient::new(channel.clone())
         .forward(watch("kv"))

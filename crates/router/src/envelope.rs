@@ -112,6 +112,17 @@ pub struct VerifiedAdmin {
     pub node_id: String,
 }
 
+/// Whether [`Verifier`] checks an envelope's signature itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signature {
+    /// Verify it (step c of the rule): every client request at its ingress.
+    Verify,
+    /// Skip step c only: the ingress that forwarded the request verified
+    /// it. Only for a request that came through the peer service, which
+    /// only nodes reach; every other check still runs here.
+    VerifiedByIngress,
+}
+
 /// Verifies envelopes against a key registry, a policy and a clock.
 #[derive(Clone, Debug)]
 pub struct Verifier {
@@ -146,7 +157,17 @@ impl Verifier {
 
     /// Checks an `Execute` envelope (domain `cellfleet.v1.command`).
     pub fn verify_command(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedCommand> {
-        let (key, body) = self.authenticate::<v1::CommandBody>(Domain::Command, envelope)?;
+        self.check_command(envelope, Signature::Verify)
+    }
+
+    /// Checks an `Execute` envelope, its signature as `signature` says.
+    pub fn check_command(
+        &self,
+        envelope: &v1::SignedEnvelope,
+        signature: Signature,
+    ) -> Result<VerifiedCommand> {
+        let (key, body) =
+            self.authenticate::<v1::CommandBody>(Domain::Command, envelope, signature)?;
         check_cell(&body.kind, &body.key)?;
         check_name("command", &body.command)?;
         let command_id = command_id(&body.command_id)?;
@@ -170,7 +191,16 @@ impl Verifier {
 
     /// Checks a `Query` envelope (domain `cellfleet.v1.query`).
     pub fn verify_query(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedQuery> {
-        let (key, body) = self.authenticate::<v1::QueryBody>(Domain::Query, envelope)?;
+        self.check_query(envelope, Signature::Verify)
+    }
+
+    /// Checks a `Query` envelope, its signature as `signature` says.
+    pub fn check_query(
+        &self,
+        envelope: &v1::SignedEnvelope,
+        signature: Signature,
+    ) -> Result<VerifiedQuery> {
+        let (key, body) = self.authenticate::<v1::QueryBody>(Domain::Query, envelope, signature)?;
         check_cell(&body.kind, &body.key)?;
         check_name("query", &body.query)?;
         if !body.request_id.is_empty() && body.request_id.len() != COMMAND_ID_BYTES {
@@ -198,7 +228,17 @@ impl Verifier {
 
     /// Checks a `Resolve` envelope (domain `cellfleet.v1.resolve`).
     pub fn verify_resolve(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedResolve> {
-        let (key, body) = self.authenticate::<v1::ResolveBody>(Domain::Resolve, envelope)?;
+        self.check_resolve(envelope, Signature::Verify)
+    }
+
+    /// Checks a `Resolve` envelope, its signature as `signature` says.
+    pub fn check_resolve(
+        &self,
+        envelope: &v1::SignedEnvelope,
+        signature: Signature,
+    ) -> Result<VerifiedResolve> {
+        let (key, body) =
+            self.authenticate::<v1::ResolveBody>(Domain::Resolve, envelope, signature)?;
         check_cell(&body.kind, &body.key)?;
         let command_id = command_id(&body.command_id)?;
         self.check_window(body.issued_at_ms, body.expires_at_ms)?;
@@ -223,7 +263,8 @@ impl Verifier {
 
     /// Checks an admin envelope (domain `cellfleet.v1.admin`).
     pub fn verify_admin(&self, envelope: &v1::SignedEnvelope) -> Result<VerifiedAdmin> {
-        let (key, body) = self.authenticate::<v1::AdminBody>(Domain::Admin, envelope)?;
+        let (key, body) =
+            self.authenticate::<v1::AdminBody>(Domain::Admin, envelope, Signature::Verify)?;
         check_name("operation", &body.operation)?;
         self.check_window(body.issued_at_ms, body.expires_at_ms)?;
         key.authorize(Operation::Admin {
@@ -236,11 +277,13 @@ impl Verifier {
         })
     }
 
-    /// Steps a–d of the rule: bounds, key, signature, then decoding.
+    /// Steps a–d of the rule: bounds, key, signature (unless the ingress
+    /// verified it), then decoding.
     fn authenticate<B: Message + Default>(
         &self,
         domain: Domain,
         envelope: &v1::SignedEnvelope,
+        signature: Signature,
     ) -> Result<(&crate::registry::RegisteredKey, B)> {
         if envelope.body.len() > self.policy.body_bytes_max {
             return Err(Error::Malformed(format!(
@@ -268,14 +311,16 @@ impl Verifier {
             )));
         }
         let key = self.registry.get(&envelope.key_id)?;
-        self.signatures_verified.fetch_add(1, Ordering::Relaxed);
-        signing::verify(
-            domain,
-            &envelope.body,
-            &envelope.signature,
-            &envelope.key_id,
-            &key.public_key,
-        )?;
+        if signature == Signature::Verify {
+            self.signatures_verified.fetch_add(1, Ordering::Relaxed);
+            signing::verify(
+                domain,
+                &envelope.body,
+                &envelope.signature,
+                &envelope.key_id,
+                &key.public_key,
+            )?;
+        }
         let body = B::decode(envelope.body.as_slice())
             .map_err(|e| Error::Malformed(format!("body does not decode: {e}")))?;
         Ok((key, body))

@@ -189,6 +189,24 @@ enum Request<'a> {
 }
 
 impl Request<'_> {
+    /// True when this node verified the client envelope it carries (so its
+    /// owner need not check the signature again).
+    fn ingress_verified(&self) -> bool {
+        matches!(
+            self,
+            Request::Wire {
+                request: Routed::Execute(_),
+                verified: Some(Verified::Command(_)),
+            } | Request::Wire {
+                request: Routed::Query(_),
+                verified: Some(Verified::Query(_)),
+            } | Request::Wire {
+                request: Routed::Resolve(_),
+                verified: Some(Verified::Resolve(_)),
+            }
+        )
+    }
+
     fn is_command(&self) -> bool {
         match self {
             Request::Wire { request, .. } => request.is_command(),
@@ -541,6 +559,7 @@ impl Router {
         &self,
         peer: &str,
         request: &Routed,
+        ingress_verified: bool,
         hops: u32,
         deadline_unix_ms: Option<i64>,
     ) -> Result<v1::forward_response::Response, tonic::Status> {
@@ -568,6 +587,7 @@ impl Router {
             hops,
             ingress_node_id: self.me().as_str().to_owned(),
             deadline_unix_ms: deadline_unix_ms.unwrap_or(0),
+            ingress_verified,
         };
         let channel = self.channel(peer).map_err(|e| to_status(&e))?;
         let mut call = tonic::Request::new(forward);
@@ -726,7 +746,8 @@ impl Router {
                     .map_err(|e| (to_status(&e), Delivery::Answered)),
                 Target::Remote { peer, .. } => {
                     hops += 1;
-                    self.forward(peer, request.wire(), hops, deadline_unix_ms)
+                    let verified = request.ingress_verified();
+                    self.forward(peer, request.wire(), verified, hops, deadline_unix_ms)
                         .await
                         .map(Answer::Wire)
                         .map_err(|status| classify_transport(status, peer))

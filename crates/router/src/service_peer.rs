@@ -1,4 +1,12 @@
-//! The `cellfleet.v1.Peer` service: a node runs a request another node's ingress routed here, after checking the caller is a node and verifying the envelope again.
+//! The `cellfleet.v1.Peer` service: a node runs a request another node's ingress routed here, after checking the caller is a node and checking the envelope again.
+//!
+//! The signature is checked once per request, at its ingress: when the
+//! forward says the ingress verified it (`ingress_verified`), the owner
+//! checks the key, the window and the key's authorization but not the
+//! signature. Only nodes reach this service (mTLS, node certificates), and
+//! a node already holds the bucket's credentials, so a second signature
+//! check would guard against nothing a node could not do anyway. A forward
+//! without the flag (an older ingress) is verified in full.
 //!
 //! A peer never forwards: it answers from its own runtime or with
 //! NOT_OWNER and its best hint, so requests cannot loop. An unsigned node
@@ -10,8 +18,9 @@ use std::sync::Arc;
 use cellfleet_proto::v1;
 use tonic::{Request, Response, Status};
 
+use crate::envelope::{Signature, Verifier};
 use crate::error::Error;
-use crate::forward::{run_local, Routed, Router, HOPS_MAX};
+use crate::forward::{run_local, Routed, Router, Verified, HOPS_MAX};
 use crate::tls::require_node;
 
 /// The peer service of one node.
@@ -25,6 +34,25 @@ impl PeerService {
     pub fn new(router: Arc<Router>) -> Self {
         PeerService { router }
     }
+}
+
+/// A client request its ingress verified, checked here in every other
+/// respect (key, body, window, authorization); `None` for a node request.
+fn checked_after_ingress(verifier: &Verifier, routed: &Routed) -> Result<Option<Verified>, Error> {
+    let missing = || Error::Malformed("the request has no envelope".into());
+    let by_ingress = Signature::VerifiedByIngress;
+    Ok(match routed {
+        Routed::Execute(r) => Some(Verified::Command(
+            verifier.check_command(r.envelope.as_ref().ok_or_else(missing)?, by_ingress)?,
+        )),
+        Routed::Query(r) => Some(Verified::Query(
+            verifier.check_query(r.envelope.as_ref().ok_or_else(missing)?, by_ingress)?,
+        )),
+        Routed::Resolve(r) => Some(Verified::Resolve(
+            verifier.check_resolve(r.envelope.as_ref().ok_or_else(missing)?, by_ingress)?,
+        )),
+        Routed::NodeCommand(_) | Routed::NodeQuery(_) | Routed::NodeWatch(_) => None,
+    })
 }
 
 #[tonic::async_trait]
@@ -57,6 +85,11 @@ impl v1::peer_server::Peer for PeerService {
             Some(v1::forward_request::Request::NodeWatch(r)) => Routed::NodeWatch(r),
             None => return Err(Error::Malformed("the forward carries no request".into()).into()),
         };
+        let verified = if forward.ingress_verified {
+            checked_after_ingress(self.router.verifier(), &routed)?
+        } else {
+            None
+        };
         // Unsigned node requests arrive only here, behind require_node
         // (mTLS, node certificates), and run only for the node kinds.
         let response = run_local(
@@ -64,7 +97,7 @@ impl v1::peer_server::Peer for PeerService {
             self.router.verifier(),
             self.router.node_kinds(),
             &routed,
-            None,
+            verified.as_ref(),
         )
         .await?;
         Ok(Response::new(v1::ForwardResponse {

@@ -342,3 +342,99 @@ proptest! {
         prop_assert_eq!(ok, expected);
     }
 }
+
+proptest! {
+    /// A request its ingress verified is checked at the owner in every
+    /// respect but the signature: whatever the body, the owner's verdict
+    /// on it with any signature is the full check's verdict on it signed
+    /// well, and only the full check counts a signature.
+    #[test]
+    fn the_owner_skips_only_the_signature(
+        kind in prop_oneof![Just("kv"), Just("other"), Just("")],
+        command in prop_oneof![Just("put"), Just("drop")],
+        id_bytes in prop_oneof![Just(16usize), Just(15)],
+        issued_offset_ms in -700_000i64..2_000,
+        window_ms in -1_000i64..700_000,
+        key_id in prop_oneof![Just("app"), Just("gone")],
+        damage in any::<Option<prop::sample::Index>>(),
+    ) {
+        let f = fixture();
+        let issued_at_ms = NOW_MS + issued_offset_ms;
+        let body = v1::CommandBody {
+            kind: kind.into(),
+            command: command.into(),
+            command_id: vec![9; id_bytes],
+            issued_at_ms,
+            expires_at_ms: issued_at_ms.saturating_add(window_ms),
+            ..body()
+        };
+        let well_signed = signing::seal(Domain::Command, body.encode_to_vec(), key_id, &f.key);
+        let mut carried = well_signed.clone();
+        if let Some(byte) = damage {
+            carried.signature[byte.index(SIGNATURE_BYTES)] ^= 0x5a;
+        }
+        let counted = Arc::new(AtomicU64::new(0));
+        let verifier = f.verifier.clone().counting_into(counted.clone());
+        let full = verifier.verify_command(&well_signed);
+        let after_full = counted.load(Ordering::Relaxed);
+        let by_owner = verifier.check_command(&carried, Signature::VerifiedByIngress);
+        prop_assert_eq!(format!("{by_owner:?}"), format!("{full:?}"));
+        prop_assert_eq!(counted.load(Ordering::Relaxed), after_full);
+        if damage.is_some() && key_id == "app" {
+            let refused = verifier.verify_command(&carried);
+            prop_assert!(
+                matches!(refused, Err(Error::BadSignature { .. })),
+                "a damaged signature passed the full check: {:?}",
+                refused
+            );
+        }
+    }
+}
+
+#[test]
+fn the_owner_skips_the_signature_of_queries_and_resolves_only() {
+    let f = fixture();
+    let other = SigningKey::from_bytes(&[4; 32]);
+    let query = v1::QueryBody {
+        kind: "kv".into(),
+        key: b"cart-1".to_vec(),
+        query: "get".into(),
+        issued_at_ms: NOW_MS - 1_000,
+        expires_at_ms: NOW_MS + 60_000,
+        ..Default::default()
+    };
+    let forged = signing::seal(Domain::Query, query.encode_to_vec(), "app", &other);
+    assert!(matches!(
+        f.verifier.verify_query(&forged),
+        Err(Error::BadSignature { .. })
+    ));
+    let checked = f
+        .verifier
+        .check_query(&forged, Signature::VerifiedByIngress)
+        .expect("its ingress verified it");
+    assert_eq!(checked.query, "get");
+    let expired = v1::QueryBody {
+        expires_at_ms: NOW_MS - 1,
+        ..query
+    };
+    let forged = signing::seal(Domain::Query, expired.encode_to_vec(), "app", &other);
+    assert!(matches!(
+        f.verifier
+            .check_query(&forged, Signature::VerifiedByIngress),
+        Err(Error::Expired(_))
+    ));
+    let resolve = v1::ResolveBody {
+        kind: "other".into(),
+        key: b"cart-1".to_vec(),
+        command_id: vec![9; 16],
+        issued_at_ms: NOW_MS - 1_000,
+        expires_at_ms: NOW_MS + 60_000,
+        ..Default::default()
+    };
+    let forged = signing::seal(Domain::Resolve, resolve.encode_to_vec(), "app", &other);
+    assert!(matches!(
+        f.verifier
+            .check_resolve(&forged, Signature::VerifiedByIngress),
+        Err(Error::Unauthorized { .. })
+    ));
+}

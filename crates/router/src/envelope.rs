@@ -1,9 +1,11 @@
 //! Ingress verification of signed envelopes: size bounds, key lookup, signature over the exact body bytes, body decoding, validity window, authorization.
 //!
 //! The order is fixed and documented in `proto/cellfleet/v1/envelope.proto`:
-//! nothing is decoded from the body before its signature verified, and
-//! nothing that fails any check reaches a Cell. Time comes from an injected
-//! [`Clock`], so window tests need no sleeping.
+//! nothing is decoded from the body before its signature verified (at this
+//! node, or for a forward at the ingress that verified it:
+//! [`Signature::VerifiedByIngress`]), and nothing that fails any check
+//! reaches a Cell. Time comes from an injected [`Clock`], so window tests
+//! need no sleeping.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -114,8 +116,9 @@ pub struct VerifiedAdmin {
 
 /// Whether [`Verifier`] checks an envelope's signature itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Signature {
-    /// Verify it (step c of the rule): every client request at its ingress.
+pub(crate) enum Signature {
+    /// Verify it (step c of the rule): every client request at its
+    /// ingress, and a forward whose ingress did not say it verified it.
     Verify,
     /// Skip step c only: the ingress that forwarded the request verified
     /// it. Only for a request that came through the peer service, which
@@ -161,7 +164,7 @@ impl Verifier {
     }
 
     /// Checks an `Execute` envelope, its signature as `signature` says.
-    pub fn check_command(
+    pub(crate) fn check_command(
         &self,
         envelope: &v1::SignedEnvelope,
         signature: Signature,
@@ -195,7 +198,7 @@ impl Verifier {
     }
 
     /// Checks a `Query` envelope, its signature as `signature` says.
-    pub fn check_query(
+    pub(crate) fn check_query(
         &self,
         envelope: &v1::SignedEnvelope,
         signature: Signature,
@@ -232,7 +235,7 @@ impl Verifier {
     }
 
     /// Checks a `Resolve` envelope, its signature as `signature` says.
-    pub fn check_resolve(
+    pub(crate) fn check_resolve(
         &self,
         envelope: &v1::SignedEnvelope,
         signature: Signature,

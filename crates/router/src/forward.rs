@@ -18,10 +18,11 @@
 //!   of its own ([`hop_timeout`]) that leaves the retry time to run;
 //! * only the ingress forwards: a peer answers locally or NOT_OWNER, so a
 //!   request makes at most [`HOPS_MAX`] hops and never loops;
-//! * the forwarded call carries the original signed envelope (the owner
-//!   verifies it again) and the client's deadline; a request the ingress
-//!   runs itself uses the form it verified ([`Verified`]), so a node checks
-//!   a client request's signature once;
+//! * the forwarded call carries the original signed envelope and the
+//!   client's deadline; a request the ingress runs itself uses the form it
+//!   verified ([`Verified`]), and a forward it verified says so
+//!   (`ingress_verified`), so the owner checks everything but the
+//!   signature: a client request's signature is checked once;
 //! * a node's own unsigned request (a [`Routed::NodeCommand`] or
 //!   [`Routed::NodeQuery`], made for a protocol without signatures such as
 //!   Durable Streams HTTP) routes the same way, and runs — locally or on a
@@ -632,8 +633,10 @@ impl Router {
     }
 
     /// Routes a client request this node verified as `verified`, as
-    /// [`Router::route`] does; run here, it is not verified again.
-    pub async fn route_verified(
+    /// [`Router::route`] does; run here, it is not verified again, and a
+    /// forward tells the owner it was verified. `verified` must be the
+    /// verification of `request`'s own envelope (crate-private for that).
+    pub(crate) async fn route_verified(
         &self,
         cell: &CellId,
         request: Routed,

@@ -2,11 +2,12 @@
 //!
 //! The signature is checked once per request, at its ingress: when the
 //! forward says the ingress verified it (`ingress_verified`), the owner
-//! checks the key, the window and the key's authorization but not the
-//! signature. Only nodes reach this service (mTLS, node certificates), and
-//! a node already holds the bucket's credentials, so a second signature
-//! check would guard against nothing a node could not do anyway. A forward
-//! without the flag (an older ingress) is verified in full.
+//! checks the key, the body and its fields, the window and the key's
+//! authorization but not the signature. Only nodes reach this service
+//! (mTLS, node certificates), and a node already holds the bucket's
+//! credentials, so a second signature check would guard against nothing a
+//! node could not do anyway. A forward without the flag (an older ingress)
+//! is verified in full.
 //!
 //! A peer never forwards: it answers from its own runtime or with
 //! NOT_OWNER and its best hint, so requests cannot loop. An unsigned node

@@ -474,7 +474,7 @@ impl Metrics {
             ("cellfleet_runtime_watch_wakes", "Watches answered with a newer acknowledged state", &self.watch_wakes_total),
             (
                 "cellfleet_router_signatures_verified",
-                "Ed25519 envelope signatures verified: one per signed client request this node receives, one per request a peer forwards to it",
+                "Ed25519 envelope signatures verified: one per signed client request this node receives from a client, and one per request a peer forwards without having verified it (an older ingress)",
                 &self.signatures_verified_total,
             ),
             ("cellfleet_runtime_fences", "Publications refused because another owner exists", &self.fences_total),

@@ -377,6 +377,7 @@ proptest! {
         let verifier = f.verifier.clone().counting_into(counted.clone());
         let full = verifier.verify_command(&well_signed);
         let after_full = counted.load(Ordering::Relaxed);
+        prop_assert_eq!(after_full, u64::from(key_id == "app"), "the full check counts a known key's signature");
         let by_owner = verifier.check_command(&carried, Signature::VerifiedByIngress);
         prop_assert_eq!(format!("{by_owner:?}"), format!("{full:?}"));
         prop_assert_eq!(counted.load(Ordering::Relaxed), after_full);

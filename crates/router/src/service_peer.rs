@@ -22,18 +22,22 @@ use tonic::{Request, Response, Status};
 use crate::envelope::{Signature, Verifier};
 use crate::error::Error;
 use crate::forward::{run_local, Routed, Router, Verified, HOPS_MAX};
-use crate::tls::require_node;
+use crate::tls::RoleCache;
 
 /// The peer service of one node.
 #[derive(Clone, Debug)]
 pub struct PeerService {
     router: Arc<Router>,
+    callers: Arc<RoleCache>,
 }
 
 impl PeerService {
     /// The service over `router`.
     pub fn new(router: Arc<Router>) -> Self {
-        PeerService { router }
+        PeerService {
+            router,
+            callers: Arc::default(),
+        }
     }
 }
 
@@ -62,7 +66,7 @@ impl v1::peer_server::Peer for PeerService {
         &self,
         request: Request<v1::ForwardRequest>,
     ) -> Result<Response<v1::ForwardResponse>, Status> {
-        let caller = require_node(&request)?;
+        let caller = self.callers.require_node(&request)?;
         let forward = request.into_inner();
         if forward.hops > HOPS_MAX {
             return Err(Error::TooManyHops {
@@ -110,7 +114,7 @@ impl v1::peer_server::Peer for PeerService {
         &self,
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::NodeStats>, Status> {
-        require_node(&request)?;
+        self.callers.require_node(&request)?;
         Ok(Response::new(crate::stats::local(&self.router)))
     }
 }

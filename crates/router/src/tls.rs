@@ -7,8 +7,9 @@
 //! certificate never completes a handshake with a peer listener, and a
 //! client never talks to a server that is not a node.
 
+use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
@@ -175,7 +176,72 @@ pub fn request_role<T>(request: &tonic::Request<T>) -> Result<Role, Error> {
 /// Checks, on a peer-service request, that the caller is a node (defence
 /// in depth: the peer listener's handshake already refuses other roles).
 pub fn require_node<T>(request: &tonic::Request<T>) -> Result<String, Error> {
-    match request_role(request)? {
+    node_only(request_role(request)?)
+}
+
+/// Certificates a [`RoleCache`] remembers (a cluster's nodes, with room).
+pub const ROLE_CACHE_ENTRIES: usize = 64;
+
+/// The roles of the caller certificates a listener saw last, so a call
+/// does not parse its caller's certificate again (every call of a
+/// connection carries the same one; parsing costs about 20,000
+/// instructions). Keyed by the certificate's exact bytes, so a hit is the
+/// same certificate the parse would read; least recently used goes first.
+#[derive(Debug, Default)]
+pub struct RoleCache {
+    recent: Mutex<VecDeque<(CertificateDer<'static>, Role)>>,
+}
+
+impl RoleCache {
+    /// The verified role of `request`'s caller, as [`request_role`].
+    pub fn request_role<T>(&self, request: &tonic::Request<T>) -> Result<Role, Error> {
+        let certs = request
+            .peer_certs()
+            .ok_or_else(|| Error::NotPeer("no client certificate".into()))?;
+        let end_entity = certs
+            .first()
+            .ok_or_else(|| Error::NotPeer("no certificate".into()))?;
+        self.role_of_der(end_entity)
+            .map_err(|e| Error::NotPeer(e.to_string()))
+    }
+
+    /// Checks that `request`'s caller is a node, as [`require_node`].
+    pub fn require_node<T>(&self, request: &tonic::Request<T>) -> Result<String, Error> {
+        node_only(self.request_role(request)?)
+    }
+
+    fn role_of_der(&self, der: &CertificateDer<'_>) -> Result<Role, CertError> {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = recent
+            .iter()
+            .position(|(known, _)| known.as_ref() == der.as_ref())
+        {
+            let hit = recent.remove(at).expect("found just now");
+            let role = hit.1.clone();
+            recent.push_front(hit);
+            return Ok(role);
+        }
+        drop(recent);
+        let role = role_of_der(der)?;
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.push_front((der.clone().into_owned(), role.clone()));
+        recent.truncate(ROLE_CACHE_ENTRIES);
+        Ok(role)
+    }
+
+    /// Certificates remembered now.
+    pub fn len(&self) -> usize {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn node_only(role: Role) -> Result<String, Error> {
+    match role {
         Role::Node(id) => Ok(id),
         Role::Client(name) => Err(Error::NotPeer(format!("client {name:?} is not a node"))),
     }
@@ -358,6 +424,46 @@ mod tests {
         ) {
             proptest::prop_assert!(role_of_der(&bytes).is_err());
         }
+    }
+
+    #[test]
+    fn the_role_cache_answers_what_a_parse_answers_within_its_bound() {
+        let ca = ClusterCa::generate("t").expect("ca");
+        let roles: Vec<Role> = (0..ROLE_CACHE_ENTRIES + 6)
+            .map(|i| {
+                if i % 3 == 0 {
+                    Role::Client(format!("app{i}"))
+                } else {
+                    Role::Node(format!("n{i}"))
+                }
+            })
+            .collect();
+        let certs: Vec<CertificateDer<'static>> = roles
+            .iter()
+            .map(|role| identity(&ca, role).chain[0].clone())
+            .collect();
+        let cache = RoleCache::default();
+        // Every certificate in turn, twice over (the second pass after
+        // the first overflowed the bound), then a few again: each answer is
+        // the parse's, and the cache never holds more than its bound.
+        let order = (0..certs.len())
+            .chain(0..certs.len())
+            .chain([3, 3, 69, 0, 1]);
+        for i in order {
+            assert_eq!(
+                cache.role_of_der(&certs[i]).expect("role"),
+                roles[i],
+                "certificate {i}"
+            );
+            assert!(cache.len() <= ROLE_CACHE_ENTRIES);
+        }
+        assert_eq!(cache.len(), ROLE_CACHE_ENTRIES);
+        // Bytes that do not parse are refused and not remembered.
+        let held = cache.len();
+        assert!(cache
+            .role_of_der(&CertificateDer::from(vec![0x30, 0x00]))
+            .is_err());
+        assert_eq!(cache.len(), held);
     }
 
     #[test]

@@ -187,6 +187,23 @@ enum GroupRun {
         recorded: Vec<Recorded>,
         lost: Option<([u8; 16], Rejection)>,
     },
+    /// A command needed more than the run's step budget, which is below
+    /// the configured one: roll the transaction back, put the `recorded`
+    /// ids' index entries back, and leave the group for the caller to run
+    /// again with the full budget.
+    StoppedShort { recorded: Vec<Recorded> },
+}
+
+/// How [`Cell::run_group`] runs the commands of a group.
+struct RunRules<'a> {
+    /// Each command in its own savepoint.
+    savepoints: bool,
+    /// Commands that lost the whole transaction in an earlier run:
+    /// rejected without running.
+    lost: &'a [([u8; 16], Rejection)],
+    /// VM steps each command's kind code may take (at most the configured
+    /// budget; below it, a command past it stops the group short).
+    steps: u64,
 }
 
 /// An id a group's run recorded, with the row its index entry named
@@ -201,6 +218,29 @@ enum Ran {
     Undo,
     /// Rejected, and the transaction is gone: SQLite rolled it back.
     Lost(Rejection),
+    /// Interrupted by a step budget below the configured one (whatever
+    /// the kind made of the interruption).
+    StoppedShort,
+}
+
+/// The ledger index as it was before a group's run that is rolled back:
+/// each id the run `recorded` named no row, or (its window ended) an older
+/// one. An index the run read from the table (`was_known` false) goes: it
+/// may describe a layout upgrade the rollback undid.
+fn index_before(
+    mut index: Option<ledger::Index>,
+    recorded: &[Recorded],
+    was_known: bool,
+) -> Option<ledger::Index> {
+    if let Some(index) = index.as_mut() {
+        for (id, before) in recorded.iter().rev() {
+            match before {
+                Some(seq) => index.insert(*id, *seq),
+                None => index.remove(id),
+            };
+        }
+    }
+    index.filter(|_| was_known)
 }
 
 /// Whether the WAL at `path` holds no byte (or does not exist).
@@ -590,6 +630,24 @@ impl Cell {
     /// [`Error::PipelineFull`] or [`Error::CheckpointDue`] (nothing ran)
     /// when [`Cell::can_execute`] is false.
     pub fn execute(&mut self, group: &[Command], now_ms: i64) -> Result<GroupResult> {
+        // The full budget never stops a command short: over it, the
+        // command is rejected as over its limit.
+        self.execute_within(group, now_ms, u64::MAX)?
+            .ok_or_else(|| Error::Rejected(over_budget(self.config.statement_steps_max)))
+    }
+
+    /// [`Cell::execute`] with each command's kind code within `steps` VM
+    /// instructions: `None` when a budget below the configured
+    /// `statement_steps_max` stopped a command short, whatever the kind
+    /// made of the interruption. Then nothing of the group happened (its
+    /// transaction is rolled back, the ledger index as it was), and the
+    /// caller may run it again with the full budget.
+    pub fn execute_within(
+        &mut self,
+        group: &[Command],
+        now_ms: i64,
+        steps: u64,
+    ) -> Result<Option<GroupResult>> {
         self.check_executable()?;
         if group.len() > self.config.group_commands_max {
             return Err(Error::LimitExceeded {
@@ -602,8 +660,12 @@ impl Cell {
         let txid = head.txid.next().ok_or(Error::TxidOverflow)?;
         // Hold the state this group builds on before it can change.
         self.pin_head(head.txid)?;
-        let (results, expiry_floor) = match self.run_transaction(group, txid, now_ms) {
-            Ok(v) => v,
+        let (results, expiry_floor) = match self.run_transaction(group, txid, now_ms, steps) {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                self.unpin_head()?;
+                return Ok(None);
+            }
             Err(e) => {
                 // Nothing was committed: the state is intact.
                 self.forget_ledger();
@@ -619,17 +681,17 @@ impl Cell {
             }
             None => {
                 self.unpin_head()?;
-                return Ok(GroupResult {
+                return Ok(Some(GroupResult {
                     results,
                     publication: None,
-                });
+                }));
             }
         };
         match self.capture(txid, now_ms) {
-            Ok(publication) => Ok(GroupResult {
+            Ok(publication) => Ok(Some(GroupResult {
                 results,
                 publication: Some(publication),
-            }),
+            })),
             Err(e) => {
                 // Committed locally but not captured: throw it away now.
                 self.forget_ledger();
@@ -661,12 +723,16 @@ impl Cell {
     /// The Cell's next group starts with savepoints when this one had a
     /// rejection, so a workload that keeps being rejected runs each group
     /// once.
+    ///
+    /// `None` when a command stopped short at `steps` ([`GroupRun::StoppedShort`]):
+    /// rolled back, nothing of the run left in the index.
     fn run_transaction(
         &mut self,
         group: &[Command],
         txid: Txid,
         now_ms: i64,
-    ) -> Result<(Vec<CommandResult>, Option<i64>)> {
+        steps: u64,
+    ) -> Result<Option<(Vec<CommandResult>, Option<i64>)>> {
         let mut savepoints = self.group_savepoints;
         // Commands that lost the whole transaction: rejected without
         // running when the group runs again.
@@ -676,7 +742,12 @@ impl Cell {
             // Taken out while the group runs: an error leaves it `None`.
             let mut index = self.ledger_index.take();
             let index_was_known = index.is_some();
-            let run = self.run_group(group, txid, now_ms, &mut index, savepoints, &lost);
+            let rules = RunRules {
+                savepoints,
+                lost: &lost,
+                steps,
+            };
+            let run = self.run_group(group, txid, now_ms, &mut index, &rules);
             let (results, expiry_floor, rejected) = match run {
                 Ok(GroupRun::Done {
                     results,
@@ -689,21 +760,14 @@ impl Cell {
                 }) => {
                     self.rollback()?;
                     lost.extend(lost_now);
-                    // The index as it was before the group: each id this
-                    // run recorded named no row, or (its window ended) an
-                    // older one. One this run read from the table goes: it
-                    // may describe a layout upgrade the rollback undid.
-                    if let Some(index) = index.as_mut() {
-                        for (id, before) in recorded.iter().rev() {
-                            match before {
-                                Some(seq) => index.insert(*id, *seq),
-                                None => index.remove(id),
-                            };
-                        }
-                    }
-                    self.ledger_index = index.filter(|_| index_was_known);
+                    self.ledger_index = index_before(index, &recorded, index_was_known);
                     savepoints = true;
                     continue;
+                }
+                Ok(GroupRun::StoppedShort { recorded }) => {
+                    self.rollback()?;
+                    self.ledger_index = index_before(index, &recorded, index_was_known);
+                    return Ok(None);
                 }
                 Err(e) => {
                     self.rollback()?;
@@ -715,14 +779,14 @@ impl Cell {
                 // Nothing changed: the index still matches the database.
                 self.rollback()?;
                 self.ledger_index = index;
-                return Ok((results, None));
+                return Ok(Some((results, None)));
             }
             if let Err(e) = self.write.prepare_cached("COMMIT")?.execute([]) {
                 self.rollback()?;
                 return Err(e.into());
             }
             self.ledger_index = index;
-            return Ok((results, expiry_floor));
+            return Ok(Some((results, expiry_floor)));
         }
     }
 
@@ -790,19 +854,20 @@ impl Cell {
         Ok(())
     }
 
-    /// Run the commands inside the open transaction, each in its own
-    /// savepoint when `savepoints`, the `lost` ones rejected without
-    /// running; returns the results and, when the database changed, the
-    /// new ledger expiry floor, or [`GroupRun::Again`] when a command was
-    /// rejected with no savepoint to roll back to, or lost the transaction.
+    /// Run the commands inside the open transaction as `rules` say (each
+    /// in its own savepoint, the lost ones rejected without running, within
+    /// a step budget); returns the results and, when the database changed,
+    /// the new ledger expiry floor, or [`GroupRun::Again`] when a command
+    /// was rejected with no savepoint to roll back to, or lost the
+    /// transaction, or [`GroupRun::StoppedShort`] when one needed more
+    /// steps than the budget.
     fn run_group(
         &self,
         group: &[Command],
         txid: Txid,
         now_ms: i64,
         index: &mut Option<ledger::Index>,
-        savepoints: bool,
-        lost: &[([u8; 16], Rejection)],
+        rules: &RunRules<'_>,
     ) -> Result<GroupRun> {
         let behind = self.behind()?;
         let mut changed = behind;
@@ -835,13 +900,14 @@ impl Cell {
                 });
                 continue;
             }
-            let decided = lost
+            let decided = rules
+                .lost
                 .iter()
                 .find(|(id, _)| *id == command.id.0)
                 .map(|(_, rejection)| rejection.clone());
             let outcome = match decided {
                 Some(rejection) => Outcome::Rejected { rejection },
-                None => match self.run_command(command, savepoints)? {
+                None => match self.run_command(command, rules.savepoints, rules.steps)? {
                     Ran::Done(outcome) => outcome,
                     Ran::Undo => {
                         return Ok(GroupRun::Again {
@@ -855,6 +921,7 @@ impl Cell {
                             lost: Some((command.id.0, rejection)),
                         })
                     }
+                    Ran::StoppedShort => return Ok(GroupRun::StoppedShort { recorded }),
                 },
             };
             let (result, before) = self.record(command, &digest, txid, index, outcome)?;
@@ -1014,17 +1081,22 @@ impl Cell {
         Ok(floor)
     }
 
-    /// One command, in its own savepoint when `savepoint`.
-    fn run_command(&self, command: &Command, savepoint: bool) -> Result<Ran> {
+    /// One command, in its own savepoint when `savepoint`, its kind code
+    /// within `steps` VM instructions (at most the configured budget).
+    fn run_command(&self, command: &Command, savepoint: bool, steps: u64) -> Result<Ran> {
         if savepoint {
             self.write
                 .prepare_cached("SAVEPOINT command")?
                 .execute([])?;
         }
         let limits = self.kind.limits();
-        let ran = self.write_guard.run(Mode::Kind, || {
+        let (ran, interrupted) = self.write_guard.run_within(Mode::Kind, steps, || {
             self.kind.execute(&self.write, &command.name, &command.args)
         });
+        if interrupted && steps < self.write_guard.steps_max() {
+            // The group's transaction is rolled back by the caller.
+            return Ok(Ran::StoppedShort);
+        }
         let outcome = match ran {
             Ok(result) => {
                 let bytes = value_bytes(&result);

@@ -1337,3 +1337,98 @@ fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
         }
     }
 }
+
+/// A group within a smaller step budget than the configured one: a command
+/// that needs more stops the whole group short, and nothing of it happened
+/// (no publication, no state, no ledger entry: the same group then runs in
+/// full as new commands). Over the configured budget a command is still
+/// rejected, as [`Cell::execute`] rejects it.
+#[test]
+fn a_group_within_a_smaller_budget_is_stopped_short_and_leaves_nothing() {
+    let manifest = Manifest::parse(MANIFEST).unwrap();
+    let config = CellConfig {
+        statement_steps_max: 1_000_000,
+        ..CellConfig::default()
+    };
+    let mut h = Harness::new(manifest.kind("account").unwrap(), config);
+    h.run(&[deposit(1, "a", 5)]);
+    let filling = |n: u64, to: u64| {
+        Command::new(
+            id(n),
+            "$sql",
+            json!({"sql": format!(
+                "INSERT INTO balance SELECT 'row{n}-' || n, 1 FROM \
+                 (WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {to}) \
+                  SELECT n FROM c)"
+            )}),
+            NOW + 1000,
+        )
+    };
+    let count_rows = |h: &mut Harness| {
+        h.cell()
+            .query_with_position(
+                "$sql",
+                &json!({"sql": "SELECT count(*), sum(cents) FROM balance"}),
+            )
+            .unwrap()
+            .value["rows"]
+            .clone()
+    };
+    let before = h.position();
+    assert_eq!(count_rows(&mut h), json!([[1, 5]]));
+
+    // About ten steps a row: 2,000 rows need far more than 5,000 steps,
+    // far fewer than 1,000,000. The INSERT interrupted mid-way makes
+    // SQLite roll the whole transaction back, the deposits before it too.
+    let group = [deposit(2, "a", 7), filling(3, 2_000), deposit(4, "b", 1)];
+    let now = h.now;
+    let stopped = h.cell().execute_within(&group, now, 5_000).unwrap();
+    assert!(stopped.is_none(), "the group was not stopped short");
+    assert_eq!(h.position(), before, "nothing published");
+    assert_eq!(count_rows(&mut h), json!([[1, 5]]), "nothing written");
+
+    // Cheap groups fit the small budget and run as usual.
+    let cheap = h
+        .cell()
+        .execute_within(&[deposit(5, "c", 2)], now, 5_000)
+        .unwrap()
+        .expect("within the budget");
+    assert_eq!(reject_codes(&cheap), vec![None]);
+    h.publish(cheap.publication.expect("a publication"));
+
+    // The stopped group, in full: every command is new to the ledger.
+    let full = h.run(&group);
+    assert_eq!(reject_codes(&full), vec![None, None, None]);
+    assert!(
+        full.results.iter().all(|r| !r.duplicate),
+        "{:?}",
+        full.results
+    );
+    assert_eq!(count_rows(&mut h), json!([[2_003, 2_015]]));
+    // And now the ledger knows them.
+    let again = h.run(&group);
+    assert!(
+        again.results.iter().all(|r| r.duplicate),
+        "{:?}",
+        again.results
+    );
+
+    // Over the configured budget: stopped short at 5,000, rejected (and
+    // only that command) with the full budget.
+    let over = [deposit(6, "a", 1), filling(7, 1_000_000)];
+    let stopped = h.cell().execute_within(&over, now, 5_000).unwrap();
+    assert!(
+        stopped.is_none(),
+        "the over-budget group was not stopped short"
+    );
+    let full = h.run(&over);
+    assert_eq!(
+        reject_codes(&full),
+        vec![None, Some(RejectCode::LimitExceeded)]
+    );
+    assert_eq!(count_rows(&mut h), json!([[2_003, 2_016]]));
+
+    // What was published recovers to the live state.
+    let (position, _) = h.recover_bytes("recovered.db");
+    assert_eq!(position, h.position());
+}

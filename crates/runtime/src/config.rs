@@ -74,11 +74,12 @@ pub struct NodeLimits {
     /// Longest estimated engine time (µs) of a group run on its actor's
     /// task; runtime workers are held that long.
     pub inline_execute_us_max: u64,
-    /// Most SQLite VM instructions a query on its actor's task may take;
-    /// one stopped there runs again on the blocking pool with the full
-    /// `statement_steps_max`, so a query that turns out long holds a
-    /// runtime worker no longer than this.
-    pub inline_query_steps_max: u64,
+    /// Most SQLite VM instructions a query, or each command of a group,
+    /// on its actor's task may take; one stopped there runs again on the
+    /// blocking pool with the full `statement_steps_max` (a group from its
+    /// start: nothing of the stopped run is kept), so work that turns out
+    /// long holds a runtime worker no longer than this.
+    pub inline_steps_max: u64,
 }
 
 impl Default for NodeLimits {
@@ -105,7 +106,7 @@ impl Default for NodeLimits {
             inline_commands_max: 16,
             inline_bytes_max: 64 << 10,
             inline_execute_us_max: 250,
-            inline_query_steps_max: 100_000,
+            inline_steps_max: 100_000,
         }
     }
 }

@@ -347,7 +347,7 @@ fn actor_context(
             bytes_max: limits.inline_bytes_max,
             budget: std::time::Duration::from_micros(limits.inline_execute_us_max),
         },
-        inline_query_steps_max: limits.inline_query_steps_max,
+        inline_steps_max: limits.inline_steps_max,
     }
 }
 

@@ -1192,6 +1192,92 @@ async fn a_group_over_the_inline_byte_bound_runs_on_the_pool() {
     }
 }
 
+/// A `$sql` kind, for commands of a chosen cost.
+const SQLBOX: &str = r#"
+[kinds.sqlbox]
+raw_sql = true
+migrations = ["CREATE TABLE t (x INTEGER NOT NULL)"]
+[kinds.sqlbox.queries.rows]
+sql = "SELECT count(*) FROM t"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_over_the_inline_step_budget_runs_again_on_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cellfleet_cell::Manifest::parse(SQLBOX).unwrap();
+    let kinds = Arc::new(
+        cellfleet_runtime::Kinds::builtin()
+            .with(Arc::new(cellfleet_cell::Typed(
+                cellfleet_runtime::testkit::Journal,
+            )))
+            .with(manifest.kind("sqlbox").unwrap()),
+    );
+    for (backend, inner, prefix) in backends("inline-command-steps", dir.path()).await {
+        for steps_max in [20_000, u64::MAX] {
+            let prefix = format!("{prefix}/steps{}", steps_max.min(1));
+            let clock = manual_clock();
+            let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
+            config.limits.inline_steps_max = steps_max;
+            let node =
+                cellfleet_runtime::Node::start(config, inner.clone(), clock.clone(), kinds.clone())
+                    .await
+                    .expect("node starts");
+            let inline = || {
+                node.metrics()
+                    .groups_inline_total
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            };
+            // Inserts `rows` rows: about ten VM steps a row.
+            let inserting = |n: u64, rows: u64| {
+                cellfleet_cell::Command::new(
+                    command_id(n),
+                    "$sql",
+                    json!({"sql": format!(
+                        "INSERT INTO t SELECT n FROM (WITH RECURSIVE c(n) AS \
+                         (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {rows}) SELECT n FROM c)"
+                    )}),
+                    (clock.now_wall_ms() + 600_000) as i64,
+                )
+            };
+            // Cheap, cheap, 5,000 rows, cheap: the first on the pool
+            // (nothing measured yet), the cheap ones after it on the task.
+            // The large one starts on the task; past 20,000 steps it stops
+            // short there and runs in full on the pool, so it is not
+            // counted. With no step bound it runs on the task to the end.
+            let mut counts = Vec::new();
+            for (n, rows) in [(0, 1), (1, 1), (2, 5_000), (3, 1)] {
+                let executed = node
+                    .execute("sqlbox", KEY, inserting(n, rows))
+                    .await
+                    .unwrap();
+                match &executed.outcome {
+                    cellfleet_cell::Outcome::Applied { result } => {
+                        assert_eq!(result["changes"], json!(rows), "{backend}: command {n}")
+                    }
+                    other => panic!("{backend}: command {n}: {other:?}"),
+                }
+                counts.push(inline());
+            }
+            let expected = if steps_max == u64::MAX {
+                vec![0, 1, 2, 3]
+            } else {
+                vec![0, 1, 1, 2]
+            };
+            assert_eq!(counts, expected, "{backend}, inline_steps_max {steps_max}");
+            let rows = node
+                .query("sqlbox", KEY, "rows", json!({}), None)
+                .await
+                .unwrap();
+            assert_eq!(
+                rows.value["rows"],
+                json!([[5_003]]),
+                "{backend}: each command once"
+            );
+            node.drain().await.unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_cells_answer_short_queries_on_their_actor_task() {
     let dir = tempfile::tempdir().unwrap();
@@ -1236,7 +1322,7 @@ async fn a_query_over_the_inline_step_budget_answers_from_the_pool() {
         let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
         // The smallest budget: a query stops short past about 2,000 VM
         // steps on the task.
-        config.limits.inline_query_steps_max = 0;
+        config.limits.inline_steps_max = 0;
         let node = start(config, inner.clone(), clock.clone()).await;
         let inline = || {
             node.metrics()

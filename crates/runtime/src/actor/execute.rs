@@ -42,23 +42,53 @@ impl Actor {
         let started = Instant::now();
         let count = commands.len();
         let bytes: usize = group.iter().map(|q| q.bytes).sum();
-        let work = move |cell: &mut Cell| {
-            let engine = Instant::now();
-            let out = cell.execute(&commands, now_ms);
-            (out, engine.elapsed())
-        };
         let inline = self
             .ctx
             .inline
             .runs_inline(count, bytes, self.execute_per_command);
-        let executed = if inline {
-            self.ctx
-                .metrics
-                .groups_inline_total
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.with_cell_inline(work)
+        // On the actor's task each command's kind code gets
+        // `inline_steps_max` VM steps; a group stopped there left nothing
+        // behind and runs again on the pool with the full budget.
+        let ran_inline = if inline {
+            let steps = self.ctx.inline_steps_max;
+            let ran = self.with_cell_inline(|cell| {
+                let engine = Instant::now();
+                let out = cell.execute_within(&commands, now_ms, steps);
+                (out, engine.elapsed())
+            });
+            let count_inline = || {
+                self.ctx
+                    .metrics
+                    .groups_inline_total
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            match ran {
+                // Stopped short: to the pool.
+                Some((Ok(None), _)) => None,
+                Some((Ok(Some(result)), engine)) => {
+                    count_inline();
+                    Some(Some((Ok(result), engine)))
+                }
+                Some((Err(error), engine)) => {
+                    count_inline();
+                    Some(Some((Err(error), engine)))
+                }
+                // The engine was lost.
+                None => Some(None),
+            }
         } else {
-            self.with_cell(work).await
+            None
+        };
+        let executed = match ran_inline {
+            Some(executed) => executed,
+            None => {
+                self.with_cell(move |cell: &mut Cell| {
+                    let engine = Instant::now();
+                    let out = cell.execute(&commands, now_ms);
+                    (out, engine.elapsed())
+                })
+                .await
+            }
         };
         self.ctx
             .metrics

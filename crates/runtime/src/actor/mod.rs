@@ -294,9 +294,9 @@ pub(crate) struct ActorContext {
     pub watches: Arc<crate::watch::Watches>,
     /// Which groups execute on the actor's task ([`inline`]).
     pub inline: inline::InlineRule,
-    /// A query on the actor's task stops short past this many VM steps
-    /// and runs again on the pool.
-    pub inline_query_steps_max: u64,
+    /// A query, or a group's command, on the actor's task stops short
+    /// past this many VM steps and runs again on the pool.
+    pub inline_steps_max: u64,
 }
 
 #[derive(Debug)]

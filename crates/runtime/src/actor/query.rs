@@ -135,11 +135,11 @@ impl Actor {
         }
     }
 
-    /// Runs a query on the actor's task within `inline_query_steps_max`
+    /// Runs a query on the actor's task within `inline_steps_max`
     /// VM steps; one that needs more stops short (queries write nothing)
     /// and is left for the pool.
     fn query_inline(&mut self, name: &str, args: &Value) -> InlineQuery {
-        let steps = self.ctx.inline_query_steps_max;
+        let steps = self.ctx.inline_steps_max;
         let ran = self.with_cell_inline(|cell| {
             let engine = std::time::Instant::now();
             let out = cell.query_within(name, args, steps);

@@ -15,7 +15,6 @@
 # CELLFLEET_COST_BIN runs that `cellfleet` binary as the nodes instead of
 # this checkout's release build (to compare two builds).
 set -euo pipefail
-shopt -s inherit_errexit
 if [[ "${CELLFLEET_COST_BIN:-}" == */* ]]; then
     CELLFLEET_COST_BIN="$(realpath -m -- "$CELLFLEET_COST_BIN")"
 fi
@@ -33,60 +32,19 @@ cargo build --release -q -p cellfleet-client --example query_cost
 CELLFLEET="${CELLFLEET_COST_BIN:-target/release/cellfleet}"
 CLIENT=target/release/examples/query_cost
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$CELLFLEET" dev --nodes 2 --data "$work/d" --port-base "$PORT_BASE" --no-start >/dev/null
-for node in n1 n2; do
-    valgrind --tool=callgrind --callgrind-out-file="$work/$node.out" \
-        "$CELLFLEET" node --config "$work/d/$node.toml" >"$work/$node.log" 2>&1 &
-    pids+=($!)
-done
-for node in n1 n2; do
-    for _ in $(seq 1 120); do
-        if grep -q ' ready ' "$work/$node.log"; then break; fi
-        sleep 1
-    done
-    if ! grep -q ' ready ' "$work/$node.log"; then
-        echo "node $node under valgrind was not ready:" >&2
-        cat "$work/$node.log" >&2
-        exit 1
-    fi
-done
+# shellcheck source=lib/callgrind-node.sh
+source scripts/lib/callgrind-node.sh
+callgrind_node_start "$CELLFLEET" "$PORT_BASE" 2
 config="$work/d/client.toml"
 "$CLIENT" --config "$config" raw 10 >/dev/null # the Cell exists, warm
 "$CLIENT" --config "$config" forwarded 10 >/dev/null # the peer channel too
 
-# The instructions node INDEX ran since its last zero.
-node_count() {
-    local index="$1" node dump=""
-    node="n$((index + 1))"
-    callgrind_control -d "${pids[$index]}" >/dev/null 2>&1
-    for _ in $(seq 1 50); do
-        dump=$(ls -t "$work/$node.out".* 2>/dev/null | head -1 || true)
-        if [ -n "$dump" ] && grep -q '^totals:' "$dump"; then break; fi
-        sleep 0.2
-    done
-    if [ -z "$dump" ] || ! grep -q '^totals:' "$dump"; then
-        echo "callgrind wrote no dump of $node's counters" >&2
-        exit 1
-    fi
-    sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump"
-    rm -f "$work/$node.out".*
-}
-
 # One run of VARIANT with COUNT queries: "n1 n2" instructions.
 run() {
-    callgrind_control -z "${pids[0]}" >/dev/null 2>&1
-    callgrind_control -z "${pids[1]}" >/dev/null 2>&1
+    callgrind_control -z "${node_pids[0]}" >/dev/null 2>&1
+    callgrind_control -z "${node_pids[1]}" >/dev/null 2>&1
     "$CLIENT" --config "$config" "$1" "$2" >/dev/null
-    echo "$(node_count 0) $(node_count 1)"
+    echo "$(callgrind_node_count "" 0) $(callgrind_node_count "" 1)"
 }
 
 declare -A n1_cost n2_cost

@@ -658,12 +658,16 @@ impl Cell {
         }
         let head = self.position();
         let txid = head.txid.next().ok_or(Error::TxidOverflow)?;
-        // Hold the state this group builds on before it can change.
+        // Hold the state this group builds on before it can change (which
+        // answers a wish for a reader: kept for the run again if this one
+        // stops short).
+        let view_wanted = self.view_wanted;
         self.pin_head(head.txid)?;
         let (results, expiry_floor) = match self.run_transaction(group, txid, now_ms, steps) {
             Ok(Some(v)) => v,
             Ok(None) => {
                 self.unpin_head()?;
+                self.view_wanted |= view_wanted;
                 return Ok(None);
             }
             Err(e) => {

@@ -1428,6 +1428,37 @@ fn a_group_within_a_smaller_budget_is_stopped_short_and_leaves_nothing() {
     );
     assert_eq!(count_rows(&mut h), json!([[2_003, 2_016]]));
 
+    // Stopped short in the rerun with savepoints that a rejection starts
+    // (the CHECK fails, then the insert runs out of steps): still nothing.
+    let rejected_first = [deposit(8, "a", -1_000_000), filling(9, 2_000)];
+    let stopped = h
+        .cell()
+        .execute_within(&rejected_first, now, 5_000)
+        .unwrap();
+    assert!(stopped.is_none(), "the rerun was not stopped short");
+    assert_eq!(count_rows(&mut h), json!([[2_003, 2_016]]));
+    // And in the first group after the Cell opens, when the ledger index
+    // is read from the table during the run.
+    h.open();
+    let now = h.now;
+    let stopped = h
+        .cell()
+        .execute_within(&rejected_first, now, 5_000)
+        .unwrap();
+    assert!(stopped.is_none(), "the first group was not stopped short");
+    let full = h.run(&rejected_first);
+    assert_eq!(reject_codes(&full), vec![Some(RejectCode::Sql), None]);
+    assert!(
+        full.results.iter().all(|r| !r.duplicate),
+        "{:?}",
+        full.results
+    );
+    assert_eq!(count_rows(&mut h), json!([[4_003, 4_016]]));
+    // Ids recorded before are still answered from the ledger.
+    let again = h.run(&[deposit(2, "a", 7), deposit(9, "z", 1)]);
+    assert!(again.results[0].duplicate, "{:?}", again.results);
+    assert_eq!(reject_codes(&again)[1], Some(RejectCode::IdReused));
+
     // What was published recovers to the live state.
     let (position, _) = h.recover_bytes("recovered.db");
     assert_eq!(position, h.position());

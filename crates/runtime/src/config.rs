@@ -75,10 +75,11 @@ pub struct NodeLimits {
     /// task; runtime workers are held that long.
     pub inline_execute_us_max: u64,
     /// Most SQLite VM instructions a query, or each command of a group,
-    /// on its actor's task may take; one stopped there runs again on the
-    /// blocking pool with the full `statement_steps_max` (a group from its
-    /// start: nothing of the stopped run is kept), so work that turns out
-    /// long holds a runtime worker no longer than this.
+    /// on its actor's task may take in kind code; one stopped there runs
+    /// again on the blocking pool with the full `statement_steps_max` (a
+    /// group from its start: nothing of the stopped run is kept), so kind
+    /// code that turns out long holds a runtime worker for at most this
+    /// per query and `inline_commands_max` times this per group.
     pub inline_steps_max: u64,
 }
 

@@ -1214,7 +1214,7 @@ async fn a_group_over_the_inline_step_budget_runs_again_on_the_pool() {
     );
     for (backend, inner, prefix) in backends("inline-command-steps", dir.path()).await {
         for steps_max in [20_000, u64::MAX] {
-            let prefix = format!("{prefix}/steps{}", steps_max.min(1));
+            let prefix = format!("{prefix}/steps{steps_max}");
             let clock = manual_clock();
             let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
             config.limits.inline_steps_max = steps_max;
@@ -1250,6 +1250,7 @@ async fn a_group_over_the_inline_step_budget_runs_again_on_the_pool() {
                     .execute("sqlbox", KEY, inserting(n, rows))
                     .await
                     .unwrap();
+                assert!(!executed.duplicate, "{backend}: command {n} ran before");
                 match &executed.outcome {
                     cellfleet_cell::Outcome::Applied { result } => {
                         assert_eq!(result["changes"], json!(rows), "{backend}: command {n}")

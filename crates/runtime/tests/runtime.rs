@@ -1134,10 +1134,7 @@ async fn warm_cells_execute_small_groups_on_their_actor_task() {
                 .await
                 .unwrap();
             assert!(again.duplicate, "{backend}: {again:?}");
-            let inline = node
-                .metrics()
-                .groups_inline_total
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let inline = groups_inline(&node);
             // The Cell's first group runs on the pool (nothing measured
             // yet), the other N - 1 and the duplicate's on the task; none
             // with the rule off.
@@ -1159,11 +1156,7 @@ async fn a_group_over_the_inline_byte_bound_runs_on_the_pool() {
         let mut config = node_config("n1", &dir.path().join(backend).join(&prefix), &prefix);
         config.limits.inline_bytes_max = 512;
         let node = start(config, inner.clone(), clock.clone()).await;
-        let inline = || {
-            node.metrics()
-                .groups_inline_total
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let inline = || groups_inline(&node);
         let tagged = |n: u64, tag: String| {
             cellfleet_cell::Command::new(
                 command_id(n),
@@ -1222,11 +1215,7 @@ async fn a_group_over_the_inline_step_budget_runs_again_on_the_pool() {
                 cellfleet_runtime::Node::start(config, inner.clone(), clock.clone(), kinds.clone())
                     .await
                     .expect("node starts");
-            let inline = || {
-                node.metrics()
-                    .groups_inline_total
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            };
+            let inline = || groups_inline(&node);
             // Inserts `rows` rows: about ten VM steps a row.
             let inserting = |n: u64, rows: u64| {
                 cellfleet_cell::Command::new(
@@ -1295,11 +1284,7 @@ async fn warm_cells_answer_short_queries_on_their_actor_task() {
             let mut counts = Vec::new();
             for _ in 0..5 {
                 assert_eq!(journal(&node, KEY).await, vec!["t0"], "{backend}");
-                counts.push(
-                    node.metrics()
-                        .queries_inline_total
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                );
+                counts.push(queries_inline(&node));
             }
             // The first query opens the Cell's reader (on the pool, and
             // not measured), the second has nothing measured yet (on the
@@ -1325,11 +1310,7 @@ async fn a_query_over_the_inline_step_budget_answers_from_the_pool() {
         // steps on the task.
         config.limits.inline_steps_max = 0;
         let node = start(config, inner.clone(), clock.clone()).await;
-        let inline = || {
-            node.metrics()
-                .queries_inline_total
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let inline = || queries_inline(&node);
         node.execute(KIND, KEY, append(clock.as_ref(), 0))
             .await
             .unwrap();

@@ -162,3 +162,17 @@ pub async fn start_with_first_command(
     log.ack(0, first.outcome);
     (store, clock, node, log)
 }
+
+/// Groups `node` has executed on its actors' tasks.
+pub fn groups_inline(node: &NodeHandle) -> u64 {
+    node.metrics()
+        .groups_inline_total
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Queries `node` has answered on its actors' tasks.
+pub fn queries_inline(node: &NodeHandle) -> u64 {
+    node.metrics()
+        .queries_inline_total
+        .load(std::sync::atomic::Ordering::Relaxed)
+}

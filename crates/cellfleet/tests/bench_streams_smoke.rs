@@ -73,10 +73,19 @@ fn bench_streams_measures_a_node_and_every_delivery_is_exact() {
     );
     let appends = rows(&report, "appends");
     assert_eq!(appends.len(), 4, "two stream counts, two repeats: {report}");
-    for row in appends {
-        assert!(row["count"].as_u64().unwrap_or(0) > 0, "{row}");
+    for row in &appends {
         assert_eq!(row["errors"], 0, "{row}");
     }
+    // An append counts when it is sent inside its 0.5 s window, so one
+    // stall of the machine longer than that (a debug build on 2 shared
+    // cores, an fsync behind a build's writes) can leave a row empty
+    // without anything being wrong: this is a correctness test, so only
+    // the whole run must have measured appends.
+    let counted: u64 = appends
+        .iter()
+        .map(|row| row["count"].as_u64().expect("a count"))
+        .sum();
+    assert!(counted > 0, "no append was measured: {report}");
     let long_polls = rows(&report, "long_poll");
     assert_eq!(long_polls.len(), 2, "{report}");
     for row in long_polls {

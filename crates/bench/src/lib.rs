@@ -144,8 +144,11 @@ pub struct BenchArgs {
     keep_logs: bool,
     /// How the nodes make groups durable: `log` (the node log, the
     /// default) or `cell` (one root CAS per Cell group, the reference).
-    #[arg(long, value_enum, default_value_t = Publication::Log)]
-    publication: Publication,
+    /// `log,cell` runs the whole plan once per mode, in that order, each
+    /// on a cluster of its own and the same store, and reports them side
+    /// by side with the ratios (the JSON then holds one report per mode).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "log")]
+    publication: Vec<Publication>,
 }
 
 /// The nodes' publication mode (`[publication] mode`).
@@ -285,13 +288,14 @@ fn run_config(
     args: &BenchArgs,
     cluster: &BenchCluster,
     plan: &Plan,
+    mode: Publication,
     started: std::time::Instant,
 ) -> serde_json::Value {
     serde_json::json!({
         "nodes": args.nodes,
         "store": args.store.name(),
         "store_detail": cluster.store_description(),
-        "publication": args.publication.name(),
+        "publication": mode.name(),
         "duration_s": plan.window.duration.as_secs_f64(),
         "warmup_s": plan.window.warmup.as_secs_f64(),
         "concurrency": args.concurrency,
@@ -309,40 +313,101 @@ fn run_config(
 }
 
 /// Runs `cellfleet bench`; `exe` is the `cellfleet` binary whose nodes it
-/// starts.
+/// starts. With more than one publication mode the plan runs once per
+/// mode, in the order given, and the report ends with them side by side.
 pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let plan = plan(&args)?;
+    let modes = modes(&args.publication)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    eprintln!(
-        "bench: starting {} nodes on the {} store, publication mode {}",
-        args.nodes,
-        args.store.name(),
-        args.publication.name()
-    );
-    let store = cluster::StoreSetup::resolve(args.store, "bench", &runtime)?;
-    let mut cluster = BenchCluster::start(exe, args.nodes, store, args.publication.name())?;
-    let started = std::time::Instant::now();
-    let measured = runtime.block_on(measure(&cluster, &plan));
-    eprintln!("bench: stopping the nodes (SIGTERM, drain)");
-    let drained = cluster.stop(Duration::from_secs_f64(args.drain_timeout_s));
-    let cleanup = cleanup(&runtime, &cluster, args.keep_objects);
-    let mut report = measured?;
-    report.drained = drained;
-    report.cleanup = cleanup;
-    report.config = run_config(&args, &cluster, &plan, started);
-    print!("{}", report.table());
+    let mut runs = Vec::new();
+    let mut failed = false;
+    for &mode in &modes {
+        let (report, ok) = run_mode(exe, &args, &plan, &runtime, mode)?;
+        failed |= !ok;
+        runs.push((mode.name(), report));
+    }
+    let compared = report::log_against_cell(&mut runs);
+    if let Some((text, _)) = &compared {
+        print!("{text}");
+    }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report.json())?;
+        let json = match (runs.as_mut_slice(), compared) {
+            ([(_, report)], _) => report.json(),
+            (runs, compared) => serde_json::json!({
+                "runs": runs.iter_mut().map(|(_, report)| report.json()).collect::<Vec<_>>(),
+                "log_against_cell": compared.map(|(_, json)| json),
+            }),
+        };
+        let text = serde_json::to_string_pretty(&json)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
     }
     if let Some(dir) = &args.plots {
-        for path in plots::write(&report, dir)? {
-            eprintln!("bench: wrote {}", path.display());
+        let single = runs.len() == 1;
+        for (mode, report) in &runs {
+            // One mode's plots in the directory itself, several in a
+            // directory each.
+            let dir = if single { dir.clone() } else { dir.join(mode) };
+            for path in plots::write(report, &dir)? {
+                eprintln!("bench: wrote {}", path.display());
+            }
         }
     }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The publication modes to run, each once, in the order given.
+fn modes(given: &[Publication]) -> anyhow::Result<Vec<Publication>> {
+    let mut modes: Vec<Publication> = Vec::new();
+    for mode in given {
+        if modes.contains(mode) {
+            bail!(
+                "--publication names {} twice; give log, cell or log,cell",
+                mode.name()
+            );
+        }
+        modes.push(*mode);
+    }
+    if modes.is_empty() {
+        bail!("--publication: give log, cell or log,cell");
+    }
+    Ok(modes)
+}
+
+/// One mode's run: its cluster, the plan, the drain and the clean-up,
+/// and its report printed. Also says whether it passed (exactness and
+/// drain); a failed run keeps its nodes' logs.
+fn run_mode(
+    exe: &Path,
+    args: &BenchArgs,
+    plan: &Plan,
+    runtime: &tokio::runtime::Runtime,
+    mode: Publication,
+) -> anyhow::Result<(Report, bool)> {
+    eprintln!(
+        "bench: starting {} nodes on the {} store, publication mode {}",
+        args.nodes,
+        args.store.name(),
+        mode.name()
+    );
+    let store = cluster::StoreSetup::resolve(args.store, "bench", runtime)?;
+    let mut cluster = BenchCluster::start(exe, args.nodes, store, mode.name())?;
+    let started = std::time::Instant::now();
+    let measured = runtime.block_on(measure(&cluster, plan));
+    eprintln!("bench: stopping the nodes (SIGTERM, drain)");
+    let drained = cluster.stop(Duration::from_secs_f64(args.drain_timeout_s));
+    let cleanup = cleanup(runtime, &cluster, args.keep_objects);
+    let mut report = measured?;
+    report.drained = drained;
+    report.cleanup = cleanup;
+    report.config = run_config(args, &cluster, plan, mode, started);
+    print!("{}", report.table());
     let failed = if !report.exactness.passed {
         Some("the exactness check FAILED")
     } else if report.drained.iter().any(|node| !node.clean) {
@@ -351,7 +416,7 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         None
     };
     if let Some(failed) = failed {
-        eprintln!("bench: {failed}");
+        eprintln!("bench: publication mode {}: {failed}", mode.name());
     }
     // The cluster directory goes with the run; its nodes' logs are what
     // explains a failure.
@@ -361,11 +426,7 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
             Err(error) => eprintln!("bench: could not keep the nodes' logs: {error:#}"),
         }
     }
-    Ok(if failed.is_some() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok((report, failed.is_none()))
 }
 
 /// The machine the run measured: CPU model and count, memory, kernel.

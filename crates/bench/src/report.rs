@@ -35,6 +35,18 @@ const FLEET_LARGE_CELLS: usize = 100_000;
 const FLEET_LARGE_SHARE: f64 = 0.8;
 /// Goal 6: `local_query` at c=16, queries per second at least.
 const LOCAL_QUERY_GOAL_PER_S: f64 = 50_000.0;
+/// The CPU issue's query goal: `local_query` at c=16 at least this share
+/// of the echo floor's throughput at c=16.
+const LOCAL_QUERY_ECHO_SHARE: f64 = 0.8;
+/// The node log's latency goal: `local_command` at c=1, p50 at most this
+/// times one create-only PUT's p50 (one store round trip, not two).
+const LOCAL_COMMAND_CREATE_FACTOR: f64 = 1.2;
+/// The node log's cardinality goal at 10k Cells (the 100k one is goal 5).
+const FLEET_MIDDLE_CELLS: usize = 10_000;
+/// The node log's throughput goal, from a run of both publication modes:
+/// `fleet` at [`FLEET_GOAL_CELLS`] Cells, log mode's per-node rate at
+/// least this many times cell mode's.
+const FLEET_LOG_OVER_CELL: f64 = 10.0;
 /// Goals 7 and 8: `routed_query` (the client library's owner-aware routing,
 /// Cells of every node) p50 at most this times `local_query`'s...
 const ROUTED_QUERY_P50_FACTOR: f64 = 1.1;
@@ -165,7 +177,8 @@ pub struct Goal {
     pub met: Option<bool>,
     pub measured: f64,
     pub limit: f64,
-    /// "ms" (at most the limit) or "/s" (at least the limit).
+    /// "ms" (at most the limit), "/s" (at least the limit) or "x" (a
+    /// ratio, at least the limit).
     pub unit: &'static str,
     /// How far inside the limit (negative: missed by that much), in `unit`.
     pub margin: f64,
@@ -195,6 +208,14 @@ impl Goal {
             limit,
             unit: "/s",
             margin: measured - limit,
+        }
+    }
+
+    /// A ratio goal: `measured` ≥ `limit` times.
+    fn ratio_at_least(goal: String, concurrency: usize, measured: f64, limit: f64) -> Self {
+        Goal {
+            unit: "x",
+            ..Goal::at_least(goal, concurrency, measured, limit)
         }
     }
 
@@ -313,6 +334,7 @@ impl Report {
         let mut goals = Vec::new();
         self.query_goals(&mut goals);
         self.command_goals(&mut goals);
+        self.local_command_goal(&mut goals);
         self.fleet_goals(&mut goals);
         self.local_query_goal(&mut goals);
         goals
@@ -415,22 +437,44 @@ impl Report {
             ),
             None => Goal::unmeasured(goal, 0, "/s"),
         });
-        let large = self
-            .fleet
-            .iter()
-            .find(|r| r.cells_requested == FLEET_LARGE_CELLS);
+        for cells in [FLEET_MIDDLE_CELLS, FLEET_LARGE_CELLS] {
+            let large = self.fleet.iter().find(|r| r.cells_requested == cells);
+            let goal = format!(
+                "fleet at {cells} cells >= {FLEET_LARGE_SHARE} x the {FLEET_GOAL_CELLS}-cell figure per node"
+            );
+            goals.push(match (small, large) {
+                (Some(small), Some(large)) => Goal::at_least(
+                    format!("{goal} ({} cells reached)", large.cells),
+                    large.concurrency,
+                    large.per_node_per_s,
+                    FLEET_LARGE_SHARE * small.per_node_per_s,
+                ),
+                _ => Goal::unmeasured(goal, 0, "/s"),
+            });
+        }
+    }
+
+    /// `local_command` at c=1 against one create-only PUT (the node log's
+    /// round trip).
+    fn local_command_goal(&self, goals: &mut Vec<Goal>) {
         let goal = format!(
-            "fleet at {FLEET_LARGE_CELLS} cells >= {FLEET_LARGE_SHARE} x the {FLEET_GOAL_CELLS}-cell figure per node"
+            "local_command p50 <= {LOCAL_COMMAND_CREATE_FACTOR} x {} p50",
+            floors::STORE_CREATE
         );
-        goals.push(match (small, large) {
-            (Some(small), Some(large)) => Goal::at_least(
-                format!("{goal} ({} cells reached)", large.cells),
-                large.concurrency,
-                large.per_node_per_s,
-                FLEET_LARGE_SHARE * small.per_node_per_s,
-            ),
-            _ => Goal::unmeasured(goal, 0, "/s"),
-        });
+        goals.push(
+            match (
+                self.workload(Workload::LocalCommand, 1),
+                self.floor(floors::STORE_CREATE, 1),
+            ) {
+                (Some(row), Some(create)) => Goal::at_most(
+                    goal,
+                    1,
+                    row.summary.p50_ms,
+                    LOCAL_COMMAND_CREATE_FACTOR * create.p50_ms,
+                ),
+                _ => Goal::unmeasured(goal, 1, "ms"),
+            },
+        );
     }
 
     /// The local query rate at c16.
@@ -445,6 +489,21 @@ impl Report {
             ),
             None => Goal::unmeasured(goal, 16, "/s"),
         });
+        let goal = format!("local_query >= {LOCAL_QUERY_ECHO_SHARE} x echo queries/s");
+        goals.push(
+            match (
+                self.workload(Workload::LocalQuery, 16),
+                self.floor(floors::ECHO, 16),
+            ) {
+                (Some(row), Some(echo)) => Goal::at_least(
+                    goal,
+                    16,
+                    row.summary.throughput_per_s,
+                    LOCAL_QUERY_ECHO_SHARE * echo.throughput_per_s,
+                ),
+                _ => Goal::unmeasured(goal, 16, "/s"),
+            },
+        );
     }
 
     pub fn table(&mut self) -> String {
@@ -681,29 +740,7 @@ impl Report {
     fn write_goals(&self, out: &mut String) {
         let _ = writeln!(out, "\ngoals:");
         for goal in self.goals() {
-            let unit = goal.unit;
-            let (fmt_measured, fmt_limit, fmt_margin) = if unit == "ms" {
-                (
-                    format!("{:.3} ms", goal.measured),
-                    format!("{:.3} ms", goal.limit),
-                    format!("{:.3} ms", goal.margin.abs()),
-                )
-            } else {
-                (
-                    format!("{:.0}/s", goal.measured),
-                    format!("{:.0}/s", goal.limit),
-                    format!("{:.0}/s", goal.margin.abs()),
-                )
-            };
-            let verdict = match goal.met {
-                Some(true) => format!("MET: {fmt_measured} vs {fmt_limit} (margin {fmt_margin})"),
-                Some(false) => format!(
-                    "MISSED: {fmt_measured} vs {fmt_limit}, by {fmt_margin} ({:.2}x the limit)",
-                    ratio(goal.measured, goal.limit)
-                ),
-                None => "not measured in this run".into(),
-            };
-            let _ = writeln!(out, "  {} at c={}: {verdict}", goal.goal, goal.concurrency);
+            write_goal(out, &goal);
         }
     }
 
@@ -803,6 +840,151 @@ impl Report {
     }
 }
 
+/// The node log against per-Cell publication: the same plan run once in
+/// each mode (`--publication log,cell`), each on a cluster of its own
+/// and the same store, row by row, with the node-log issue's throughput
+/// goal. `runs` pairs each mode's name with its report; without both
+/// modes there is nothing to compare (`None`).
+pub fn log_against_cell(
+    runs: &mut [(&'static str, Report)],
+) -> Option<(String, serde_json::Value)> {
+    for (_, report) in runs.iter_mut() {
+        report.compare();
+    }
+    let log = &runs.iter().find(|(mode, _)| *mode == "log")?.1;
+    let cell = &runs.iter().find(|(mode, _)| *mode == "cell")?.1;
+    let order = runs
+        .iter()
+        .map(|(mode, _)| *mode)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut out = String::new();
+    let mut workloads = Vec::new();
+    let _ = writeln!(
+        out,
+        "\nlog against cell: the same plan on a cluster of its own per mode, in this order: {order}"
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>3} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8}",
+        "WORKLOAD", "C", "LOG OPS/S", "CELL OPS/S", "LOG/CELL", "LOG P50", "CELL P50", "LOG/CELL"
+    );
+    for row in &log.workloads {
+        let Some(other) = cell.workload(row.workload, row.concurrency) else {
+            continue;
+        };
+        let (a, b) = (&row.summary, &other.summary);
+        let _ = writeln!(
+            out,
+            "{:<18} {:>3} {:>10.0} {:>10.0} {:>7.2}x {:>9.3} {:>9.3} {:>7.2}x",
+            row.name,
+            row.concurrency,
+            a.throughput_per_s,
+            b.throughput_per_s,
+            ratio(a.throughput_per_s, b.throughput_per_s),
+            a.p50_ms,
+            b.p50_ms,
+            ratio(a.p50_ms, b.p50_ms)
+        );
+        workloads.push(serde_json::json!({
+            "name": row.name,
+            "concurrency": row.concurrency,
+            "log_per_s": a.throughput_per_s,
+            "cell_per_s": b.throughput_per_s,
+            "throughput_log_over_cell": ratio(a.throughput_per_s, b.throughput_per_s),
+            "log_p50_ms": a.p50_ms,
+            "cell_p50_ms": b.p50_ms,
+            "p50_log_over_cell": ratio(a.p50_ms, b.p50_ms),
+        }));
+    }
+    let mut fleet = Vec::new();
+    let mut fleet_goal = None;
+    for row in &log.fleet {
+        let Some(other) = cell
+            .fleet
+            .iter()
+            .find(|r| r.cells_requested == row.cells_requested)
+        else {
+            continue;
+        };
+        if fleet.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{:<8} {:>13} {:>14} {:>8} {:>21}",
+                "FLEET", "LOG PER NODE", "CELL PER NODE", "LOG/CELL", "LOG COMMANDS/SEGMENT"
+            );
+        }
+        let over = ratio(row.per_node_per_s, other.per_node_per_s);
+        let _ = writeln!(
+            out,
+            "{:<8} {:>13.0} {:>14.0} {:>7.2}x {:>21.1}",
+            row.cells_requested,
+            row.per_node_per_s,
+            other.per_node_per_s,
+            over,
+            row.phases.commands_per_segment
+        );
+        fleet.push(serde_json::json!({
+            "cells_requested": row.cells_requested,
+            "log_cells": row.cells,
+            "cell_cells": other.cells,
+            "log_per_node_per_s": row.per_node_per_s,
+            "cell_per_node_per_s": other.per_node_per_s,
+            "log_over_cell": over,
+            "log_commands_per_segment": row.phases.commands_per_segment,
+        }));
+        if row.cells_requested == FLEET_GOAL_CELLS {
+            fleet_goal = Some((row.concurrency, over));
+        }
+    }
+    let goal =
+        format!("fleet at {FLEET_GOAL_CELLS} cells: log >= {FLEET_LOG_OVER_CELL} x cell per node");
+    let goal = match fleet_goal {
+        Some((concurrency, over)) => {
+            Goal::ratio_at_least(goal, concurrency, over, FLEET_LOG_OVER_CELL)
+        }
+        None => Goal::unmeasured(goal, 0, "x"),
+    };
+    let _ = writeln!(out, "\ngoals (log against cell):");
+    write_goal(&mut out, &goal);
+    let json = serde_json::json!({
+        "order": runs.iter().map(|(mode, _)| *mode).collect::<Vec<_>>(),
+        "workloads": workloads,
+        "fleet": fleet,
+        "goals": [goal],
+    });
+    Some((out, json))
+}
+
+/// One goal's line: what it asks, at which concurrency, and its verdict.
+fn write_goal(out: &mut String, goal: &Goal) {
+    let show = |value: f64| match goal.unit {
+        "ms" => format!("{value:.3} ms"),
+        "x" => format!("{value:.2}x"),
+        _ => format!("{value:.0}/s"),
+    };
+    let (measured, limit, margin) = (
+        show(goal.measured),
+        show(goal.limit),
+        show(goal.margin.abs()),
+    );
+    let verdict = match goal.met {
+        Some(true) => format!("MET: {measured} vs {limit} (margin {margin})"),
+        Some(false) => format!(
+            "MISSED: {measured} vs {limit}, by {margin} ({:.2}x the limit)",
+            ratio(goal.measured, goal.limit)
+        ),
+        None => "not measured in this run".into(),
+    };
+    // Fleet goals name no level when their size was not measured.
+    let at = if goal.concurrency > 0 {
+        format!(" at c={}", goal.concurrency)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(out, "  {}{at}: {verdict}", goal.goal);
+}
+
 fn ratio(value: f64, floor: f64) -> f64 {
     if floor > 0.0 {
         value / floor
@@ -816,5 +998,96 @@ fn errors_note(errors: u64) -> String {
         format!("  ({errors} errors)")
     } else {
         String::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet_row(cells: usize, per_node_per_s: f64, commands_per_segment: f64) -> FleetRow {
+        FleetRow {
+            cells_requested: cells,
+            cells,
+            setup_s: 1.0,
+            created_per_s: 1.0,
+            concurrency: 64,
+            summary: Summary::default(),
+            per_node_per_s,
+            phases: Phases {
+                commands_per_segment,
+                ..Phases::default()
+            },
+            nodes: Vec::new(),
+            histogram: load::histogram(),
+        }
+    }
+
+    fn report(fleet: Vec<FleetRow>) -> Report {
+        Report {
+            fleet,
+            ..Report::default()
+        }
+    }
+
+    /// The goal is log mode's per-node rate over cell mode's at 1,000
+    /// Cells, whichever order the modes ran in; sizes only one mode
+    /// measured are left out.
+    #[test]
+    fn the_fleet_goal_is_log_over_cell_at_a_thousand_cells() {
+        let mut runs = [
+            (
+                "cell",
+                report(vec![
+                    fleet_row(1_000, 100.0, 0.0),
+                    fleet_row(10_000, 90.0, 0.0),
+                ]),
+            ),
+            ("log", report(vec![fleet_row(1_000, 1_100.0, 7.5)])),
+        ];
+        let (text, json) = log_against_cell(&mut runs).expect("both modes ran");
+        assert!(text.contains("in this order: cell, log"), "{text}");
+        assert_eq!(json["fleet"].as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(json["fleet"][0]["log_over_cell"], 11.0, "{json}");
+        assert_eq!(json["fleet"][0]["log_commands_per_segment"], 7.5, "{json}");
+        let goal = &json["goals"][0];
+        assert_eq!(goal["met"], true, "{goal}");
+        assert_eq!(goal["measured"], 11.0, "{goal}");
+        assert_eq!(goal["concurrency"], 64, "{goal}");
+        assert!(
+            text.contains(
+                "fleet at 1000 cells: log >= 10 x cell per node at c=64: MET: 11.00x vs 10.00x"
+            ),
+            "{text}"
+        );
+
+        runs[1].1.fleet[0].per_node_per_s = 500.0;
+        let (text, json) = log_against_cell(&mut runs).expect("both modes ran");
+        assert_eq!(json["goals"][0]["met"], false, "{json}");
+        assert!(
+            text.contains("MISSED: 5.00x vs 10.00x, by 5.00x (0.50x the limit)"),
+            "{text}"
+        );
+    }
+
+    /// One mode alone has nothing to compare; without the 1,000-Cell size
+    /// the goal is listed, not measured.
+    #[test]
+    fn a_single_mode_or_no_thousand_cells_evaluates_nothing() {
+        let mut one = [("log", report(vec![fleet_row(1_000, 1.0, 1.0)]))];
+        assert!(log_against_cell(&mut one).is_none());
+        let mut small = [
+            ("log", report(vec![fleet_row(20, 50.0, 2.0)])),
+            ("cell", report(vec![fleet_row(20, 10.0, 0.0)])),
+        ];
+        let (text, json) = log_against_cell(&mut small).expect("both modes ran");
+        assert_eq!(json["fleet"][0]["log_over_cell"], 5.0, "{json}");
+        assert!(json["goals"][0]["met"].is_null(), "{json}");
+        assert!(
+            text.contains(
+                "fleet at 1000 cells: log >= 10 x cell per node: not measured in this run"
+            ),
+            "{text}"
+        );
     }
 }

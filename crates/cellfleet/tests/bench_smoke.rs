@@ -168,6 +168,12 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
             && g["met"].is_boolean()),
         "the query goal is evaluated at c=1: {report}"
     );
+    let local_command = goals
+        .iter()
+        .find(|g| g["goal"] == "local_command p50 <= 1.2 x store_create_4k p50")
+        .unwrap_or_else(|| panic!("the node log's latency goal is listed: {report}"));
+    assert_eq!(local_command["concurrency"], 1, "{local_command}");
+    assert!(local_command["met"].is_boolean(), "{local_command}");
     let exactness = &report["exactness"];
     assert_eq!(exactness["passed"], true, "{exactness}");
     let acked = exactness["acked"].as_u64().expect("acked");
@@ -212,7 +218,119 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
     }
 }
 
-/// Bad timing options are refused before any node starts, each naming
+/// `--publication log,cell` runs the same plan once per mode, each on a
+/// cluster of its own, and reports them side by side: every row of one
+/// mode against the same row of the other. The node log's throughput goal
+/// (log mode's `fleet` per node at 1,000 Cells over cell mode's) is
+/// listed; a fleet this small does not evaluate it (the unit tests in
+/// `report.rs` do).
+#[test]
+fn bench_runs_both_publication_modes_side_by_side() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("out.json");
+    let output = Command::new(BIN)
+        .args([
+            "bench",
+            "local_command",
+            "fleet",
+            "--publication",
+            "log,cell",
+            "--store",
+            "local",
+            "--nodes",
+            "2",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "1",
+            "--fleet-cells",
+            "20",
+            "--fleet-concurrency",
+            "4",
+            "--json",
+        ])
+        .arg(&json_path)
+        .output()
+        .expect("run cellfleet bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "cellfleet bench failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for mode in ["log", "cell"] {
+        assert!(
+            stderr.contains(&format!(
+                "bench: starting 2 nodes on the local store, publication mode {mode}"
+            )),
+            "{stderr}"
+        );
+    }
+    assert_eq!(
+        stdout.matches("exactness: PASSED").count(),
+        2,
+        "one passed exactness check per mode:\n{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "log against cell: the same plan on a cluster of its own per mode, in this order: log, cell"
+        ),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
+            .expect("the report is JSON");
+    let runs = report["runs"].as_array().expect("one report per mode");
+    assert_eq!(
+        runs.iter()
+            .map(|run| run["config"]["publication"].as_str())
+            .collect::<Vec<_>>(),
+        [Some("log"), Some("cell")],
+        "{report}"
+    );
+    let per_node = |run: &serde_json::Value| {
+        let row = &run["fleet"][0];
+        assert_eq!(row["cells_requested"], 20, "{row}");
+        assert_eq!(row["cells"], 20, "every Cell was created: {row}");
+        row["per_node_per_s"].as_f64().expect("a rate")
+    };
+    let (log, cell) = (per_node(&runs[0]), per_node(&runs[1]));
+    assert!(log > 0.0 && cell > 0.0, "{report}");
+    // Only the log-mode run writes segments.
+    assert!(
+        runs[0]["fleet"][0]["phases"]["segments"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{report}"
+    );
+    assert_eq!(runs[1]["fleet"][0]["phases"]["segments"], 0.0, "{report}");
+    let compared = &report["log_against_cell"];
+    assert_eq!(compared["order"], serde_json::json!(["log", "cell"]));
+    let fleet = &compared["fleet"][0];
+    assert_eq!(fleet["log_per_node_per_s"].as_f64(), Some(log), "{fleet}");
+    assert_eq!(fleet["cell_per_node_per_s"].as_f64(), Some(cell), "{fleet}");
+    let over = fleet["log_over_cell"].as_f64().expect("a ratio");
+    assert!((over - log / cell).abs() < 1e-9, "{fleet}");
+    let command = &compared["workloads"][0];
+    assert_eq!(command["name"], "local_command", "{compared}");
+    assert_eq!(command["concurrency"], 1, "{compared}");
+    let goal = &compared["goals"][0];
+    assert_eq!(
+        goal["goal"], "fleet at 1000 cells: log >= 10 x cell per node",
+        "{goal}"
+    );
+    assert!(goal["met"].is_null(), "{goal}");
+    assert!(
+        stdout.contains("fleet at 1000 cells: log >= 10 x cell per node: not measured in this run"),
+        "{stdout}"
+    );
+}
+
+/// Bad options are refused before any node starts, each naming
 /// its range.
 #[test]
 fn bench_refuses_out_of_range_seconds_before_starting_nodes() {
@@ -226,6 +344,11 @@ fn bench_refuses_out_of_range_seconds_before_starting_nodes() {
             "--fleet-settle-s",
             "-1",
             "--fleet-settle-s: give seconds between 0 and 3600",
+        ),
+        (
+            "--publication",
+            "log,log",
+            "--publication names log twice; give log, cell or log,cell",
         ),
     ] {
         let output = Command::new(BIN)

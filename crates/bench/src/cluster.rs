@@ -399,6 +399,12 @@ impl BenchCluster {
         Ok(())
     }
 
+    /// The local store's directory, when the nodes share one: it lives in
+    /// the cluster directory and is deleted with it.
+    pub fn local_store(&self) -> Option<PathBuf> {
+        matches!(self.store, StoreSetup::Local).then(|| self.path("store"))
+    }
+
     /// Copies the nodes' logs (`n1.log`, …) out of the cluster directory,
     /// which is deleted with the cluster, into a new directory it returns.
     pub fn keep_logs(&self) -> anyhow::Result<PathBuf> {
@@ -602,6 +608,37 @@ fn keep_logs(from: &Path, under: &Path) -> anyhow::Result<PathBuf> {
         }
     }
     Ok(kept)
+}
+
+/// Moves the local store's directory `store` (the nodes stopped) out of
+/// the cluster directory, which is deleted with the cluster, into a new
+/// `cellfleet-bench-store-*` directory under `under`; returns where it
+/// went.
+pub fn keep_local_store(store: &Path, under: &Path) -> anyhow::Result<PathBuf> {
+    let kept = tempfile::Builder::new()
+        .prefix("cellfleet-bench-store-")
+        .tempdir_in(under)
+        .context("creating the directory for the local store")?
+        .keep()
+        .join("store");
+    std::fs::rename(store, &kept)
+        .with_context(|| format!("moving {} to {}", store.display(), kept.display()))?;
+    Ok(kept)
+}
+
+/// Files under `dir`, at any depth (the local store's objects).
+pub fn count_files(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => count_files(&entry.path()),
+            Ok(kind) if kind.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]

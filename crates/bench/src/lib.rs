@@ -136,6 +136,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 100.0)]
     capacity_p99_ms: f64,
     /// Keep the run's objects in the bucket (default: deleted at the end).
+    /// The local store, which lives in the cluster directory, is moved to
+    /// a `cellfleet-bench-store-*` directory under the temporary directory;
+    /// the report says where.
     #[arg(long)]
     keep_objects: bool,
     /// Keep the nodes' logs (copied out of the cluster directory, which
@@ -168,6 +171,10 @@ impl Publication {
         }
     }
 }
+
+/// The clean-up's note for a local store (its objects go with the
+/// cluster directory).
+const LOCAL_STORE_DELETED: &str = "the local store, deleted with the cluster directory";
 
 /// Bound on `--fleet-cells` (a node owns at most 100k Cells).
 const FLEET_CELLS_MAX: usize = 1_000_000;
@@ -262,7 +269,32 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
 }
 
 /// Deletes the run's objects from the store, unless asked to keep them.
+/// The local store lives in the cluster directory, deleted with the
+/// cluster: its objects are counted, or the directory is moved out to be
+/// kept.
 fn cleanup(runtime: &tokio::runtime::Runtime, cluster: &BenchCluster, keep: bool) -> Cleanup {
+    if let Some(store) = cluster.local_store() {
+        let objects = cluster::count_files(&store);
+        return if keep {
+            match cluster::keep_local_store(&store, &std::env::temp_dir()) {
+                Ok(kept) => Cleanup {
+                    deleted_objects: 0,
+                    note: Some(format!("kept: local {}", kept.display())),
+                },
+                Err(error) => Cleanup {
+                    deleted_objects: objects,
+                    note: Some(format!(
+                        "keeping the local store failed ({error:#}); it was deleted with the cluster directory"
+                    )),
+                },
+            }
+        } else {
+            Cleanup {
+                deleted_objects: objects,
+                note: Some(LOCAL_STORE_DELETED.into()),
+            }
+        };
+    }
     if keep {
         Cleanup {
             deleted_objects: 0,

@@ -308,6 +308,18 @@ fn bench_runs_both_publication_modes_side_by_side() {
         "{report}"
     );
     assert_eq!(runs[1]["fleet"][0]["phases"]["segments"], 0.0, "{report}");
+    for run in runs {
+        // The local store goes with each cluster's directory, counted.
+        let cleanup = &run["cleanup"];
+        assert_eq!(
+            cleanup["note"], "the local store, deleted with the cluster directory",
+            "{cleanup}"
+        );
+        assert!(
+            cleanup["deleted_objects"].as_u64().unwrap_or(0) > 0,
+            "{cleanup}"
+        );
+    }
     let compared = &report["log_against_cell"];
     assert_eq!(compared["order"], serde_json::json!(["log", "cell"]));
     let fleet = &compared["fleet"][0];
@@ -328,6 +340,84 @@ fn bench_runs_both_publication_modes_side_by_side() {
         stdout.contains("fleet at 1000 cells: log >= 10 x cell per node: not measured in this run"),
         "{stdout}"
     );
+}
+
+/// `--keep-objects` on the local store keeps the store: it is moved out of
+/// the cluster directory (deleted with the run), and the report names
+/// where it went.
+#[test]
+fn bench_keeps_the_local_store_when_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("out.json");
+    let output = Command::new(BIN)
+        .args([
+            "bench",
+            "local_command",
+            "--store",
+            "local",
+            "--nodes",
+            "1",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "1",
+            "--keep-objects",
+            "--json",
+        ])
+        .arg(&json_path)
+        .output()
+        .expect("run cellfleet bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "cellfleet bench failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
+            .expect("the report is JSON");
+    let note = report["cleanup"]["note"].as_str().expect("a note");
+    let kept = std::path::PathBuf::from(
+        note.strip_prefix("kept: local ")
+            .unwrap_or_else(|| panic!("the note names the kept store: {note}")),
+    );
+    assert!(
+        stdout.contains(&format!(
+            "clean-up: 0 objects deleted (kept: local {})",
+            kept.display()
+        )),
+        "{stdout}"
+    );
+    let store = report["config"]["store_detail"]
+        .as_str()
+        .and_then(|detail| detail.strip_prefix("local "))
+        .map(std::path::PathBuf::from)
+        .expect("the run's store");
+    let cluster_dir = store.parent().expect("the cluster directory");
+    assert!(
+        !cluster_dir.exists(),
+        "the cluster directory went with the run: {}",
+        cluster_dir.display()
+    );
+    // The Cells' objects are there: roots and the node log's segments.
+    let mut files = 0;
+    let mut stack = vec![kept.clone()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).expect("the kept store") {
+            let entry = entry.expect("an entry");
+            if entry.file_type().expect("a type").is_dir() {
+                stack.push(entry.path());
+            } else {
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 0, "{}", kept.display());
+    std::fs::remove_dir_all(kept.parent().expect("the kept directory"))
+        .expect("remove the kept store");
 }
 
 /// Bad options are refused before any node starts, each naming

@@ -65,6 +65,7 @@
 //! cells_owned_max = 100000   # Cells owned, open or passivated
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
+//! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
@@ -483,7 +484,15 @@ pub struct LimitsFile {
     pub fds_max: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_wal_bytes_max: Option<u64>,
 }
+
+/// Bounds on `[limits] cell_wal_bytes_max`: below 64 KiB a Cell would fold
+/// its WAL into its database after nearly every group; past 1 GiB one Cell
+/// could hold that much disk beyond its data.
+const CELL_WAL_BYTES_MIN: u64 = 64 << 10;
+const CELL_WAL_BYTES_MAX: u64 = 1 << 30;
 
 /// File descriptors kept for everything but open Cells (listeners,
 /// connections, the store client, logs), plus a sixteenth of the limit
@@ -513,6 +522,9 @@ impl LimitsFile {
         limits.cells_open_max = self.cells_open_max.unwrap_or(limits.cells_owned_max);
         if let Some(n) = self.fds_max {
             limits.fds_max = n;
+        }
+        if let Some(n) = self.cell_wal_bytes_max {
+            limits.cell_wal_bytes_max = n;
         }
         match (self.memory_bytes_max, memory) {
             (Some(n), _) => limits.memory_bytes_max = n,
@@ -550,6 +562,13 @@ impl LimitsFile {
         }
         if self.memory_bytes_max == Some(0) {
             bail!("limits.memory_bytes_max must be at least 1");
+        }
+        if let Some(n) = self.cell_wal_bytes_max {
+            if !(CELL_WAL_BYTES_MIN..=CELL_WAL_BYTES_MAX).contains(&n) {
+                bail!(
+                    "limits.cell_wal_bytes_max {n}: give bytes between {CELL_WAL_BYTES_MIN} and {CELL_WAL_BYTES_MAX}"
+                );
+            }
         }
         Ok(())
     }
@@ -1439,7 +1458,7 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         _ => String::new(),
     };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
@@ -1449,7 +1468,8 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         limits.fds_per_reader,
         limits.memory_bytes_max,
         limits.memory_bytes_per_cell,
-        limits.cells_owned_max
+        limits.cells_owned_max,
+        limits.cell_wal_bytes_max
     );
     limits
 }
@@ -1604,6 +1624,29 @@ async fn bind(address: &str, name: &str) -> anyhow::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cells_wal_bound_is_taken_from_the_file_within_its_range() {
+        let (limits, _) = LimitsFile::default().limits(None, None);
+        assert_eq!(limits.cell_wal_bytes_max, 1 << 20, "the default");
+        let file = LimitsFile {
+            cell_wal_bytes_max: Some(128 << 10),
+            ..LimitsFile::default()
+        };
+        file.validate().expect("in range");
+        assert_eq!(file.limits(None, None).0.cell_wal_bytes_max, 128 << 10);
+        for bad in [0, CELL_WAL_BYTES_MIN - 1, CELL_WAL_BYTES_MAX + 1] {
+            let file = LimitsFile {
+                cell_wal_bytes_max: Some(bad),
+                ..LimitsFile::default()
+            };
+            let error = file.validate().expect_err("out of range").to_string();
+            assert_eq!(
+                error,
+                format!("limits.cell_wal_bytes_max {bad}: give bytes between 65536 and 1073741824")
+            );
+        }
+    }
 
     #[test]
     fn limits_take_the_file_over_the_defaults_and_fit_the_open_file_limit() {

@@ -320,6 +320,20 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown field `cells_open`"), "{stderr}");
+    // ... and so is a WAL bound out of its range, naming the range.
+    let tiny = cluster.path("n3-tiny-wal.toml");
+    std::fs::write(
+        &tiny,
+        format!("{base}\n[limits]\ncell_wal_bytes_max = 1000\n"),
+    )
+    .unwrap();
+    let output = cluster.node_command(&tiny, &[]).output().expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("limits.cell_wal_bytes_max 1000: give bytes between 65536 and 1073741824"),
+        "{stderr}"
+    );
     // [publication]: a batch of no groups is refused, naming the key.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])
@@ -444,7 +458,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     );
     std::fs::write(
         &limited,
-        format!("{with_parked}\n[limits]\ncells_open_max = 2\n"),
+        format!("{with_parked}\n[limits]\ncells_open_max = 2\ncell_wal_bytes_max = 131072\n"),
     )
     .unwrap();
     let log = cluster.path("n3-limited.stderr");
@@ -465,6 +479,10 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     );
     assert!(
         text.contains("cells open at most 2 (cells_open_max 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("; a cell's WAL at most 131072 bytes"),
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");

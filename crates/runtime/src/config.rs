@@ -81,6 +81,14 @@ pub struct NodeLimits {
     /// code that turns out long holds a runtime worker for at most this
     /// per query and `inline_commands_max` times this per group.
     pub inline_steps_max: u64,
+    /// Bytes one open Cell's WAL may grow to before the Cell folds it into
+    /// its database file and truncates it (once nothing of it is pending
+    /// in the store, so a group in flight can briefly take it past this).
+    /// With `cells_open_max` it bounds the node's local disk beyond the
+    /// Cells' own data. Lower costs no instructions per command measured
+    /// (BENCHMARKS.md, thirty-fifth measurement) and checkpoints the WAL
+    /// more often, each smaller.
+    pub cell_wal_bytes_max: u64,
 }
 
 impl Default for NodeLimits {
@@ -108,6 +116,7 @@ impl Default for NodeLimits {
             inline_bytes_max: 64 << 10,
             inline_execute_us_max: 250,
             inline_steps_max: 100_000,
+            cell_wal_bytes_max: 1 << 20,
         }
     }
 }

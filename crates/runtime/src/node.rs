@@ -290,11 +290,13 @@ fn node_activator(
 }
 
 /// The engine settings every Cell of the node opens with: `[cell]`, with
-/// the group bound from `[limits]` and, in log mode, the bound on pending
-/// publications from `[log]` (the node log's groups in flight per Cell).
+/// the group and WAL bounds from `[limits]` and, in log mode, the bound on
+/// pending publications from `[log]` (the node log's groups in flight per
+/// Cell).
 fn cell_config(config: &NodeConfig) -> cellfleet_cell::CellConfig {
     let mut cell_config = config.cell.clone();
     cell_config.group_commands_max = config.limits.group_commands_max;
+    cell_config.checkpoint_wal_bytes = config.limits.cell_wal_bytes_max;
     // A new Cell's schema publishes with its first commands (the actor
     // applies it alone before a query that comes first).
     cell_config.defer_migrations = true;

@@ -481,6 +481,54 @@ async fn passivation_keeps_ownership_under_the_open_limit() {
     assert_eq!(described.txid.0, 1, "the schema and one command, one group");
 }
 
+/// An open Cell's WAL stays within the node's `cell_wal_bytes_max`: past
+/// it the Cell folds the WAL into its database file and truncates it, so
+/// a node's local disk beyond its Cells' data is bounded by what it keeps
+/// open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_cells_wal_stays_within_the_nodes_bound() {
+    const BOUND: u64 = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(cellfleet_store::LocalStore::open(dir.path().join("bucket")).unwrap());
+    let clock = manual_clock();
+    let mut config = node_config("a", dir.path(), "wal-bound");
+    config.limits.cell_wal_bytes_max = BOUND;
+    let a = start(config, store, clock.clone()).await;
+    let cells = dir.path().join("a").join("cells");
+    let wal_bytes = || -> u64 {
+        std::fs::read_dir(&cells)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with("-wal"))
+            .map(|e| e.metadata().map_or(0, |m| m.len()))
+            .sum()
+    };
+    let (mut written, mut largest) = (0u64, 0u64);
+    let mut last = 0u64;
+    for n in 0..150u64 {
+        a.execute(KIND, b"busy", append(clock.as_ref(), n))
+            .await
+            .unwrap();
+        let now = wal_bytes();
+        // What this group added (a truncation starts the WAL again).
+        written += now.saturating_sub(last);
+        if now < last {
+            written += now;
+        }
+        last = now;
+        largest = largest.max(now);
+    }
+    // The WAL took in many times the bound, and never held more than the
+    // bound and the one group that crossed it.
+    assert!(written > 4 * BOUND, "{written} bytes through the WAL");
+    assert!(
+        largest <= BOUND + (32 << 10),
+        "the WAL reached {largest} bytes against a bound of {BOUND}"
+    );
+    assert_eq!(journal(&a, b"busy").await.len(), 150);
+}
+
 /// Past the open limit the least recently used idle Cell is passivated,
 /// also when the Cells a scan found were used since (the passivation
 /// candidates of `node/lru.rs`: a used one is passed over, not taken).

@@ -615,14 +615,15 @@ fn keep_logs(from: &Path, under: &Path) -> anyhow::Result<PathBuf> {
 /// `cellfleet-bench-store-*` directory under `under`; returns where it
 /// went.
 pub fn keep_local_store(store: &Path, under: &Path) -> anyhow::Result<PathBuf> {
-    let kept = tempfile::Builder::new()
+    let holder = tempfile::Builder::new()
         .prefix("cellfleet-bench-store-")
         .tempdir_in(under)
-        .context("creating the directory for the local store")?
-        .keep()
-        .join("store");
+        .context("creating the directory for the local store")?;
+    let kept = holder.path().join("store");
+    // On failure the holder goes (it is still a TempDir); kept, it stays.
     std::fs::rename(store, &kept)
         .with_context(|| format!("moving {} to {}", store.display(), kept.display()))?;
+    let _ = holder.keep();
     Ok(kept)
 }
 

@@ -22,6 +22,10 @@
 //! 6. SIGTERM to every node, which drains ([`cluster`]), and the run's
 //!    objects are deleted from the bucket (`--keep-objects` keeps them).
 //!
+//! `--publication log,cell` does all of this once per mode, each with a
+//! cluster and a store prefix (or local store) of its own, and the report
+//! ends with the two side by side ([`report::log_against_cell`]).
+//!
 //! The table and the goals are in [`report`]; `--json` and `--plots` keep
 //! them ([`plots`]: SVG). Code map: [`cluster`] (the processes and the
 //! store), [`client`] (the signing gRPC client), [`load`] (the closed- and
@@ -277,14 +281,17 @@ fn cleanup(runtime: &tokio::runtime::Runtime, cluster: &BenchCluster, keep: bool
         let objects = cluster::count_files(&store);
         return if keep {
             match cluster::keep_local_store(&store, &std::env::temp_dir()) {
-                Ok(kept) => Cleanup {
-                    deleted_objects: 0,
-                    note: Some(format!("kept: local {}", kept.display())),
-                },
+                Ok(kept) => {
+                    eprintln!("bench: kept the local store in {}", kept.display());
+                    Cleanup {
+                        deleted_objects: 0,
+                        note: Some(format!("kept: local {}", kept.display())),
+                    }
+                }
                 Err(error) => Cleanup {
                     deleted_objects: objects,
                     note: Some(format!(
-                        "keeping the local store failed ({error:#}); it was deleted with the cluster directory"
+                        "keeping the local store failed ({error:#}): it was deleted with the cluster directory; check the space and permissions of the temporary directory (TMPDIR)"
                     )),
                 },
             }
@@ -355,10 +362,19 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let mut runs = Vec::new();
     let mut failed = false;
+    let mut error = None;
     for &mode in &modes {
-        let (report, ok) = run_mode(exe, &args, &plan, &runtime, mode)?;
-        failed |= !ok;
-        runs.push((mode.name(), report));
+        match run_mode(exe, &args, &plan, &runtime, mode) {
+            Ok((report, ok)) => {
+                failed |= !ok;
+                runs.push((mode.name(), report));
+            }
+            Err(e) => {
+                // What the modes before it measured is still written out.
+                error = Some(e.context(format!("publication mode {}", mode.name())));
+                break;
+            }
+        }
     }
     let compared = report::log_against_cell(&mut runs);
     if let Some((text, _)) = &compared {
@@ -366,7 +382,8 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(path) = &args.json {
         let json = match (runs.as_mut_slice(), compared) {
-            ([(_, report)], _) => report.json(),
+            ([], _) => return Err(error.expect("no run without an error")),
+            ([(_, report)], _) if modes.len() == 1 => report.json(),
             (runs, compared) => serde_json::json!({
                 "runs": runs.iter_mut().map(|(_, report)| report.json()).collect::<Vec<_>>(),
                 "log_against_cell": compared.map(|(_, json)| json),
@@ -377,7 +394,7 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         eprintln!("bench: wrote {}", path.display());
     }
     if let Some(dir) = &args.plots {
-        let single = runs.len() == 1;
+        let single = modes.len() == 1;
         for (mode, report) in &runs {
             // One mode's plots in the directory itself, several in a
             // directory each.
@@ -386,6 +403,9 @@ pub fn run(exe: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("bench: wrote {}", path.display());
             }
         }
+    }
+    if let Some(error) = error {
+        return Err(error);
     }
     Ok(if failed {
         ExitCode::from(1)

@@ -455,8 +455,11 @@ impl Report {
     }
 
     /// `local_command` at c=1 against one create-only PUT (the node log's
-    /// round trip).
+    /// round trip): a goal of log mode only, since cell mode makes two.
     fn local_command_goal(&self, goals: &mut Vec<Goal>) {
+        if self.config["publication"] == "cell" {
+            return;
+        }
         let goal = format!(
             "local_command p50 <= {LOCAL_COMMAND_CREATE_FACTOR} x {} p50",
             floors::STORE_CREATE
@@ -933,7 +936,8 @@ pub fn log_against_cell(
             "log_over_cell": over,
             "log_commands_per_segment": row.phases.commands_per_segment,
         }));
-        if row.cells_requested == FLEET_GOAL_CELLS {
+        // Without a cell-mode figure there is nothing to be 10 times.
+        if row.cells_requested == FLEET_GOAL_CELLS && other.per_node_per_s > 0.0 {
             fleet_goal = Some((row.concurrency, over));
         }
     }
@@ -1068,6 +1072,37 @@ mod tests {
             text.contains("MISSED: 5.00x vs 10.00x, by 5.00x (0.50x the limit)"),
             "{text}"
         );
+    }
+
+    /// A cell mode that served nothing at 1,000 Cells leaves the goal
+    /// unmeasured, not missed.
+    #[test]
+    fn no_cell_figure_leaves_the_fleet_goal_unmeasured() {
+        let mut runs = [
+            ("log", report(vec![fleet_row(1_000, 900.0, 7.0)])),
+            ("cell", report(vec![fleet_row(1_000, 0.0, 0.0)])),
+        ];
+        let (_, json) = log_against_cell(&mut runs).expect("both modes ran");
+        assert!(json["goals"][0]["met"].is_null(), "{json}");
+    }
+
+    /// The node log's round-trip goal is listed for log mode only.
+    #[test]
+    fn the_local_command_goal_is_log_modes() {
+        for (mode, listed) in [("log", true), ("cell", false)] {
+            let report = Report {
+                config: serde_json::json!({ "publication": mode }),
+                ..Report::default()
+            };
+            assert_eq!(
+                report
+                    .goals()
+                    .iter()
+                    .any(|g| g.goal.starts_with("local_command p50")),
+                listed,
+                "{mode}"
+            );
+        }
     }
 
     /// One mode alone has nothing to compare; without the 1,000-Cell size

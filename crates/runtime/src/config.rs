@@ -81,9 +81,10 @@ pub struct NodeLimits {
     /// code that turns out long holds a runtime worker for at most this
     /// per query and `inline_commands_max` times this per group.
     pub inline_steps_max: u64,
-    /// Bytes one open Cell's WAL may grow to before the Cell folds it into
-    /// its database file and truncates it (once nothing of it is pending
-    /// in the store, so a group in flight can briefly take it past this).
+    /// Bytes past which one open Cell folds its WAL into its database file
+    /// and truncates it (once nothing of it is pending in the store). The
+    /// group that crosses the bound is written whole, so a WAL holds at
+    /// most this plus one group (or two, with two publications pending).
     /// With `cells_open_max` it bounds the node's local disk beyond the
     /// Cells' own data. Lower costs no instructions per command measured
     /// (BENCHMARKS.md, thirty-fifth measurement) and checkpoints the WAL
@@ -330,8 +331,10 @@ pub struct NodeConfig {
     pub ingress_only: bool,
     /// Bounds.
     pub limits: NodeLimits,
-    /// Settings of each Cell engine (group size is taken from `limits`; in
-    /// log mode, `pending_publications_max` from
+    /// Settings of each Cell engine (group size and `checkpoint_wal_bytes`
+    /// are taken from `limits`, the latter from
+    /// [`NodeLimits::cell_wal_bytes_max`]; in log mode,
+    /// `pending_publications_max` from
     /// [`LogSettings::cell_groups_inflight_max`]).
     pub cell: cellfleet_cell::CellConfig,
     /// The node log or one publication per Cell group.

@@ -4,53 +4,63 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cellfleet");
 
-#[test]
-fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
-    // The bench uses CELLFLEET_S3_ENDPOINT if set, else starts (or finds)
-    // SeaweedFS through scripts/seaweedfs.sh, as the other S3 tests do.
+/// Runs `cellfleet bench` with `args` and `--json`, asserts that it
+/// passed, and returns its stdout, stderr and JSON report.
+fn bench(args: &[&str]) -> (String, String, serde_json::Value) {
     let dir = tempfile::tempdir().expect("tempdir");
     let json_path = dir.path().join("out.json");
-    let plots = dir.path().join("plots");
     let output = Command::new(BIN)
-        .args([
-            "bench",
-            "--nodes",
-            "2",
-            "--store",
-            "s3",
-            "--duration",
-            "1",
-            // No warm-up: every worker's first request is measured, so no
-            // row is empty however slow a shared machine is.
-            "--warmup",
-            "0",
-            "--concurrency",
-            "1",
-            "--fleet-cells",
-            "20,40",
-            "--fleet-concurrency",
-            "4",
-            "--fleet-settle-s",
-            "0.2",
-            "--drain-timeout-s",
-            "120",
-            "--capacity-rates",
-            "20,40",
-            "--keep-logs",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .arg(&json_path)
-        .arg("--plots")
-        .arg(&plots)
         .output()
         .expect("run cellfleet bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(
         output.status.success(),
         "cellfleet bench failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
+    let report = serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
+        .expect("the report is JSON");
+    (stdout, stderr, report)
+}
+
+#[test]
+fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
+    // The bench uses CELLFLEET_S3_ENDPOINT if set, else starts (or finds)
+    // SeaweedFS through scripts/seaweedfs.sh, as the other S3 tests do.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plots = dir.path().join("plots");
+    let (stdout, stderr, report) = bench(&[
+        "--nodes",
+        "2",
+        "--store",
+        "s3",
+        "--duration",
+        "1",
+        // No warm-up: every worker's first request is measured, so no
+        // row is empty however slow a shared machine is.
+        "--warmup",
+        "0",
+        "--concurrency",
+        "1",
+        "--fleet-cells",
+        "20,40",
+        "--fleet-concurrency",
+        "4",
+        "--fleet-settle-s",
+        "0.2",
+        "--drain-timeout-s",
+        "120",
+        "--capacity-rates",
+        "20,40",
+        "--keep-logs",
+        "--plots",
+        plots.to_str().expect("a UTF-8 temporary path"),
+    ]);
     assert!(stdout.contains("exactness: PASSED"), "{stdout}");
     assert!(
         stdout.contains("drain: 2 of 2 nodes exited cleanly after SIGTERM, the last after "),
@@ -74,10 +84,6 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
         );
     }
     std::fs::remove_dir_all(kept).expect("remove the kept logs");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
-            .expect("the report is JSON");
-
     let workloads = report["workloads"].as_array().expect("workloads");
     for (name, concurrency) in [
         ("local_command", 1),
@@ -226,41 +232,26 @@ fn bench_reports_every_workload_and_floor_and_passes_the_exactness_check() {
 /// `report.rs` do).
 #[test]
 fn bench_runs_both_publication_modes_side_by_side() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let json_path = dir.path().join("out.json");
-    let output = Command::new(BIN)
-        .args([
-            "bench",
-            "local_command",
-            "fleet",
-            "--publication",
-            "log,cell",
-            "--store",
-            "local",
-            "--nodes",
-            "2",
-            "--duration",
-            "1",
-            "--warmup",
-            "0",
-            "--concurrency",
-            "1",
-            "--fleet-cells",
-            "20",
-            "--fleet-concurrency",
-            "4",
-            "--json",
-        ])
-        .arg(&json_path)
-        .output()
-        .expect("run cellfleet bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cellfleet bench failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
+    let (stdout, stderr, report) = bench(&[
+        "local_command",
+        "fleet",
+        "--publication",
+        "log,cell",
+        "--store",
+        "local",
+        "--nodes",
+        "2",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--concurrency",
+        "1",
+        "--fleet-cells",
+        "20",
+        "--fleet-concurrency",
+        "4",
+    ]);
     for mode in ["log", "cell"] {
         assert!(
             stderr.contains(&format!(
@@ -280,9 +271,6 @@ fn bench_runs_both_publication_modes_side_by_side() {
         ),
         "{stdout}"
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
-            .expect("the report is JSON");
     let runs = report["runs"].as_array().expect("one report per mode");
     assert_eq!(
         runs.iter()
@@ -347,38 +335,20 @@ fn bench_runs_both_publication_modes_side_by_side() {
 /// where it went.
 #[test]
 fn bench_keeps_the_local_store_when_asked() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let json_path = dir.path().join("out.json");
-    let output = Command::new(BIN)
-        .args([
-            "bench",
-            "local_command",
-            "--store",
-            "local",
-            "--nodes",
-            "1",
-            "--duration",
-            "0.5",
-            "--warmup",
-            "0",
-            "--concurrency",
-            "1",
-            "--keep-objects",
-            "--json",
-        ])
-        .arg(&json_path)
-        .output()
-        .expect("run cellfleet bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cellfleet bench failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON report"))
-            .expect("the report is JSON");
+    let (stdout, _, report) = bench(&[
+        "local_command",
+        "--store",
+        "local",
+        "--nodes",
+        "1",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--concurrency",
+        "1",
+        "--keep-objects",
+    ]);
     let note = report["cleanup"]["note"].as_str().expect("a note");
     let kept = std::path::PathBuf::from(
         note.strip_prefix("kept: local ")

@@ -1286,13 +1286,9 @@ fn an_aborted_upgrade_of_the_ledger_is_done_again() {
     }
 }
 
-/// A query run within a first, smaller budget is stopped short (`None`)
-/// when it needs more, and answers in full within the configured one;
-/// over the configured budget it is rejected as before. A short query
-/// answers within the small budget, and the Cell's next query has the
-/// full budget again.
-#[test]
-fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
+/// An `account` Cell whose statements may take 1,000,000 VM steps, with
+/// one deposit of 5 to `a` already applied.
+fn account_with_a_million_steps() -> Harness {
     let manifest = Manifest::parse(MANIFEST).unwrap();
     let config = CellConfig {
         statement_steps_max: 1_000_000,
@@ -1300,6 +1296,17 @@ fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
     };
     let mut h = Harness::new(manifest.kind("account").unwrap(), config);
     h.run(&[deposit(1, "a", 5)]);
+    h
+}
+
+/// A query run within a first, smaller budget is stopped short (`None`)
+/// when it needs more, and answers in full within the configured one;
+/// over the configured budget it is rejected as before. A short query
+/// answers within the small budget, and the Cell's next query has the
+/// full budget again.
+#[test]
+fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
+    let mut h = account_with_a_million_steps();
     let counting = |to: u64| {
         json!({"sql": format!(
             "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {to}) \
@@ -1345,13 +1352,7 @@ fn a_query_within_a_smaller_budget_is_stopped_short_not_rejected() {
 /// rejected, as [`Cell::execute`] rejects it.
 #[test]
 fn a_group_within_a_smaller_budget_is_stopped_short_and_leaves_nothing() {
-    let manifest = Manifest::parse(MANIFEST).unwrap();
-    let config = CellConfig {
-        statement_steps_max: 1_000_000,
-        ..CellConfig::default()
-    };
-    let mut h = Harness::new(manifest.kind("account").unwrap(), config);
-    h.run(&[deposit(1, "a", 5)]);
+    let mut h = account_with_a_million_steps();
     let filling = |n: u64, to: u64| {
         Command::new(
             id(n),

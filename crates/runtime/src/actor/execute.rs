@@ -56,25 +56,18 @@ impl Actor {
                 let out = cell.execute_within(&commands, now_ms, steps);
                 (out, engine.elapsed())
             });
-            let count_inline = || {
-                self.ctx
-                    .metrics
-                    .groups_inline_total
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            };
             match ran {
-                // Stopped short: to the pool.
-                Some((Ok(None), _)) => None,
-                Some((Ok(Some(result)), engine)) => {
-                    count_inline();
-                    Some(Some((Ok(result), engine)))
-                }
-                Some((Err(error), engine)) => {
-                    count_inline();
-                    Some(Some((Err(error), engine)))
-                }
                 // The engine was lost.
                 None => Some(None),
+                // Stopped short (`Ok(None)`) goes to the pool; anything
+                // else ran here.
+                Some((out, engine)) => out.transpose().map(|out| {
+                    self.ctx
+                        .metrics
+                        .groups_inline_total
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Some((out, engine))
+                }),
             }
         } else {
             None

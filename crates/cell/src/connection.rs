@@ -219,7 +219,7 @@ fn open_writer_or_reader(
     read_only: bool,
     config: &CellConfig,
     template: Option<&[u8]>,
-    header: Option<FileHeader>,
+    mut header: Option<FileHeader>,
 ) -> Result<(Connection, Guard)> {
     // A database with no page yet takes the configured page size.
     let mut exists = header.is_some()
@@ -245,6 +245,9 @@ fn open_writer_or_reader(
         // read yet (it reads the header under its first lock).
         write_template(path, bytes)?;
         exists = true;
+        // A template is a WAL database (its build switched it), so its
+        // header spares the switch below: a statement and a schema read.
+        header = FileHeader::parse(bytes);
     }
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     if !read_only {

@@ -275,8 +275,10 @@ impl CaptureState {
         header.wal_salt1 = committed.cursor.salt1;
         header.wal_salt2 = committed.cursor.salt2;
         let lock = lock_pgno(self.page_size);
+        // Room for every page uncompressed, so the encoding never grows
+        // the buffer (a copy each time) ...
         let mut encoder = Encoder::with_compression(
-            Vec::with_capacity(delta_bytes as usize / 2 + 256),
+            Vec::with_capacity(delta_bytes as usize + 512),
             header,
             Compression::Runs,
         )?;
@@ -286,6 +288,7 @@ impl CaptureState {
             }
         }
         let (ltx, trailer) = encoder.finish(self.checksum)?;
+        let ltx = fitted(ltx);
         Ok(Publication {
             txid,
             pre,
@@ -360,4 +363,17 @@ impl CaptureState {
 pub(crate) struct Files<'a> {
     pub db: &'a Path,
     pub wal: &'a Path,
+}
+
+/// ... and a record kept no bigger than its bytes: a node holds each of an
+/// open Cell's records in memory until its checkpoint, and the slack of a
+/// buffer sized for the pages uncompressed (or doubled while it grew) was
+/// a third of a stream append's record (BENCHMARKS.md, thirty-sixth
+/// measurement).
+fn fitted(ltx: Vec<u8>) -> Vec<u8> {
+    if ltx.capacity() - ltx.len() > ltx.len() / 8 {
+        ltx.as_slice().to_vec()
+    } else {
+        ltx
+    }
 }

@@ -61,6 +61,11 @@ pub struct CellConfig {
     /// [`Cell::schema_due`]: crate::Cell::schema_due
     /// [`Cell::migrate`]: crate::Cell::migrate
     pub defer_migrations: bool,
+    /// Most bytes of pages each of the Cell's connections keeps in its
+    /// page cache (SQLite's `cache_size`, in KiB rounded up); 0 keeps
+    /// SQLite's default of 2,000 KiB. A page the cache let go is read
+    /// again from the file (the kernel's cache) when next needed.
+    pub cache_bytes: u64,
 }
 
 impl Default for CellConfig {
@@ -79,6 +84,7 @@ impl Default for CellConfig {
             ltx_checksums_in_file: false,
             reader_on_demand: false,
             defer_migrations: false,
+            cache_bytes: 0,
         }
     }
 }
@@ -260,7 +266,10 @@ fn open_writer_or_reader(
         // kernel already has. The fsyncs of each checkpoint were a fifth of
         // a passivate-and-reopen cycle. Set before the switch to WAL, which
         // on a new file is itself a commit (four syncs otherwise).
-        conn.execute_batch("PRAGMA synchronous = OFF;")?;
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = OFF;{}",
+            cache_pragma(config)
+        ))?;
         if !exists {
             // A new file's first writes (setting auto_vacuum, then the
             // switch to WAL) would each create and delete a rollback
@@ -289,10 +298,19 @@ fn open_writer_or_reader(
         }
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
     } else {
-        conn.execute_batch("PRAGMA query_only = 1;")?;
+        conn.execute_batch(&format!("PRAGMA query_only = 1;{}", cache_pragma(config)))?;
     }
     let guard = Guard::install(&mut conn, config.statement_steps_max)?;
     Ok((conn, guard))
+}
+
+/// The statement that bounds a connection's page cache to
+/// [`CellConfig::cache_bytes`]; empty for SQLite's default.
+fn cache_pragma(config: &CellConfig) -> String {
+    match config.cache_bytes {
+        0 => String::new(),
+        bytes => format!(" PRAGMA cache_size = -{};", bytes.div_ceil(1024)),
+    }
 }
 
 /// `path` with `suffix` appended: a database's `-wal` (and the `-shm`
@@ -402,6 +420,29 @@ mod tests {
                 wal: true
             })
         );
+    }
+
+    /// Both of a Cell's kinds of connection take the configured cache
+    /// bound, and none is set without one.
+    #[test]
+    fn a_connections_page_cache_is_bounded_as_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let cache = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA cache_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let bounded = CellConfig {
+            cache_bytes: 100_000,
+            ..CellConfig::default()
+        };
+        let (write, _guard) = open_connection(&path, false, &bounded).unwrap();
+        assert_eq!(cache(&write), -98, "KiB, rounded up");
+        let (read, _guard) = open_connection(&path, true, &bounded).unwrap();
+        assert_eq!(cache(&read), -98);
+        drop((write, read));
+        let (write, _guard) = open_connection(&path, false, &CellConfig::default()).unwrap();
+        assert_eq!(cache(&write), -2000, "SQLite's default");
     }
 
     #[test]

@@ -66,6 +66,7 @@
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
+//! cell_cache_bytes_max = 262144  # pages each connection of an open Cell keeps cached (64 KiB to 1 GiB): memory per open Cell
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
@@ -486,6 +487,8 @@ pub struct LimitsFile {
     pub memory_bytes_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cell_wal_bytes_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_cache_bytes_max: Option<u64>,
 }
 
 /// Bounds on `[limits] cell_wal_bytes_max`: below 64 KiB a Cell would fold
@@ -493,6 +496,12 @@ pub struct LimitsFile {
 /// could hold that much disk beyond its data.
 const CELL_WAL_BYTES_MIN: u64 = 64 << 10;
 const CELL_WAL_BYTES_MAX: u64 = 1 << 30;
+
+/// Bounds on `[limits] cell_cache_bytes_max`: below 64 KiB (16 pages of
+/// 4 KiB) a Cell would read the pages of a b-tree's upper levels again for
+/// nearly every statement; past 1 GiB one Cell could hold that much memory.
+const CELL_CACHE_BYTES_MIN: u64 = 64 << 10;
+const CELL_CACHE_BYTES_MAX: u64 = 1 << 30;
 
 /// File descriptors kept for everything but open Cells (listeners,
 /// connections, the store client, logs), plus a sixteenth of the limit
@@ -525,6 +534,9 @@ impl LimitsFile {
         }
         if let Some(n) = self.cell_wal_bytes_max {
             limits.cell_wal_bytes_max = n;
+        }
+        if let Some(n) = self.cell_cache_bytes_max {
+            limits.cell_cache_bytes_max = n;
         }
         match (self.memory_bytes_max, memory) {
             (Some(n), _) => limits.memory_bytes_max = n,
@@ -567,6 +579,13 @@ impl LimitsFile {
             if !(CELL_WAL_BYTES_MIN..=CELL_WAL_BYTES_MAX).contains(&n) {
                 bail!(
                     "limits.cell_wal_bytes_max {n}: give bytes between {CELL_WAL_BYTES_MIN} and {CELL_WAL_BYTES_MAX}"
+                );
+            }
+        }
+        if let Some(n) = self.cell_cache_bytes_max {
+            if !(CELL_CACHE_BYTES_MIN..=CELL_CACHE_BYTES_MAX).contains(&n) {
+                bail!(
+                    "limits.cell_cache_bytes_max {n}: give bytes between {CELL_CACHE_BYTES_MIN} and {CELL_CACHE_BYTES_MAX}"
                 );
             }
         }
@@ -1458,7 +1477,7 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         _ => String::new(),
     };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
@@ -1469,7 +1488,8 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         limits.memory_bytes_max,
         limits.memory_bytes_per_cell,
         limits.cells_owned_max,
-        limits.cell_wal_bytes_max
+        limits.cell_wal_bytes_max,
+        limits.cell_cache_bytes_max
     );
     limits
 }
@@ -1644,6 +1664,31 @@ mod tests {
             assert_eq!(
                 error,
                 format!("limits.cell_wal_bytes_max {bad}: give bytes between 65536 and 1073741824")
+            );
+        }
+    }
+
+    #[test]
+    fn a_cells_page_cache_bound_is_taken_from_the_file_within_its_range() {
+        let (limits, _) = LimitsFile::default().limits(None, None);
+        assert_eq!(limits.cell_cache_bytes_max, 256 << 10, "the default");
+        let file = LimitsFile {
+            cell_cache_bytes_max: Some(2 << 20),
+            ..LimitsFile::default()
+        };
+        file.validate().expect("in range");
+        assert_eq!(file.limits(None, None).0.cell_cache_bytes_max, 2 << 20);
+        for bad in [0, CELL_CACHE_BYTES_MIN - 1, CELL_CACHE_BYTES_MAX + 1] {
+            let file = LimitsFile {
+                cell_cache_bytes_max: Some(bad),
+                ..LimitsFile::default()
+            };
+            let error = file.validate().expect_err("out of range").to_string();
+            assert_eq!(
+                error,
+                format!(
+                    "limits.cell_cache_bytes_max {bad}: give bytes between 65536 and 1073741824"
+                )
             );
         }
     }

@@ -334,6 +334,21 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         stderr.contains("limits.cell_wal_bytes_max 1000: give bytes between 65536 and 1073741824"),
         "{stderr}"
     );
+    // ... and a page cache bound out of its range.
+    let tiny = cluster.path("n3-tiny-cache.toml");
+    std::fs::write(
+        &tiny,
+        format!("{base}\n[limits]\ncell_cache_bytes_max = 4096\n"),
+    )
+    .unwrap();
+    let output = cluster.node_command(&tiny, &[]).output().expect("run node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr
+            .contains("limits.cell_cache_bytes_max 4096: give bytes between 65536 and 1073741824"),
+        "{stderr}"
+    );
     // [publication]: a batch of no groups is refused, naming the key.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])
@@ -458,7 +473,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     );
     std::fs::write(
         &limited,
-        format!("{with_parked}\n[limits]\ncells_open_max = 2\ncell_wal_bytes_max = 131072\n"),
+        format!("{with_parked}\n[limits]\ncells_open_max = 2\ncell_wal_bytes_max = 131072\ncell_cache_bytes_max = 524288\n"),
     )
     .unwrap();
     let log = cluster.path("n3-limited.stderr");
@@ -482,7 +497,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(
-        text.contains("; a cell's WAL at most 131072 bytes"),
+        text.contains("; a cell's WAL at most 131072 bytes, its page cache at most 524288 bytes per connection"),
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");

@@ -90,6 +90,12 @@ pub struct NodeLimits {
     /// (BENCHMARKS.md, thirty-fifth measurement) and checkpoints the WAL
     /// more often, each smaller.
     pub cell_wal_bytes_max: u64,
+    /// Bytes of pages each connection of an open Cell keeps cached
+    /// (SQLite's `cache_size`). SQLite's default, 2,000 KiB, grew a node
+    /// by up to that for every open Cell as its data grew: 1,000 streams
+    /// went on growing past 1.7 GB of RSS (BENCHMARKS.md, thirty-sixth
+    /// measurement). A page let go is read again from the file.
+    pub cell_cache_bytes_max: u64,
 }
 
 impl Default for NodeLimits {
@@ -118,6 +124,7 @@ impl Default for NodeLimits {
             inline_execute_us_max: 250,
             inline_steps_max: 100_000,
             cell_wal_bytes_max: 1 << 20,
+            cell_cache_bytes_max: 256 << 10,
         }
     }
 }

@@ -290,13 +290,14 @@ fn node_activator(
 }
 
 /// The engine settings every Cell of the node opens with: `[cell]`, with
-/// the group and WAL bounds from `[limits]` and, in log mode, the bound on
+/// the group, WAL and page cache bounds from `[limits]` and, in log mode, the bound on
 /// pending publications from `[log]` (the node log's groups in flight per
 /// Cell).
 fn cell_config(config: &NodeConfig) -> cellfleet_cell::CellConfig {
     let mut cell_config = config.cell.clone();
     cell_config.group_commands_max = config.limits.group_commands_max;
     cell_config.checkpoint_wal_bytes = config.limits.cell_wal_bytes_max;
+    cell_config.cache_bytes = config.limits.cell_cache_bytes_max;
     // A new Cell's schema publishes with its first commands (the actor
     // applies it alone before a query that comes first).
     cell_config.defer_migrations = true;
@@ -1621,6 +1622,20 @@ const DRAIN_ROUNDS_MAX: usize = 10;
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Every Cell opens with the node's `[limits]` bounds on its group,
+    /// its WAL and its page cache, whatever the engine's defaults.
+    #[test]
+    fn cells_open_with_the_nodes_bounds() {
+        let mut config = NodeConfig::new(NodeId::new("n1").unwrap(), "/nonexistent", "p");
+        config.limits.group_commands_max = 7;
+        config.limits.cell_wal_bytes_max = 123 << 10;
+        config.limits.cell_cache_bytes_max = 321 << 10;
+        let cell = cell_config(&config);
+        assert_eq!(cell.group_commands_max, 7);
+        assert_eq!(cell.checkpoint_wal_bytes, 123 << 10);
+        assert_eq!(cell.cache_bytes, 321 << 10);
+    }
 
     /// Any JSON value: scalars (floats, escapes and non-ASCII text
     /// included) nested in arrays and objects, as command arguments are.

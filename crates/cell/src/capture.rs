@@ -275,10 +275,8 @@ impl CaptureState {
         header.wal_salt1 = committed.cursor.salt1;
         header.wal_salt2 = committed.cursor.salt2;
         let lock = lock_pgno(self.page_size);
-        // Room for every page uncompressed, so the encoding never grows
-        // the buffer (a copy each time) ...
         let mut encoder = Encoder::with_compression(
-            Vec::with_capacity(delta_bytes as usize + 512),
+            Vec::with_capacity(encoded_bound(committed.page_count(), self.page_size)),
             header,
             Compression::Runs,
         )?;
@@ -344,6 +342,8 @@ impl CaptureState {
             encoder.encode_page(pgno, &page)?;
         }
         let (ltx, trailer) = encoder.finish(self.checksum)?;
+        // A new Cell's first record, kept like any other.
+        let ltx = fitted(ltx);
         Ok(Publication {
             txid: post.txid,
             pre: Position {
@@ -365,8 +365,17 @@ pub(crate) struct Files<'a> {
     pub wal: &'a Path,
 }
 
-/// ... and a record kept no bigger than its bytes: a node holds each of an
-/// open Cell's records in memory until its checkpoint, and the slack of a
+/// Room for an LTX file of `pages` pages of `page_size` bytes however
+/// they compress (header, each page's frame and its worst expansion,
+/// index and trailer), so encoding a delta never grows its buffer, a copy
+/// each time.
+fn encoded_bound(pages: usize, page_size: u32) -> usize {
+    let page = page_size as usize;
+    100 + pages * (page + page / 255 + 48) + 64
+}
+
+/// A record kept no bigger than its bytes: a node holds each of an open
+/// Cell's records in memory until its checkpoint, and the slack of a
 /// buffer sized for the pages uncompressed (or doubled while it grew) was
 /// a third of a stream append's record (BENCHMARKS.md, thirty-sixth
 /// measurement).

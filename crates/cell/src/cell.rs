@@ -1646,3 +1646,41 @@ pub fn tidy_closed(path: &Path) -> Result<bool> {
     drop(claim);
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::Typed;
+    use crate::Kv;
+
+    /// A Cell's own connections, the writer and the reader of its
+    /// published state, open with the configured page cache bound; a new
+    /// Cell (from its kind's template) and a reopened one alike.
+    #[test]
+    fn a_cells_connections_take_the_page_cache_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db");
+        let config = CellConfig {
+            cache_bytes: 300 << 10,
+            ..CellConfig::default()
+        };
+        let cache = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA cache_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let kind: Arc<dyn Kind> = Arc::new(Typed(Kv));
+        let opened = Cell::open(&path, kind.clone(), config.clone(), Position::EMPTY, 1).unwrap();
+        let mut cell = opened.cell;
+        assert_eq!(cache(&cell.write), -300);
+        assert_eq!(cache(&cell.published_reader.get().unwrap().conn), -300);
+        let schema = opened
+            .migration
+            .expect("a new Cell's schema is its first group");
+        let position = cell.confirm(schema.txid).unwrap();
+        assert_ne!(position, Position::EMPTY);
+        drop(cell);
+        let reopened = Cell::open(&path, kind, config, position, 3).unwrap().cell;
+        assert_eq!(cache(&reopened.write), -300);
+        assert_eq!(cache(&reopened.published_reader.get().unwrap().conn), -300);
+    }
+}

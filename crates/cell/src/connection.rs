@@ -252,7 +252,8 @@ fn open_writer_or_reader(
         write_template(path, bytes)?;
         exists = true;
         // A template is a WAL database (its build switched it), so its
-        // header spares the switch below: a statement and a schema read.
+        // header spares the switch below, a statement that would find WAL
+        // mode already on.
         header = FileHeader::parse(bytes);
     }
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;

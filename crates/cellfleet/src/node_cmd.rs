@@ -66,7 +66,7 @@
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
-//! cell_cache_bytes_max = 262144  # pages each connection of an open Cell keeps cached (64 KiB to 1 GiB): memory per open Cell
+//! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, up to two readers) keeps cached (64 KiB to 1 GiB)
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files

@@ -92,9 +92,10 @@ pub struct NodeLimits {
     pub cell_wal_bytes_max: u64,
     /// Bytes of pages each connection of an open Cell keeps cached
     /// (SQLite's `cache_size`). SQLite's default, 2,000 KiB, grew a node
-    /// by up to that for every open Cell as its data grew: 1,000 streams
-    /// went on growing past 1.7 GB of RSS (BENCHMARKS.md, thirty-sixth
-    /// measurement). A page let go is read again from the file.
+    /// by up to that for every connection of an open Cell as its data
+    /// grew: 1,000 streams took a node's RSS to 1,758 MiB in 150 s, still
+    /// rising (BENCHMARKS.md, thirty-sixth measurement). A page let go is
+    /// read again from the file.
     pub cell_cache_bytes_max: u64,
 }
 

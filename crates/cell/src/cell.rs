@@ -163,6 +163,10 @@ pub struct Cell {
     migrations_declared: usize,
     /// Applied migrations as of the published state (a lower bound).
     migrations_published: usize,
+    /// The file holds the engine's tables and every declared migration
+    /// whatever the groups do (it was written from its kind's template),
+    /// so a group that finds the Cell behind has nothing to create.
+    schema_in_file: bool,
     /// Keeps other engines of this process (and recovery) off these
     /// files; dropped after the connections.
     claim: Claim,
@@ -418,8 +422,15 @@ impl Cell {
             group_savepoints: false,
             migrations_declared: 0,
             migrations_published: 0,
+            schema_in_file: from_template,
             claim,
         };
+        if from_template {
+            // The template's ledger is empty: no row to index, nothing to
+            // prune, and the current layout.
+            cell.ledger_index = Some(ledger::Index::default());
+            cell.ledger_expiry_floor = Some(i64::MAX);
+        }
         cell.migrations_declared = cell.kind.migrations().len();
         cell.migrations_published = if from_template {
             cell.migrations_declared
@@ -574,6 +585,9 @@ impl Cell {
     /// Inside the group transaction: create the engine tables of a new Cell
     /// and run the kind's outstanding migrations.
     fn prepare_schema(&self) -> Result<()> {
+        if self.schema_in_file {
+            return Ok(());
+        }
         crate::template::apply_schema(&self.write, &self.write_guard, &self.kind.migrations())
     }
 

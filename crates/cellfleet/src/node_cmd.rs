@@ -66,7 +66,7 @@
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
-//! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, up to two readers) keeps cached (64 KiB to 1 GiB)
+//! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, its readers) keeps cached (64 KiB to 1 GiB)
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
@@ -1645,51 +1645,49 @@ async fn bind(address: &str, name: &str) -> anyhow::Result<TcpListener> {
 mod tests {
     use super::*;
 
+    /// A Cell's WAL and page cache bounds: each has its default, takes
+    /// a value in its range from the file, and refuses one outside it,
+    /// naming the key and the range.
     #[test]
-    fn a_cells_wal_bound_is_taken_from_the_file_within_its_range() {
-        let (limits, _) = LimitsFile::default().limits(None, None);
-        assert_eq!(limits.cell_wal_bytes_max, 1 << 20, "the default");
-        let file = LimitsFile {
-            cell_wal_bytes_max: Some(128 << 10),
-            ..LimitsFile::default()
-        };
-        file.validate().expect("in range");
-        assert_eq!(file.limits(None, None).0.cell_wal_bytes_max, 128 << 10);
-        for bad in [0, CELL_WAL_BYTES_MIN - 1, CELL_WAL_BYTES_MAX + 1] {
-            let file = LimitsFile {
-                cell_wal_bytes_max: Some(bad),
-                ..LimitsFile::default()
-            };
-            let error = file.validate().expect_err("out of range").to_string();
-            assert_eq!(
-                error,
-                format!("limits.cell_wal_bytes_max {bad}: give bytes between 65536 and 1073741824")
-            );
-        }
-    }
-
-    #[test]
-    fn a_cells_page_cache_bound_is_taken_from_the_file_within_its_range() {
-        let (limits, _) = LimitsFile::default().limits(None, None);
-        assert_eq!(limits.cell_cache_bytes_max, 256 << 10, "the default");
-        let file = LimitsFile {
-            cell_cache_bytes_max: Some(2 << 20),
-            ..LimitsFile::default()
-        };
-        file.validate().expect("in range");
-        assert_eq!(file.limits(None, None).0.cell_cache_bytes_max, 2 << 20);
-        for bad in [0, CELL_CACHE_BYTES_MIN - 1, CELL_CACHE_BYTES_MAX + 1] {
-            let file = LimitsFile {
-                cell_cache_bytes_max: Some(bad),
-                ..LimitsFile::default()
-            };
-            let error = file.validate().expect_err("out of range").to_string();
-            assert_eq!(
-                error,
-                format!(
-                    "limits.cell_cache_bytes_max {bad}: give bytes between 65536 and 1073741824"
-                )
-            );
+    fn a_cells_bounds_are_taken_from_the_file_within_their_ranges() {
+        type Set = fn(&mut LimitsFile, u64);
+        type Get = fn(&NodeLimits) -> u64;
+        let bounds: [(&str, Set, Get, u64, u64, u64, u64); 2] = [
+            (
+                "cell_wal_bytes_max",
+                |file, n| file.cell_wal_bytes_max = Some(n),
+                |limits| limits.cell_wal_bytes_max,
+                1 << 20,
+                128 << 10,
+                CELL_WAL_BYTES_MIN,
+                CELL_WAL_BYTES_MAX,
+            ),
+            (
+                "cell_cache_bytes_max",
+                |file, n| file.cell_cache_bytes_max = Some(n),
+                |limits| limits.cell_cache_bytes_max,
+                256 << 10,
+                2 << 20,
+                CELL_CACHE_BYTES_MIN,
+                CELL_CACHE_BYTES_MAX,
+            ),
+        ];
+        for (key, set, get, default, good, min, max) in bounds {
+            let (limits, _) = LimitsFile::default().limits(None, None);
+            assert_eq!(get(&limits), default, "{key}'s default");
+            let mut file = LimitsFile::default();
+            set(&mut file, good);
+            file.validate().expect("in range");
+            assert_eq!(get(&file.limits(None, None).0), good, "{key}");
+            for bad in [0, min - 1, max + 1] {
+                let mut file = LimitsFile::default();
+                set(&mut file, bad);
+                let error = file.validate().expect_err("out of range").to_string();
+                assert_eq!(
+                    error,
+                    format!("limits.{key} {bad}: give bytes between 65536 and 1073741824")
+                );
+            }
         }
     }
 

@@ -320,35 +320,21 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown field `cells_open`"), "{stderr}");
-    // ... and so is a WAL bound out of its range, naming the range.
-    let tiny = cluster.path("n3-tiny-wal.toml");
-    std::fs::write(
-        &tiny,
-        format!("{base}\n[limits]\ncell_wal_bytes_max = 1000\n"),
-    )
-    .unwrap();
-    let output = cluster.node_command(&tiny, &[]).output().expect("run node");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("limits.cell_wal_bytes_max 1000: give bytes between 65536 and 1073741824"),
-        "{stderr}"
-    );
-    // ... and a page cache bound out of its range.
-    let tiny = cluster.path("n3-tiny-cache.toml");
-    std::fs::write(
-        &tiny,
-        format!("{base}\n[limits]\ncell_cache_bytes_max = 4096\n"),
-    )
-    .unwrap();
-    let output = cluster.node_command(&tiny, &[]).output().expect("run node");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr
-            .contains("limits.cell_cache_bytes_max 4096: give bytes between 65536 and 1073741824"),
-        "{stderr}"
-    );
+    // ... and so is a WAL or page cache bound out of its range, naming
+    // the key and the range.
+    for (key, bad) in [("cell_wal_bytes_max", 1000), ("cell_cache_bytes_max", 4096)] {
+        let tiny = cluster.path(&format!("n3-tiny-{key}.toml"));
+        std::fs::write(&tiny, format!("{base}\n[limits]\n{key} = {bad}\n")).unwrap();
+        let output = cluster.node_command(&tiny, &[]).output().expect("run node");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "limits.{key} {bad}: give bytes between 65536 and 1073741824"
+            )),
+            "{stderr}"
+        );
+    }
     // [publication]: a batch of no groups is refused, naming the key.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])

@@ -149,11 +149,13 @@ pub struct Cell {
     stats: CaptureStats,
     /// A lower bound of the expiry at the ledger's front (`i64::MAX` when
     /// it is empty), so groups skip the prune statement when nothing can
-    /// have expired; `None` when unknown (after open, abort or an error).
+    /// have expired; `None` when unknown (after open, unless the file was
+    /// just written from its template, or after abort or an error).
     ledger_expiry_floor: Option<i64>,
     /// Where each id's ledger row is, as of the write connection's state
     /// (pending groups included); `None` when it may be out of step (after
-    /// open, abort or an error), and then read again by the next group.
+    /// open, unless the file was just written from its template, or after
+    /// abort or an error), and then read again by the next group.
     ledger_index: Option<ledger::Index>,
     /// The next group runs each command in its own savepoint from the
     /// start: the last group had a rejected command. Otherwise a group
@@ -350,10 +352,13 @@ impl Cell {
         }
         let wal_path = sidecar(path, "-wal");
         let shm_path = sidecar(path, "-shm");
+        // The kind's migrations, asked for once: a template made from them
+        // is what this Cell then counts as applied.
+        let migrations = kind.migrations();
         // A new Cell, and no WAL of an earlier one at this path: its file
         // starts as its kind's template, when the kind has one.
         let template = if !exists && !wal_path.exists() {
-            crate::template::of(kind.as_ref(), &config)
+            crate::template::of(kind.name(), &migrations, &config)
         } else {
             None
         };
@@ -431,7 +436,7 @@ impl Cell {
             cell.ledger_index = Some(ledger::Index::default());
             cell.ledger_expiry_floor = Some(i64::MAX);
         }
-        cell.migrations_declared = cell.kind.migrations().len();
+        cell.migrations_declared = migrations.len();
         cell.migrations_published = if from_template {
             cell.migrations_declared
         } else {
@@ -1685,6 +1690,10 @@ mod tests {
         let kind: Arc<dyn Kind> = Arc::new(Typed(Kv));
         let opened = Cell::open(&path, kind.clone(), config.clone(), Position::EMPTY, 1).unwrap();
         let mut cell = opened.cell;
+        assert!(
+            cell.schema_in_file,
+            "a new kv Cell starts from its template"
+        );
         assert_eq!(cache(&cell.write), -300);
         assert_eq!(cache(&cell.published_reader.get().unwrap().conn), -300);
         let schema = opened

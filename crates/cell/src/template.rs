@@ -28,7 +28,6 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use crate::connection::{checkpoint, open_connection, sidecar, CellConfig};
 use crate::guard::{Guard, Mode};
-use crate::kind::Kind;
 use crate::{ledger, Error, Result};
 use rusqlite::Connection;
 
@@ -49,14 +48,15 @@ static TEMPLATES: LazyLock<Mutex<Templates>> = LazyLock::new(Mutex::default);
 /// Names the files a template is built in, unique within the process.
 static BUILDS: AtomicU64 = AtomicU64::new(0);
 
-/// The bytes a new Cell of `kind` starts from, building them first if
-/// this process has none yet; `None` when the kind does not qualify or its
-/// template could not be built (the Cell is then made as before: an empty
-/// database whose first group runs the migrations).
-pub(crate) fn of(kind: &dyn Kind, config: &CellConfig) -> Option<Arc<[u8]>> {
+/// The bytes a new Cell of the kind `name` with `migrations` starts from,
+/// building them first if this process has none yet; `None` when the
+/// migrations do not qualify or the template could not be built (the Cell
+/// is then made as before: an empty database whose first group runs the
+/// migrations).
+pub(crate) fn of(name: &str, migrations: &[String], config: &CellConfig) -> Option<Arc<[u8]>> {
     let key = Key {
-        kind: kind.name().to_owned(),
-        migrations: kind.migrations(),
+        kind: name.to_owned(),
+        migrations: migrations.to_vec(),
         page_size: config.page_size,
         auto_vacuum: config.auto_vacuum,
     };
@@ -128,7 +128,7 @@ fn build_at(path: &Path, migrations: &[String], config: &CellConfig) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kind::{KindError, Limits};
+    use crate::kind::{Kind, KindError, Limits};
     use rusqlite::Connection;
     use serde_json::Value;
 
@@ -192,7 +192,7 @@ mod tests {
         for (migrations, templated) in cases {
             let kind = Migrations(serde_json::from_str(migrations).unwrap());
             for round in 0..2 {
-                let template = of(&kind, &CellConfig::default());
+                let template = of(kind.name(), &kind.migrations(), &CellConfig::default());
                 assert_eq!(
                     template.is_some(),
                     templated,

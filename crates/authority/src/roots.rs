@@ -378,6 +378,38 @@ impl Roots {
         log: Option<crate::root::LogPointer>,
     ) -> Result<Activated> {
         let current = self.read(&new.cell_id).await?;
+        self.activate_on(new, me, log, current).await
+    }
+
+    /// [`Roots::activate_with_log`] for a caller that has just read the
+    /// Cell's root and found none (the router, placing a new Cell on this
+    /// node): it decides on that absence without reading again, so a new
+    /// Cell's first command makes one root read, not two.
+    ///
+    /// A stale absence decides nothing wrongly: the decision on no root is
+    /// always a create, written create-only, so a root made since is never
+    /// overwritten. The store refuses the write and the refusal re-reads the
+    /// root ([`Error::Fenced`] when another holder made it, the root itself
+    /// when it is this exact proposal, an earlier reply lost); the caller
+    /// then activates again with a read.
+    pub async fn activate_absent_with_log(
+        &self,
+        new: &NewCell,
+        me: &Holder,
+        log: Option<crate::root::LogPointer>,
+    ) -> Result<Activated> {
+        self.activate_on(new, me, log, None).await
+    }
+
+    /// Decides on `current` (the root as last read, `None` for none) and
+    /// writes the decision.
+    async fn activate_on(
+        &self,
+        new: &NewCell,
+        me: &Holder,
+        log: Option<crate::root::LogPointer>,
+        current: Option<Versioned<RootRecord>>,
+    ) -> Result<Activated> {
         let liveness = match &current {
             Some(current)
                 if !current

@@ -188,6 +188,57 @@ async fn activation_takeover_and_fencing_on_seaweedfs() {
     activation_takeover_and_fencing(fixture_on(store, &testkit::unique_prefix("authority"))).await;
 }
 
+/// An activation decided on an absence the caller read earlier makes no
+/// read of its own when the root is still absent, and a stale absence
+/// (another node created the root since) overwrites nothing: the
+/// create-only write is refused and the refusal names the live holder.
+/// The same session's own earlier create (a lost reply) is the root.
+#[tokio::test]
+async fn an_activation_on_a_known_absence_reads_nothing_and_overwrites_nothing() {
+    let f = fixture();
+    let (a, _a_lease) = start_node(&f, "node-a").await;
+    let (b, _b_lease) = start_node(&f, "node-b").await;
+
+    let fresh = new_cell("fresh");
+    f.faults.reset_counts();
+    let (created, how) = owned(
+        f.roots
+            .activate_absent_with_log(&fresh, &a, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(how, OwnedHow::Created);
+    let counts = f.faults.counts();
+    assert_eq!(counts.reads(), 0, "{counts:?}");
+    assert_eq!(counts.get(Op::PutIfNoneMatch), 1, "{counts:?}");
+    // The same decision by the same session again is its own root (as
+    // after a create whose reply was lost).
+    let (again, _) = owned(
+        f.roots
+            .activate_absent_with_log(&fresh, &a, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again, created);
+
+    // B read the root absent, then A created it: B's stale absence is
+    // refused, and A's root is untouched.
+    let raced = new_cell("raced");
+    let (a_root, _) = owned(f.roots.activate(&raced, &a).await.unwrap());
+    let stale = f.roots.activate_absent_with_log(&raced, &b, None).await;
+    assert!(matches!(stale, Err(Error::Fenced { .. })), "{stale:?}");
+    assert_eq!(
+        f.roots.read(&raced.cell_id).await.unwrap().unwrap(),
+        a_root,
+        "the refused create left the root as A wrote it"
+    );
+    // Activating again with a read finds A live.
+    match f.roots.activate(&raced, &b).await.unwrap() {
+        Activated::OwnerLive { owner, .. } => assert_eq!(owner, a.node),
+        other => panic!("expected A as the live owner, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn lost_cas_reply_is_resolved_as_committed() {
     let f = fixture();

@@ -228,11 +228,53 @@ async fn an_owner_finds_its_own_cell_without_a_bucket_read(cluster: &Cluster) {
     panic!("only {checked} of 40 Cells were placed off the entry node");
 }
 
+/// A new Cell that the entry node's router places on itself is created
+/// on the router's read of its absent root: the activation does not read
+/// the root again (`cellfleet_runtime_activation_root_reads_saved_total`
+/// counts each).
+async fn a_new_cell_placed_on_its_entry_node_reads_its_root_once(cluster: &Cluster) {
+    let mut client = cluster.client("dev");
+    let saved = |node| metric(node, "cellfleet_runtime_activation_root_reads_saved_total");
+    let entry = &cluster.nodes[0];
+    let mut checked = 0;
+    for i in 0..40 {
+        let cell = format!("new-{i}");
+        let before = saved(entry);
+        let request = client.command(
+            "log",
+            &cell,
+            "append",
+            serde_json::json!({"tag": "first"}),
+            rand::random(),
+        );
+        let first = client
+            .execute(entry.client, request)
+            .await
+            .expect("execute");
+        assert!(applied(&first), "{first:?}");
+        if first.served_by != entry.id {
+            continue;
+        }
+        assert_eq!(
+            saved(entry) - before,
+            1.0,
+            "{cell}: placed on {} by its own router",
+            entry.id
+        );
+        checked += 1;
+        if checked == 3 {
+            return;
+        }
+    }
+    panic!("only {checked} of 40 new Cells were placed on the entry node");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_on_seaweedfs_route_every_command_to_its_owner_once() {
     let cluster = Cluster::start(3, s3("cluster-route"), 5_000);
     routes_to_the_owner_exactly_once(&cluster).await;
     an_owner_finds_its_own_cell_without_a_bucket_read(&cluster).await;
+    a_new_cell_placed_on_its_entry_node_reads_its_root_once(&cluster).await;
     // The default publication mode is the node log.
     let segments: f64 = cluster
         .nodes

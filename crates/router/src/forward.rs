@@ -432,6 +432,7 @@ impl Router {
         excluded: &[NodeId],
     ) -> Result<Target, Error> {
         let root = self.roots.read(cell).await.map_err(authority)?;
+        let root_absent = root.is_none();
         if let Some(root) = root {
             if let Some(owner) = root.record.owner.clone() {
                 let liveness = self
@@ -478,7 +479,13 @@ impl Router {
                 reason: "no live node to place the cell on".into(),
             });
         };
-        self.target_for(&owner.clone(), false).await
+        let target = self.target_for(&owner.clone(), false).await?;
+        if root_absent && matches!(target, Target::Local) {
+            // A new Cell placed here: its activation need not read the
+            // root again (a create-only write settles any race).
+            self.node.note_root_absent(cell);
+        }
+        Ok(target)
     }
 
     async fn first_target(&self, cell: &CellId) -> Result<Target, Error> {

@@ -55,6 +55,9 @@ pub struct Ready {
     pub how: OwnedHow,
     /// Whether the chain was downloaded and replayed.
     pub recovered: bool,
+    /// Whether ownership was won on a root absence noted just before
+    /// ([`AbsentRoots`]), without reading the root again.
+    pub absence_used: bool,
     /// Records replayed from a node log (then checkpointed).
     pub replayed: usize,
     /// The dead session's lane sealed (or found sealed) first, if any.
@@ -102,6 +105,80 @@ pub struct Activator {
     pub log: Option<Arc<NodeLog>>,
     /// Longest activation waits for this session's own lane to settle.
     pub settle_ms: u64,
+    /// Roots read absent moments ago on this node (by the router).
+    pub absent: Arc<AbsentRoots>,
+}
+
+/// Cells whose root a read on this node found absent moments ago: the
+/// router reads a new Cell's root to place it, and when it places the Cell
+/// here the activation that follows decides on that absence instead of
+/// reading the root a second time
+/// ([`cellfleet_authority::Roots::activate_absent_with_log`]). A new
+/// Cell's first command then costs one root read, not two.
+///
+/// Nothing here has to be fresh to be safe: the decision on an absent root
+/// is a create-only write, which the store refuses once any root exists,
+/// and a refused activation reads the root on its next attempt. Notes are
+/// kept [`AbsentRoots::FRESH`] long and at most [`AbsentRoots::NOTES_MAX`]
+/// at a time, so a stale one costs at most one refused write, and a router
+/// that notes Cells it never activates costs bounded memory.
+#[derive(Debug, Default)]
+pub struct AbsentRoots {
+    noted: std::sync::Mutex<std::collections::HashMap<CellId, std::time::Instant>>,
+}
+
+impl AbsentRoots {
+    /// How long a note is used.
+    pub const FRESH: std::time::Duration = std::time::Duration::from_secs(2);
+    /// The most notes kept; past it, stale notes are dropped and, if the
+    /// table is still full, new ones are not kept.
+    pub const NOTES_MAX: usize = 4096;
+
+    /// Notes that `cell`'s root was just read and found absent.
+    pub fn note(&self, cell: &CellId) {
+        self.note_at(cell, std::time::Instant::now());
+    }
+
+    /// Takes `cell`'s note: whether its root was read absent within
+    /// [`AbsentRoots::FRESH`]. A note is used once.
+    pub fn take(&self, cell: &CellId) -> bool {
+        self.take_at(cell, std::time::Instant::now())
+    }
+
+    fn note_at(&self, cell: &CellId, now: std::time::Instant) {
+        let mut noted = self.noted.lock().unwrap_or_else(|e| e.into_inner());
+        if noted.len() >= Self::NOTES_MAX {
+            noted.retain(|_, at| is_fresh(*at, now));
+            if noted.len() >= Self::NOTES_MAX {
+                return;
+            }
+        }
+        noted.insert(cell.clone(), now);
+    }
+
+    fn take_at(&self, cell: &CellId, now: std::time::Instant) -> bool {
+        let taken = self
+            .noted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(cell);
+        taken.is_some_and(|at| is_fresh(at, now))
+    }
+
+    /// Notes kept now.
+    pub fn len(&self) -> usize {
+        self.noted.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no note is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a note made at `at` is still used at `now`.
+fn is_fresh(at: std::time::Instant, now: std::time::Instant) -> bool {
+    now.saturating_duration_since(at) < AbsentRoots::FRESH
 }
 
 /// The published position a root names.
@@ -213,8 +290,8 @@ impl Activator {
             Some(ParkedCell { root, tail, due }) => (Some(root), tail, due),
             None => (None, Vec::new(), tokio::time::Instant::now()),
         };
-        let (root, how) = match parked {
-            Some(root) => (root, OwnedHow::Adopted),
+        let (root, how, absence_used) = match parked {
+            Some(root) => (root, OwnedHow::Adopted, false),
             None => match self.win(cell_id, kind.as_ref(), key).await? {
                 Ok(won) => won,
                 Err(owner) => return Ok(Activation::OwnerLive { owner }),
@@ -277,6 +354,7 @@ impl Activator {
             chain_bytes,
             how,
             recovered,
+            absence_used,
             replayed,
             sealed: tail.sealed,
             tail: parked_tail,
@@ -422,13 +500,16 @@ impl Activator {
     }
 
     /// Wins ownership, or names the live owner. Retries lost races (which
-    /// wrote nothing) up to `attempts_max` times.
+    /// wrote nothing) up to `attempts_max` times. The first attempt decides
+    /// on a fresh note of the root's absence when there is one (see
+    /// [`AbsentRoots`]); every other attempt reads the root. The flag says
+    /// whether the note won.
     async fn win(
         &self,
         cell_id: &CellId,
         kind: &dyn Kind,
         key: &[u8],
-    ) -> Result<std::result::Result<(Versioned<RootRecord>, OwnedHow), NodeId>> {
+    ) -> Result<std::result::Result<(Versioned<RootRecord>, OwnedHow, bool), NodeId>> {
         let new = NewCell {
             cell_id: cell_id.clone(),
             kind: kind.name().to_owned(),
@@ -440,13 +521,25 @@ impl Activator {
             schema_version: 0,
         };
         let mut last = None;
-        for _ in 0..self.attempts_max.max(1) {
+        let mut known_absent = self.absent.take(cell_id);
+        // An attempt on a stale note is refused before anything is
+        // decided; it does not count against the races allowed.
+        let attempts = self.attempts_max.max(1) + usize::from(known_absent);
+        for _ in 0..attempts {
             let pointer = self
                 .log
                 .as_ref()
                 .map(|log| log.lane_of(cell_id).pointer_here());
-            match self.roots.activate_with_log(&new, &self.me, pointer).await {
-                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how))),
+            let on_absence = std::mem::take(&mut known_absent);
+            let attempt = if on_absence {
+                self.roots
+                    .activate_absent_with_log(&new, &self.me, pointer)
+                    .await
+            } else {
+                self.roots.activate_with_log(&new, &self.me, pointer).await
+            };
+            match attempt {
+                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, on_absence))),
                 Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
                 Err(error) if error.is_retryable() && !error.is_ambiguous() => last = Some(error),
                 Err(error) if error.is_fenced() => last = Some(error),
@@ -588,5 +681,45 @@ mod tests {
                 "{how:?}, parked {parked}"
             );
         }
+    }
+
+    fn cell(n: usize) -> CellId {
+        CellId::for_kind_key("kv", n.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_noted_absence_is_used_once_and_only_while_fresh() {
+        let notes = AbsentRoots::default();
+        let t0 = std::time::Instant::now();
+        assert!(!notes.take_at(&cell(0), t0), "never noted");
+        notes.note_at(&cell(0), t0);
+        notes.note_at(&cell(1), t0);
+        assert!(!notes.take_at(&cell(2), t0), "another Cell's note");
+        assert!(notes.take_at(&cell(0), t0 + AbsentRoots::FRESH / 2));
+        assert!(!notes.take_at(&cell(0), t0), "used once");
+        assert!(
+            !notes.take_at(&cell(1), t0 + AbsentRoots::FRESH),
+            "stale at FRESH"
+        );
+        assert!(notes.is_empty(), "taking drops a note, fresh or not");
+    }
+
+    #[test]
+    fn notes_stay_bounded_and_stale_ones_make_room() {
+        let notes = AbsentRoots::default();
+        let t0 = std::time::Instant::now();
+        for n in 0..AbsentRoots::NOTES_MAX + 10 {
+            notes.note_at(&cell(n), t0);
+        }
+        assert_eq!(notes.len(), AbsentRoots::NOTES_MAX);
+        assert!(
+            !notes.take_at(&cell(AbsentRoots::NOTES_MAX + 5), t0),
+            "a note past the bound is not kept"
+        );
+        // Once the kept notes are stale, a new one drops them.
+        let later = t0 + AbsentRoots::FRESH;
+        notes.note_at(&cell(usize::MAX), later);
+        assert_eq!(notes.len(), 1);
+        assert!(notes.take_at(&cell(usize::MAX), later));
     }
 }

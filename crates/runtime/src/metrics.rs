@@ -187,6 +187,9 @@ pub struct Metrics {
     pub activations_took_over_total: AtomicU64,
     /// Activations that rebuilt the Cell from its chain.
     pub activations_recovered_total: AtomicU64,
+    /// Activations that created a root the router had just read absent,
+    /// without reading it again.
+    pub activation_root_reads_saved_total: AtomicU64,
     /// Cells passivated.
     pub passivations_total: AtomicU64,
     /// Groups executed on their actor's task instead of the blocking pool.
@@ -280,6 +283,7 @@ impl Default for Metrics {
             activations_adopted_total: AtomicU64::new(0),
             activations_took_over_total: AtomicU64::new(0),
             activations_recovered_total: AtomicU64::new(0),
+            activation_root_reads_saved_total: AtomicU64::new(0),
             passivations_total: AtomicU64::new(0),
             groups_inline_total: AtomicU64::new(0),
             queries_inline_total: AtomicU64::new(0),
@@ -484,6 +488,11 @@ impl Metrics {
                 &self.publications_unknown_total,
             ),
             ("cellfleet_runtime_compactions", "Compactions published with a delta", &self.compactions_total),
+            (
+                "cellfleet_runtime_activation_root_reads_saved",
+                "Activations that created a Cell's root on the router's read of its absence, without a second read",
+                &self.activation_root_reads_saved_total,
+            ),
         ] {
             out.counter(name, help, load(value));
         }
@@ -763,8 +772,8 @@ mod tests {
         }
         // Every family of the exposition before it moved to prometheus-client
         // (the two store families need a store), the two of watches and
-        // the inline groups and queries.
-        assert_eq!(helps.len(), 41, "{helps:?}");
+        // the inline groups and queries, and the activation root reads saved.
+        assert_eq!(helps.len(), 42, "{helps:?}");
         assert!(
             helps.contains("cellfleet_runtime_groups_inline"),
             "{helps:?}"

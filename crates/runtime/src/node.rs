@@ -286,6 +286,7 @@ fn node_activator(
         publisher,
         log,
         settle_ms: config.log.reply_wait_ms,
+        absent: Arc::default(),
     }
 }
 
@@ -767,6 +768,11 @@ impl Shared {
         if ready.recovered {
             metrics
                 .activations_recovered_total
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if ready.absence_used {
+            metrics
+                .activation_root_reads_saved_total
                 .fetch_add(1, Ordering::Relaxed);
         }
         metrics
@@ -1287,6 +1293,13 @@ impl NodeHandle {
         cells.sort();
         cells.dedup();
         cells
+    }
+
+    /// Notes that the caller has just read `cell`'s root, found none, and
+    /// placed the Cell on this node: its activation then creates the root
+    /// without reading it again (see [`crate::activation::AbsentRoots`]).
+    pub fn note_root_absent(&self, cell: &CellId) {
+        self.shared.activator.absent.note(cell);
     }
 
     /// Whether this node holds `cell` now: open, or passivated with its

@@ -328,6 +328,93 @@ async fn a_retry_after_unknown_returns_the_stored_outcome() {
     }
 }
 
+/// A new Cell whose root the router has just read absent is created
+/// without a second root read; a stale note (another node made the root
+/// in between) overwrites nothing and ends in the live owner, as a read
+/// would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noted_absence_saves_the_activation_its_root_read_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("absent", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let a = start(
+            node_config("a", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let b = start(
+            node_config("b", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let saved = |node: &cellfleet_runtime::NodeHandle| {
+            node.metrics()
+                .activation_root_reads_saved_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+
+        // The note saves the read.
+        let fresh = cellfleet_authority::CellId::for_kind_key(KIND, b"fresh");
+        a.note_root_absent(&fresh);
+        store.reset_counts();
+        a.execute(KIND, b"fresh", append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.counts().get(Op::Get),
+            0,
+            "{backend}: {:?}",
+            store.counts()
+        );
+        assert_eq!(saved(&a), 1, "{backend}");
+        // Without a note the activation reads the root, as before.
+        store.reset_counts();
+        a.execute(KIND, b"unnoted", append(clock.as_ref(), 0))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.counts().get(Op::Get),
+            1,
+            "{backend}: {:?}",
+            store.counts()
+        );
+        assert_eq!(saved(&a), 1, "{backend}");
+
+        // B creates the Cell; A's note of its absence is stale by then.
+        b.execute(KIND, KEY, append(clock.as_ref(), 1))
+            .await
+            .unwrap();
+        let root_of_b = || async { store.get(&root_key(&prefix)).await.unwrap() };
+        let before = root_of_b().await;
+        let cell = cellfleet_authority::CellId::for_kind_key(KIND, KEY);
+        a.note_root_absent(&cell);
+        match a.execute(KIND, KEY, append(clock.as_ref(), 2)).await {
+            Err(Error::NotOwner { owner, .. }) => {
+                assert_eq!(
+                    owner.map(|o| o.to_string()),
+                    Some("b".to_owned()),
+                    "{backend}"
+                )
+            }
+            other => panic!("{backend}: expected B as the owner, got {other:?}"),
+        }
+        assert_eq!(saved(&a), 1, "{backend}: the stale note won nothing");
+        let after = root_of_b().await;
+        assert_eq!(
+            (&after.etag, &after.body),
+            (&before.etag, &before.body),
+            "{backend}: B's root as it was"
+        );
+        // B still serves it.
+        b.execute(KIND, KEY, append(clock.as_ref(), 3))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_on_one_node_then_activation_on_another() {
     let dir = tempfile::tempdir().unwrap();

@@ -35,6 +35,8 @@
 //! - A WAL file's small writes (a frame's header) wait for the next write
 //!   beside them (its page), so a frame is one system call; nothing is held
 //!   once a commit returns (see `x_write`).
+//! - A plain absolute path whose file is not a symlink is its own full
+//!   path: one `lstat`, not one per component (see `x_full_pathname`).
 //!
 //! Only this crate in the workspace uses `unsafe`: it is SQLite's C
 //! interface. Every pointer it dereferences was handed to it by SQLite
@@ -169,6 +171,7 @@ pub fn register() -> Result<(), RegisterError> {
             vfs.zName = NAME_C.as_ptr();
             vfs.pAppData = inner.cast();
             vfs.xOpen = Some(x_open);
+            vfs.xFullPathname = Some(x_full_pathname);
             let vfs = Box::leak(Box::new(vfs));
             let rc = ffi::sqlite3_vfs_register(vfs, 0);
             if rc != ffi::SQLITE_OK {
@@ -412,6 +415,69 @@ unsafe extern "C" fn x_open(
         }
         (*file).pMethods = &METHODS;
         ffi::SQLITE_OK
+    }
+}
+
+/// Whether `path` is absolute and already in the form SQLite's unix VFS
+/// would give it, symlinks aside: no empty, `.` or `..` component and no
+/// trailing `/` (pure).
+fn is_plain_absolute(path: &[u8]) -> bool {
+    let Some(rest) = path.strip_prefix(b"/") else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .split(|&byte| byte == b'/')
+            .all(|part| !part.is_empty() && part != b"." && part != b"..")
+}
+
+/// The full path of a file SQLite is about to open. SQLite's unix VFS
+/// `lstat`s every component of the path in turn to resolve symlinks (seven
+/// system calls for `/var/lib/cellfleet/n1/cells/<id>.db`, each walking the
+/// path again), on every open of every Cell. A plain absolute path (see
+/// [`is_plain_absolute`]) whose last component is not a symlink is its own
+/// full path: one `lstat`. Anything else (a relative path, `.` or `..`, a
+/// symlinked file) is the inner VFS's to resolve, as before.
+///
+/// What differs: a path through a symlinked directory is not rewritten to
+/// the directory it points at. The database and its `-wal` still sit side
+/// by side in that one directory, and this VFS tells files apart by device
+/// and inode, not by name.
+unsafe extern "C" fn x_full_pathname(
+    vfs: *mut ffi::sqlite3_vfs,
+    path: *const c_char,
+    n_out: c_int,
+    out: *mut c_char,
+) -> c_int {
+    // SAFETY: SQLite passes a NUL-terminated path and an output buffer of
+    // `n_out` bytes; `pAppData` is the inner VFS (set by `register`).
+    unsafe {
+        let name = CStr::from_ptr(path);
+        let bytes = name.to_bytes_with_nul();
+        let fits = usize::try_from(n_out).is_ok_and(|n| bytes.len() <= n);
+        if fits && is_plain_absolute(name.to_bytes()) && !is_symlink(name) {
+            ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), bytes.len());
+            return ffi::SQLITE_OK;
+        }
+        let inner_vfs = (*vfs).pAppData.cast::<ffi::sqlite3_vfs>();
+        match (*inner_vfs).xFullPathname {
+            Some(full) => full(inner_vfs, path, n_out, out),
+            None => ffi::SQLITE_CANTOPEN,
+        }
+    }
+}
+
+/// Whether `path` names a symlink (not following it). A path that cannot
+/// be examined counts as one, so the inner VFS decides (and reports).
+fn is_symlink(path: &CStr) -> bool {
+    // SAFETY: `lstat` with a NUL-terminated path and a zeroed buffer it
+    // fills.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::lstat(path.as_ptr(), &mut stat) != 0 {
+            return std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT);
+        }
+        stat.st_mode & libc::S_IFMT == libc::S_IFLNK
     }
 }
 
@@ -1024,6 +1090,34 @@ mod tests {
     fn the_handle_leaves_the_inner_file_aligned() {
         assert_eq!(HANDLE_BYTES % 8, 0);
         assert!(HANDLE_BYTES >= std::mem::size_of::<Handle>());
+    }
+
+    #[test]
+    fn only_absolute_paths_without_dot_or_empty_components_are_plain() {
+        let cases: [(&[u8], bool); 14] = [
+            (b"/var/lib/cellfleet/n1/cells/ab.db", true),
+            (b"/a", true),
+            (b"/a.db-wal", true),
+            (b"/.hidden/..dots../x", true),
+            (b"", false),
+            (b"/", false),
+            (b"a/b.db", false),
+            (b"./b.db", false),
+            (b"/a//b.db", false),
+            (b"/a/./b.db", false),
+            (b"/a/../b.db", false),
+            (b"/a/b.db/", false),
+            (b"/a/.", false),
+            (b"/a/..", false),
+        ];
+        for (path, plain) in cases {
+            assert_eq!(
+                is_plain_absolute(path),
+                plain,
+                "{:?}",
+                String::from_utf8_lossy(path)
+            );
+        }
     }
 
     #[test]

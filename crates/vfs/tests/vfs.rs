@@ -355,3 +355,47 @@ fn every_commit_is_whole_on_disk_when_it_returns() {
         }
     }
 }
+
+/// A plain absolute path is the database's name as given; a symlinked
+/// file is resolved as SQLite's unix VFS resolves it (the database and
+/// its WAL beside the link's target); a path through a symlinked
+/// directory keeps the WAL beside the database in that directory.
+#[test]
+fn full_paths_are_the_names_given_and_symlinked_files_are_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().canonicalize().unwrap();
+    let create = |conn: &Connection| {
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+    };
+
+    let plain = real.join("plain.db");
+    let conn = open(&plain, false);
+    create(&conn);
+    assert_eq!(conn.path(), plain.to_str());
+    assert!(sidecar(&plain, "-wal").exists());
+    drop(conn);
+
+    let target = real.join("target.db");
+    let link = real.join("link.db");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let conn = open(&link, false);
+    create(&conn);
+    assert_eq!(conn.path(), target.to_str());
+    assert!(sidecar(&target, "-wal").exists());
+    assert!(!sidecar(&link, "-wal").exists());
+    drop(conn);
+
+    let sub = real.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let via = real.join("via");
+    std::os::unix::fs::symlink(&sub, &via).unwrap();
+    let conn = open(&via.join("d.db"), false);
+    create(&conn);
+    assert!(sub.join("d.db").exists());
+    assert!(sub.join("d.db-wal").exists());
+    let count: i64 = open(&sub.join("d.db"), true)
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(count, 1, "the same database through either path");
+}

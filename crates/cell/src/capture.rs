@@ -29,7 +29,8 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use cellfleet_ltx::{
@@ -117,7 +118,7 @@ impl CaptureState {
             cursor: WalCursor::default(),
             wal_offsets: HashMap::new(),
         };
-        let mut file = match File::open(db_path) {
+        let file = match File::open(db_path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(state),
             Err(e) => return Err(e.into()),
@@ -126,6 +127,9 @@ impl CaptureState {
         if len % u64::from(page_size) != 0 {
             return Err(cellfleet_ltx::Error::RaggedDatabase { len, page_size }.into());
         }
+        // Pages are read in order: a buffer makes that a few large reads,
+        // not one system call per page.
+        let mut file = BufReader::with_capacity(READ_CHUNK_BYTES, file);
         let lock = lock_pgno(page_size);
         let mut page = vec![0u8; page_size as usize];
         let mut rolling = Checksum::EMPTY.0;
@@ -307,7 +311,7 @@ impl CaptureState {
     ) -> Result<Publication> {
         let header = self.header(Txid(1), post.txid, timestamp_ms);
         let lock = lock_pgno(self.page_size);
-        let mut db = match File::open(files.db) {
+        let db = match File::open(files.db) {
             Ok(f) => Some(f),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e.into()),
@@ -316,26 +320,27 @@ impl CaptureState {
             Some(f) => f.metadata()?.len(),
             None => 0,
         };
-        let mut wal = if self.wal_offsets.is_empty() {
+        let wal = if self.wal_offsets.is_empty() {
             None
         } else {
             Some(File::open(files.wal)?)
         };
         let mut encoder = Encoder::with_compression(Vec::new(), header, compression)?;
-        let mut page = vec![0u8; self.page_size as usize];
+        let page_size = self.page_size as usize;
+        let mut page = vec![0u8; page_size];
+        // The database's pages in chunks: a new Cell's whole file is one
+        // read (positioned reads, no seek between them).
+        let mut chunk = Chunk::default();
         for pgno in 1..=self.commit {
             if pgno == lock {
                 continue;
             }
             let offset = u64::from(pgno - 1) * u64::from(self.page_size);
-            match (self.wal_offsets.get(&pgno), wal.as_mut(), db.as_mut()) {
-                (Some(&at), Some(wal), _) => {
-                    wal.seek(SeekFrom::Start(at))?;
-                    wal.read_exact(&mut page)?;
-                }
+            match (self.wal_offsets.get(&pgno), wal.as_ref(), db.as_ref()) {
+                (Some(&at), Some(wal), _) => wal.read_exact_at(&mut page, at)?,
                 (None, _, Some(db)) if offset < db_len => {
-                    db.seek(SeekFrom::Start(offset))?;
-                    db.read_exact(&mut page)?;
+                    let bytes = chunk.page(db, db_len, offset, page_size)?;
+                    page.copy_from_slice(bytes);
                 }
                 _ => page.fill(0),
             }
@@ -355,6 +360,45 @@ impl CaptureState {
             trailer,
             ltx,
         })
+    }
+}
+
+/// The most bytes of a database file read in one system call while its
+/// pages are read in order.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A window of a database file read at once, for pages read in order.
+#[derive(Default)]
+struct Chunk {
+    bytes: Vec<u8>,
+    at: u64,
+}
+
+impl Chunk {
+    /// The page of `page_size` bytes at `offset` (a page boundary, below
+    /// `len`, the file's length), reading the next chunk from `file` when
+    /// the window does not hold it.
+    fn page(
+        &mut self,
+        file: &File,
+        len: u64,
+        offset: u64,
+        page_size: usize,
+    ) -> std::io::Result<&[u8]> {
+        let held =
+            offset >= self.at && offset + page_size as u64 <= self.at + self.bytes.len() as u64;
+        if !held {
+            // At least the page: a file that ends inside it fails the
+            // read, as a page read alone would.
+            let want = (len - offset)
+                .min(READ_CHUNK_BYTES as u64)
+                .max(page_size as u64) as usize;
+            self.bytes.resize(want, 0);
+            file.read_exact_at(&mut self.bytes, offset)?;
+            self.at = offset;
+        }
+        let start = (offset - self.at) as usize;
+        Ok(&self.bytes[start..start + page_size])
     }
 }
 
@@ -384,5 +428,45 @@ fn fitted(ltx: Vec<u8>) -> Vec<u8> {
         ltx.as_slice().to_vec()
     } else {
         ltx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pages read in order through a chunk are the file's bytes at
+        /// their offsets, whatever the pages skipped, the page size and
+        /// the file's length (across chunk boundaries too); a page the
+        /// file ends inside fails the read.
+        #[test]
+        fn chunked_pages_are_the_files_bytes(
+            page_shift in 9u32..13,
+            pages in 1usize..200,
+            ragged in 0usize..2,
+            keep in proptest::collection::vec(any::<bool>(), 200),
+        ) {
+            let page_size = 1usize << page_shift;
+            let len = pages * page_size - ragged * (page_size / 2);
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("db");
+            std::fs::write(&path, &bytes).unwrap();
+            let file = File::open(&path).unwrap();
+            let mut chunk = Chunk::default();
+            for (pgno, _) in keep.iter().enumerate().take(pages).filter(|(_, kept)| **kept) {
+                let offset = (pgno * page_size) as u64;
+                let read = chunk.page(&file, len as u64, offset, page_size);
+                if offset as usize + page_size <= len {
+                    let start = pgno * page_size;
+                    prop_assert_eq!(read.unwrap(), &bytes[start..start + page_size]);
+                } else {
+                    let error = read.unwrap_err();
+                    prop_assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+                }
+            }
+        }
     }
 }

@@ -319,6 +319,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
             ingress_node_id: "n2".into(),
             deadline_unix_ms: 0,
             ingress_verified: false,
+            root_absent: false,
         };
     let refused = PeerClient::new(channel.clone())
         .forward(node_command(
@@ -352,6 +353,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
         ingress_node_id: "n2".into(),
         deadline_unix_ms: 0,
         ingress_verified: false,
+        root_absent: false,
     };
     // The same node request for a stream runs (on the owner) or answers
     // NOT_OWNER: it is never refused for its kind.
@@ -378,6 +380,7 @@ async fn stream_requests_reach_the_owner_through_any_node() {
         ingress_node_id: "n2".into(),
         deadline_unix_ms: 0,
         ingress_verified: false,
+        root_absent: false,
     };
     let refused = PeerClient::new(channel.clone())
         .forward(watch("kv"))

@@ -281,6 +281,15 @@ pub enum NodeQueried {
     Forwarded(v1::QueryResponse),
 }
 
+/// What a forward tells the owner besides the request.
+#[derive(Clone, Copy, Debug)]
+struct ForwardFlags {
+    /// The ingress verified the client envelope's signature.
+    ingress_verified: bool,
+    /// The ingress read the Cell's root just before and found none.
+    root_absent: bool,
+}
+
 /// Where a request should run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Target {
@@ -424,13 +433,14 @@ impl Router {
     }
 
     /// One authority read: the live owner, or the rendezvous placement over
-    /// the live set minus `excluded`.
+    /// the live set minus `excluded`; and whether the read found no root
+    /// (a new Cell: the node it is placed on need not read it again).
     async fn locate(
         &self,
         cell: &CellId,
         refresh: bool,
         excluded: &[NodeId],
-    ) -> Result<Target, Error> {
+    ) -> Result<(Target, bool), Error> {
         let root = self.roots.read(cell).await.map_err(authority)?;
         let root_absent = root.is_none();
         if let Some(root) = root {
@@ -452,7 +462,7 @@ impl Router {
                             },
                         );
                     }
-                    return Ok(target);
+                    return Ok((target, false));
                 }
                 if matches!(liveness, Liveness::Live { .. }) {
                     return Err(Error::PeerUnavailable {
@@ -485,26 +495,31 @@ impl Router {
             // root again (a create-only write settles any race).
             self.node.note_root_absent(cell);
         }
-        Ok(target)
+        Ok((target, root_absent))
     }
 
-    async fn first_target(&self, cell: &CellId) -> Result<Target, Error> {
+    /// Where a request for `cell` goes first, and whether a read just
+    /// found its root absent (see [`Router::locate`]).
+    async fn first_target(&self, cell: &CellId) -> Result<(Target, bool), Error> {
         match self.hints.get(cell) {
-            Some(hint) if hint.node_id == *self.me() => Ok(Target::Local),
+            Some(hint) if hint.node_id == *self.me() => Ok((Target::Local, false)),
             Some(CachedOwner {
                 node_id,
                 endpoint: Some(peer),
                 ..
-            }) => Ok(Target::Remote {
-                node: node_id,
-                peer,
-            }),
+            }) => Ok((
+                Target::Remote {
+                    node: node_id,
+                    peer,
+                },
+                false,
+            )),
             // A Cell this node holds needs no bucket read to find: the
             // first request for each owned Cell used to read its root and
             // the owner's lease, and with thousands of Cells those reads
             // were a node's largest cost. If the Cell has moved, the actor
             // answers NotOwner and the loop in `route_as` locates it.
-            _ if self.node.holds(cell) => Ok(Target::Local),
+            _ if self.node.holds(cell) => Ok((Target::Local, false)),
             _ => self.locate(cell, false, &[]).await,
         }
     }
@@ -537,6 +552,8 @@ impl Router {
                 &self.node_kinds,
                 request,
                 *verified,
+                // A Cell placed here was noted by `locate` already.
+                false,
             )
             .await
             .map(Answer::Wire),
@@ -567,7 +584,7 @@ impl Router {
         &self,
         peer: &str,
         request: &Routed,
-        ingress_verified: bool,
+        flags: ForwardFlags,
         hops: u32,
         deadline_unix_ms: Option<i64>,
     ) -> Result<v1::forward_response::Response, tonic::Status> {
@@ -595,7 +612,8 @@ impl Router {
             hops,
             ingress_node_id: self.me().as_str().to_owned(),
             deadline_unix_ms: deadline_unix_ms.unwrap_or(0),
-            ingress_verified,
+            ingress_verified: flags.ingress_verified,
+            root_absent: flags.root_absent,
         };
         let channel = self.channel(peer).map_err(|e| to_status(&e))?;
         let mut call = tonic::Request::new(forward);
@@ -745,7 +763,8 @@ impl Router {
         let mut hint: Option<OwnerHint> = None;
         let mut maybe_sent = false;
         let mut hops = 0;
-        let mut target = self.first_target(cell).await.map_err(|e| to_status(&e))?;
+        let (mut target, mut root_absent) =
+            self.first_target(cell).await.map_err(|e| to_status(&e))?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -757,7 +776,11 @@ impl Router {
                 Target::Remote { peer, .. } => {
                     hops += 1;
                     let verified = request.ingress_verified();
-                    self.forward(peer, request.wire(), verified, hops, deadline_unix_ms)
+                    let flags = ForwardFlags {
+                        ingress_verified: verified,
+                        root_absent,
+                    };
+                    self.forward(peer, request.wire(), flags, hops, deadline_unix_ms)
                         .await
                         .map(Answer::Wire)
                         .map_err(|status| classify_transport(status, peer))
@@ -798,8 +821,8 @@ impl Router {
                 .and_then(|h| h.node_id.as_deref())
                 .and_then(|n| NodeId::new(n).ok())
                 .filter(|n| *n != tried && !excluded.contains(n));
-            target = match hinted {
-                Some(node) => self.target_for(&node, true).await,
+            (target, root_absent) = match hinted {
+                Some(node) => self.target_for(&node, true).await.map(|t| (t, false)),
                 None => self.locate(cell, true, &excluded).await,
             }
             .map_err(|e| self.final_status(to_status(&e), maybe_sent, command))?;
@@ -894,22 +917,32 @@ fn classify_transport(status: tonic::Status, peer: &str) -> (tonic::Status, Deli
 /// Runs a routed request on `node`: a client request in its `verified`
 /// form when this node verified it already, else after verifying its
 /// envelope; an unsigned node request after checking its kind is in
-/// `node_kinds`.
+/// `node_kinds`. `root_absent`: the forwarding node read the Cell's root
+/// just before and found none, so a command's activation here creates it
+/// without reading it again ([`NodeHandle::note_root_absent`]).
 pub async fn run_local(
     node: &NodeHandle,
     verifier: &Verifier,
     node_kinds: &[String],
     request: &Routed,
     verified: Option<&Verified>,
+    root_absent: bool,
 ) -> Result<v1::forward_response::Response, Error> {
     use v1::forward_response::Response;
     let missing = || Error::Malformed("the request has no envelope".into());
+    let note_absent = |kind: &str, key: &[u8]| {
+        if root_absent {
+            node.note_root_absent(&CellId::for_kind_key(kind, key));
+        }
+    };
     Ok(match (request, verified) {
         (Routed::Execute(_), Some(Verified::Command(command))) => {
+            note_absent(&command.kind, &command.key);
             Response::Execute(crate::local::execute(node, command).await?)
         }
         (Routed::Execute(r), _) => {
             let command = verifier.verify_command(r.envelope.as_ref().ok_or_else(missing)?)?;
+            note_absent(&command.kind, &command.key);
             Response::Execute(crate::local::execute(node, &command).await?)
         }
         (Routed::Query(_), Some(Verified::Query(query))) => {
@@ -928,6 +961,7 @@ pub async fn run_local(
         }
         (Routed::NodeCommand(r), _) => {
             allow_node_kind(node_kinds, &r.kind)?;
+            note_absent(&r.kind, &r.key);
             Response::Execute(crate::local::node_command(node, r).await?)
         }
         (Routed::NodeQuery(r), _) => {

@@ -103,6 +103,7 @@ impl v1::peer_server::Peer for PeerService {
             self.router.node_kinds(),
             &routed,
             verified.as_ref(),
+            forward.root_absent,
         )
         .await?;
         Ok(Response::new(v1::ForwardResponse {

@@ -390,8 +390,11 @@ impl Roots {
     /// always a create, written create-only, so a root made since is never
     /// overwritten. The store refuses the write and the refusal re-reads the
     /// root ([`Error::Fenced`] when another holder made it, the root itself
-    /// when it is this exact proposal, an earlier reply lost); the caller
-    /// then activates again with a read.
+    /// when it is this exact proposal, an earlier reply lost). When the
+    /// write's fate is unknown the answer is ambiguous even though a root
+    /// already there means it can never land; the caller (the runtime's
+    /// activation) then activates again with a read, which decides
+    /// correctly in every case.
     pub async fn activate_absent_with_log(
         &self,
         new: &NewCell,

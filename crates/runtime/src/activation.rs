@@ -117,11 +117,13 @@ pub struct Activator {
 /// Cell's first command then costs one root read, not two.
 ///
 /// Nothing here has to be fresh to be safe: the decision on an absent root
-/// is a create-only write, which the store refuses once any root exists,
-/// and a refused activation reads the root on its next attempt. Notes are
-/// kept [`AbsentRoots::FRESH`] long and at most [`AbsentRoots::NOTES_MAX`]
-/// at a time, so a stale one costs at most one refused write, and a router
-/// that notes Cells it never activates costs bounded memory.
+/// is a create-only write, which the store refuses once any root exists;
+/// when that write fails in any way a read could settle (refused, or its
+/// fate unknown), the activation reads the root and decides on it as if
+/// there had been no note (`after_absent_attempt`). Notes are kept
+/// [`AbsentRoots::FRESH`] long and at most [`AbsentRoots::NOTES_MAX`] at a
+/// time, so a stale one costs at most one failed write, and a router that
+/// notes Cells it never activates costs bounded memory.
 #[derive(Debug, Default)]
 pub struct AbsentRoots {
     noted: std::sync::Mutex<std::collections::HashMap<CellId, std::time::Instant>>,
@@ -173,6 +175,36 @@ impl AbsentRoots {
     /// Whether no note is kept.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// What an activation does after its create on a noted absence failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AfterAbsent {
+    /// Read the root and decide on it, as if there had been no note; the
+    /// failed attempt does not count against the races allowed.
+    Read,
+    /// The same, counting the failed attempt (the store failed, as it
+    /// could have for a read).
+    ReadCounted,
+    /// Report the error.
+    Fail,
+}
+
+/// The rule for a failed create on a noted absence (pure). The create was
+/// create-only, and roots are never deleted, so whatever it met, a read
+/// decides correctly: a root refused it (a stale note: fenced, or
+/// a conflict), or its fate is unknown (it may land later, but only while
+/// no root exists, so it can never overwrite one; a read that finds it
+/// adopts it). The command waiting on the activation has not run either
+/// way. Anything else (a corrupt root, an invalid proposal) is reported.
+pub(crate) fn after_absent_attempt(error: &cellfleet_authority::Error) -> AfterAbsent {
+    use cellfleet_authority::Error as E;
+    match error {
+        _ if error.is_fenced() || error.is_ambiguous() => AfterAbsent::Read,
+        E::Conflict { .. } => AfterAbsent::Read,
+        E::Unavailable { .. } | E::LeaseLive { .. } => AfterAbsent::ReadCounted,
+        _ => AfterAbsent::Fail,
     }
 }
 
@@ -521,25 +553,36 @@ impl Activator {
             schema_version: 0,
         };
         let mut last = None;
-        let mut known_absent = self.absent.take(cell_id);
-        // An attempt on a stale note is refused before anything is
-        // decided; it does not count against the races allowed.
-        let attempts = self.attempts_max.max(1) + usize::from(known_absent);
+        let mut attempts = self.attempts_max.max(1);
+        if self.absent.take(cell_id) {
+            let pointer = self
+                .log
+                .as_ref()
+                .map(|log| log.lane_of(cell_id).pointer_here());
+            match self
+                .roots
+                .activate_absent_with_log(&new, &self.me, pointer)
+                .await
+            {
+                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, true))),
+                Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
+                Err(error) => match after_absent_attempt(&error) {
+                    AfterAbsent::Read => {}
+                    AfterAbsent::ReadCounted => {
+                        attempts -= 1;
+                        last = Some(error);
+                    }
+                    AfterAbsent::Fail => return Err(error.into()),
+                },
+            }
+        }
         for _ in 0..attempts {
             let pointer = self
                 .log
                 .as_ref()
                 .map(|log| log.lane_of(cell_id).pointer_here());
-            let on_absence = std::mem::take(&mut known_absent);
-            let attempt = if on_absence {
-                self.roots
-                    .activate_absent_with_log(&new, &self.me, pointer)
-                    .await
-            } else {
-                self.roots.activate_with_log(&new, &self.me, pointer).await
-            };
-            match attempt {
-                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, on_absence))),
+            match self.roots.activate_with_log(&new, &self.me, pointer).await {
+                Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, false))),
                 Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
                 Err(error) if error.is_retryable() && !error.is_ambiguous() => last = Some(error),
                 Err(error) if error.is_fenced() => last = Some(error),
@@ -680,6 +723,67 @@ mod tests {
                 reads,
                 "{how:?}, parked {parked}"
             );
+        }
+    }
+
+    #[test]
+    fn a_failed_create_on_a_noted_absence_reads_unless_the_root_is_broken() {
+        use cellfleet_authority::Error as E;
+        let store = || cellfleet_store::Error::Unavailable {
+            op: cellfleet_store::Op::PutIfNoneMatch,
+            key: "root".into(),
+            outcome: cellfleet_store::Outcome::NotApplied,
+            message: "down".into(),
+        };
+        let cases = [
+            (
+                E::Fenced {
+                    reason: "another owner".into(),
+                },
+                AfterAbsent::Read,
+            ),
+            (
+                E::CommittedThenFenced {
+                    reason: "replaced".into(),
+                },
+                AfterAbsent::Read,
+            ),
+            (
+                E::Conflict {
+                    reason: "the root vanished".into(),
+                },
+                AfterAbsent::Read,
+            ),
+            (
+                E::Unavailable {
+                    source: store(),
+                    ambiguous: true,
+                },
+                AfterAbsent::Read,
+            ),
+            (
+                E::Unavailable {
+                    source: store(),
+                    ambiguous: false,
+                },
+                AfterAbsent::ReadCounted,
+            ),
+            (
+                E::Corrupt {
+                    key: "k".into(),
+                    reason: "garbage".into(),
+                },
+                AfterAbsent::Fail,
+            ),
+            (
+                E::Invalid {
+                    reason: "bad proposal".into(),
+                },
+                AfterAbsent::Fail,
+            ),
+        ];
+        for (error, then) in cases {
+            assert_eq!(after_absent_attempt(&error), then, "{error:?}");
         }
     }
 

@@ -415,6 +415,55 @@ async fn a_noted_absence_saves_the_activation_its_root_read_and_nothing_else() {
     }
 }
 
+/// A stale note whose create-only write loses its reply (its fate
+/// unknown, the root long past its first revision) still ends in the live
+/// owner: the activation reads the root and decides on it, instead of
+/// calling a command that never ran UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_note_whose_create_loses_its_reply_still_finds_the_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, inner, prefix) in backends("absent-lost", dir.path()).await {
+        let store = Arc::new(FaultStore::new(inner));
+        let clock = manual_clock();
+        let a = start(
+            cell_node_config("a", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        let b = start(
+            cell_node_config("b", &dir.path().join(backend), &prefix),
+            store.clone(),
+            clock.clone(),
+        )
+        .await;
+        for n in 0..3 {
+            b.execute(KIND, KEY, append(clock.as_ref(), n))
+                .await
+                .unwrap();
+        }
+        let before = store.get(&root_key(&prefix)).await.unwrap();
+        a.note_root_absent(&cellfleet_authority::CellId::for_kind_key(KIND, KEY));
+        store.inject(Fault::lose_reply(Op::PutIfNoneMatch).key_prefix(root_key(&prefix)));
+        match a.execute(KIND, KEY, append(clock.as_ref(), 9)).await {
+            Err(Error::NotOwner { owner, .. }) => {
+                assert_eq!(
+                    owner.map(|o| o.to_string()),
+                    Some("b".to_owned()),
+                    "{backend}"
+                )
+            }
+            other => panic!("{backend}: expected B as the owner, got {other:?}"),
+        }
+        let after = store.get(&root_key(&prefix)).await.unwrap();
+        assert_eq!(
+            (&after.etag, &after.body),
+            (&before.etag, &before.body),
+            "{backend}: B's root as it was"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_on_one_node_then_activation_on_another() {
     let dir = tempfile::tempdir().unwrap();

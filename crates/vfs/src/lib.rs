@@ -357,6 +357,15 @@ unsafe extern "C" fn x_open(
     // VFS (set by `register`).
     unsafe {
         let inner_vfs = (*vfs).pAppData.cast::<ffi::sqlite3_vfs>();
+        if flags & ffi::SQLITE_OPEN_NOFOLLOW != 0
+            && flags & ffi::SQLITE_OPEN_MAIN_DB != 0
+            && !name.is_null()
+            && through_symlink(inner_vfs, name)
+        {
+            // `x_full_pathname` did not walk the path, so SQLite could not
+            // refuse a symlink on the way as its unix VFS makes it.
+            return ffi::SQLITE_CANTOPEN_SYMLINK;
+        }
         let inner = file
             .cast::<u8>()
             .add(HANDLE_BYTES)
@@ -442,7 +451,9 @@ fn is_plain_absolute(path: &[u8]) -> bool {
 /// What differs: a path through a symlinked directory is not rewritten to
 /// the directory it points at. The database and its `-wal` still sit side
 /// by side in that one directory, and this VFS tells files apart by device
-/// and inode, not by name.
+/// and inode, not by name. An open with `SQLITE_OPEN_NOFOLLOW` is still
+/// refused for a symlink anywhere on the path: `x_open` asks the inner
+/// VFS's walk for that flag alone.
 unsafe extern "C" fn x_full_pathname(
     vfs: *mut ffi::sqlite3_vfs,
     path: *const c_char,
@@ -464,6 +475,27 @@ unsafe extern "C" fn x_full_pathname(
             Some(full) => full(inner_vfs, path, n_out, out),
             None => ffi::SQLITE_CANTOPEN,
         }
+    }
+}
+
+/// Whether SQLite's unix VFS finds a symlink anywhere on `name`'s path
+/// (its full-pathname walk answers `SQLITE_OK_SYMLINK`).
+///
+/// # Safety
+/// `inner_vfs` is the registered inner VFS; `name` is NUL-terminated.
+unsafe fn through_symlink(inner_vfs: *mut ffi::sqlite3_vfs, name: *const c_char) -> bool {
+    // SAFETY: per the function's contract; the buffer holds the longest
+    // path the inner VFS writes, and its terminating NUL.
+    unsafe {
+        let Some(full) = (*inner_vfs).xFullPathname else {
+            return false;
+        };
+        let capacity = usize::try_from((*inner_vfs).mxPathname).unwrap_or(0) + 1;
+        let mut out = vec![0 as c_char; capacity];
+        let Ok(n_out) = c_int::try_from(capacity) else {
+            return false;
+        };
+        full(inner_vfs, name, n_out, out.as_mut_ptr()) == ffi::SQLITE_OK_SYMLINK
     }
 }
 

@@ -359,7 +359,9 @@ fn every_commit_is_whole_on_disk_when_it_returns() {
 /// A plain absolute path is the database's name as given; a symlinked
 /// file is resolved as SQLite's unix VFS resolves it (the database and
 /// its WAL beside the link's target); a path through a symlinked
-/// directory keeps the WAL beside the database in that directory.
+/// directory keeps its name and the WAL beside the database in that
+/// directory; `SQLITE_OPEN_NOFOLLOW` refuses a symlink anywhere on the
+/// path.
 #[test]
 fn full_paths_are_the_names_given_and_symlinked_files_are_resolved() {
     let dir = tempfile::tempdir().unwrap();
@@ -392,10 +394,35 @@ fn full_paths_are_the_names_given_and_symlinked_files_are_resolved() {
     std::os::unix::fs::symlink(&sub, &via).unwrap();
     let conn = open(&via.join("d.db"), false);
     create(&conn);
+    // The name as given: SQLite's own walk would have resolved it to
+    // `sub/d.db`.
+    assert_eq!(conn.path(), via.join("d.db").to_str());
     assert!(sub.join("d.db").exists());
     assert!(sub.join("d.db-wal").exists());
     let count: i64 = open(&sub.join("d.db"), true)
         .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
         .unwrap();
     assert_eq!(count, 1, "the same database through either path");
+
+    // SQLITE_OPEN_NOFOLLOW refuses a symlink anywhere on the path, as the
+    // unix VFS does; a plain path opens.
+    let nofollow = |path: &Path| {
+        Connection::open_with_flags_and_vfs(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+            cellfleet_vfs::NAME,
+        )
+    };
+    for refused in [via.join("d.db"), link.clone()] {
+        let error = nofollow(&refused).unwrap_err();
+        assert_eq!(
+            error.sqlite_error().map(|e| e.extended_code),
+            Some(rusqlite::ffi::SQLITE_CANTOPEN_SYMLINK),
+            "{refused:?}: {error}"
+        );
+    }
+    drop(conn);
+    nofollow(&plain).unwrap();
 }

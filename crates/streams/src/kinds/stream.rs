@@ -866,7 +866,7 @@ mod tests {
     fn command_for(op: u8, n: u64, now_ms: i64) -> StreamCommand {
         let config = StreamConfig {
             content_type: "application/octet-stream".into(),
-            ttl_seconds: op.is_multiple_of(2).then_some(1),
+            ttl_seconds: n.is_multiple_of(2).then_some(1),
             expires_at: None,
             expires_at_ms: None,
         };
@@ -884,7 +884,7 @@ mod tests {
                 content_type: None,
                 messages: vec!["aGk=".into()],
                 seq: None,
-                producer: n.is_multiple_of(2).then(|| Producer {
+                producer: (op / 6).is_multiple_of(2).then(|| Producer {
                     id: "p".into(),
                     epoch: 0,
                     seq: n,

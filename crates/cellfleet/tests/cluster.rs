@@ -19,6 +19,27 @@ fn s3(name: &str) -> Store {
     }
 }
 
+/// The first command of the `log` Cell `cell`, sent to `entry`, applied.
+async fn first_append(
+    client: &mut cluster_common::TestClient,
+    entry: &cluster_common::NodeProcess,
+    cell: &str,
+) -> v1::ExecuteResponse {
+    let request = client.command(
+        "log",
+        cell,
+        "append",
+        serde_json::json!({"tag": "first"}),
+        rand::random(),
+    );
+    let first = client
+        .execute(entry.client, request)
+        .await
+        .expect("execute");
+    assert!(applied(&first), "{first:?}");
+    first
+}
+
 fn applied(response: &v1::ExecuteResponse) -> bool {
     matches!(
         response.outcome,
@@ -188,18 +209,7 @@ async fn an_owner_finds_its_own_cell_without_a_bucket_read(cluster: &Cluster) {
     let mut checked = 0;
     for i in 0..40 {
         let cell = format!("held-{i}");
-        let request = client.command(
-            "log",
-            &cell,
-            "append",
-            serde_json::json!({"tag": "first"}),
-            rand::random(),
-        );
-        let first = client
-            .execute(entry.client, request)
-            .await
-            .expect("execute");
-        assert!(applied(&first), "{first:?}");
+        let first = first_append(&mut client, entry, &cell).await;
         let Some(owner) = cluster.nodes.iter().find(|n| n.id == first.served_by) else {
             panic!("served by {:?}, not a node of the cluster", first.served_by);
         };
@@ -242,18 +252,7 @@ async fn a_new_cell_reads_its_root_once_wherever_it_is_placed(cluster: &Cluster)
     for i in 0..60 {
         let cell = format!("new-{i}");
         let before: Vec<f64> = cluster.nodes.iter().map(saved).collect();
-        let request = client.command(
-            "log",
-            &cell,
-            "append",
-            serde_json::json!({"tag": "first"}),
-            rand::random(),
-        );
-        let first = client
-            .execute(entry.client, request)
-            .await
-            .expect("execute");
-        assert!(applied(&first), "{first:?}");
+        let first = first_append(&mut client, entry, &cell).await;
         for (node, before) in cluster.nodes.iter().zip(before) {
             let expected = if node.id == first.served_by { 1.0 } else { 0.0 };
             assert_eq!(

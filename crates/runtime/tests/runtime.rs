@@ -328,6 +328,59 @@ async fn a_retry_after_unknown_returns_the_stored_outcome() {
     }
 }
 
+/// Nodes `a` and `b` (made by `config`) sharing one fault-injecting store
+/// over `inner`, on a manual clock.
+async fn two_nodes(
+    dir: &std::path::Path,
+    inner: Arc<dyn ObjectStore>,
+    prefix: &str,
+    config: fn(&str, &std::path::Path, &str) -> cellfleet_runtime::NodeConfig,
+) -> (
+    Arc<FaultStore>,
+    Arc<cellfleet_authority::ManualClock>,
+    cellfleet_runtime::NodeHandle,
+    cellfleet_runtime::NodeHandle,
+) {
+    let store = Arc::new(FaultStore::new(inner));
+    let clock = manual_clock();
+    let a = start(config("a", dir, prefix), store.clone(), clock.clone()).await;
+    let b = start(config("b", dir, prefix), store.clone(), clock.clone()).await;
+    (store, clock, a, b)
+}
+
+/// `a`, told that `KEY`'s root is absent while `b` owns it, runs a command:
+/// it must end in NotOwner naming `b`, with `b`'s root byte-identical.
+async fn a_stale_note_ends_at_b(
+    backend: &str,
+    store: &FaultStore,
+    prefix: &str,
+    a: &cellfleet_runtime::NodeHandle,
+    clock: &dyn Clock,
+    faults: Option<Fault>,
+) {
+    let before = store.get(&root_key(prefix)).await.unwrap();
+    a.note_root_absent(&cellfleet_authority::CellId::for_kind_key(KIND, KEY));
+    if let Some(fault) = faults {
+        store.inject(fault);
+    }
+    match a.execute(KIND, KEY, append(clock, 9)).await {
+        Err(Error::NotOwner { owner, .. }) => {
+            assert_eq!(
+                owner.map(|o| o.to_string()),
+                Some("b".to_owned()),
+                "{backend}"
+            )
+        }
+        other => panic!("{backend}: expected B as the owner, got {other:?}"),
+    }
+    let after = store.get(&root_key(prefix)).await.unwrap();
+    assert_eq!(
+        (&after.etag, &after.body),
+        (&before.etag, &before.body),
+        "{backend}: B's root as it was"
+    );
+}
+
 /// A new Cell whose root the router has just read absent is created
 /// without a second root read; a stale note (another node made the root
 /// in between) overwrites nothing and ends in the live owner, as a read
@@ -336,78 +389,37 @@ async fn a_retry_after_unknown_returns_the_stored_outcome() {
 async fn a_noted_absence_saves_the_activation_its_root_read_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, inner, prefix) in backends("absent", dir.path()).await {
-        let store = Arc::new(FaultStore::new(inner));
-        let clock = manual_clock();
-        let a = start(
-            node_config("a", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
-        let b = start(
-            node_config("b", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
+        let (store, clock, a, b) =
+            two_nodes(&dir.path().join(backend), inner, &prefix, node_config).await;
         let saved = |node: &cellfleet_runtime::NodeHandle| {
             node.metrics()
                 .activation_root_reads_saved_total
                 .load(std::sync::atomic::Ordering::Relaxed)
         };
 
-        // The note saves the read.
-        let fresh = cellfleet_authority::CellId::for_kind_key(KIND, b"fresh");
-        a.note_root_absent(&fresh);
-        store.reset_counts();
-        a.execute(KIND, b"fresh", append(clock.as_ref(), 0))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.counts().get(Op::Get),
-            0,
-            "{backend}: {:?}",
-            store.counts()
-        );
-        assert_eq!(saved(&a), 1, "{backend}");
-        // Without a note the activation reads the root, as before.
-        store.reset_counts();
-        a.execute(KIND, b"unnoted", append(clock.as_ref(), 0))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.counts().get(Op::Get),
-            1,
-            "{backend}: {:?}",
-            store.counts()
-        );
-        assert_eq!(saved(&a), 1, "{backend}");
+        // The note saves the read; without one the activation reads the
+        // root, as before. (key, noted, root GETs, saved so far)
+        for (key, noted, gets, saved_total) in
+            [(&b"fresh"[..], true, 0, 1), (&b"unnoted"[..], false, 1, 1)]
+        {
+            if noted {
+                a.note_root_absent(&cellfleet_authority::CellId::for_kind_key(KIND, key));
+            }
+            store.reset_counts();
+            a.execute(KIND, key, append(clock.as_ref(), 0))
+                .await
+                .unwrap();
+            let counts = store.counts();
+            assert_eq!(counts.get(Op::Get), gets, "{backend}: {counts:?}");
+            assert_eq!(saved(&a), saved_total, "{backend}");
+        }
 
         // B creates the Cell; A's note of its absence is stale by then.
         b.execute(KIND, KEY, append(clock.as_ref(), 1))
             .await
             .unwrap();
-        let root_of_b = || async { store.get(&root_key(&prefix)).await.unwrap() };
-        let before = root_of_b().await;
-        let cell = cellfleet_authority::CellId::for_kind_key(KIND, KEY);
-        a.note_root_absent(&cell);
-        match a.execute(KIND, KEY, append(clock.as_ref(), 2)).await {
-            Err(Error::NotOwner { owner, .. }) => {
-                assert_eq!(
-                    owner.map(|o| o.to_string()),
-                    Some("b".to_owned()),
-                    "{backend}"
-                )
-            }
-            other => panic!("{backend}: expected B as the owner, got {other:?}"),
-        }
+        a_stale_note_ends_at_b(backend, &store, &prefix, &a, clock.as_ref(), None).await;
         assert_eq!(saved(&a), 1, "{backend}: the stale note won nothing");
-        let after = root_of_b().await;
-        assert_eq!(
-            (&after.etag, &after.body),
-            (&before.etag, &before.body),
-            "{backend}: B's root as it was"
-        );
         // B still serves it.
         b.execute(KIND, KEY, append(clock.as_ref(), 3))
             .await
@@ -423,44 +435,15 @@ async fn a_noted_absence_saves_the_activation_its_root_read_and_nothing_else() {
 async fn a_stale_note_whose_create_loses_its_reply_still_finds_the_owner() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, inner, prefix) in backends("absent-lost", dir.path()).await {
-        let store = Arc::new(FaultStore::new(inner));
-        let clock = manual_clock();
-        let a = start(
-            cell_node_config("a", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
-        let b = start(
-            cell_node_config("b", &dir.path().join(backend), &prefix),
-            store.clone(),
-            clock.clone(),
-        )
-        .await;
+        let (store, clock, a, b) =
+            two_nodes(&dir.path().join(backend), inner, &prefix, cell_node_config).await;
         for n in 0..3 {
             b.execute(KIND, KEY, append(clock.as_ref(), n))
                 .await
                 .unwrap();
         }
-        let before = store.get(&root_key(&prefix)).await.unwrap();
-        a.note_root_absent(&cellfleet_authority::CellId::for_kind_key(KIND, KEY));
-        store.inject(Fault::lose_reply(Op::PutIfNoneMatch).key_prefix(root_key(&prefix)));
-        match a.execute(KIND, KEY, append(clock.as_ref(), 9)).await {
-            Err(Error::NotOwner { owner, .. }) => {
-                assert_eq!(
-                    owner.map(|o| o.to_string()),
-                    Some("b".to_owned()),
-                    "{backend}"
-                )
-            }
-            other => panic!("{backend}: expected B as the owner, got {other:?}"),
-        }
-        let after = store.get(&root_key(&prefix)).await.unwrap();
-        assert_eq!(
-            (&after.etag, &after.body),
-            (&before.etag, &before.body),
-            "{backend}: B's root as it was"
-        );
+        let lost = Fault::lose_reply(Op::PutIfNoneMatch).key_prefix(root_key(&prefix));
+        a_stale_note_ends_at_b(backend, &store, &prefix, &a, clock.as_ref(), Some(lost)).await;
     }
 }
 

@@ -1,7 +1,7 @@
 //! POST: appending to a stream, with idempotent producers and closing.
 
 use super::error::Error;
-use super::http::{encode, error, header, is_json, json_messages, respond, set};
+use super::http::{encode, error, header, is_json, json_messages, names, respond, set};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{Producer, StreamCommand, StreamOutput, StreamState};
@@ -87,13 +87,17 @@ fn accepted(
 ) -> Response<Body> {
     let mut response = respond(status, "");
     let headers = response.headers_mut();
-    set(headers, "stream-next-offset", offset::format(state.tail));
+    set(
+        headers,
+        names::STREAM_NEXT_OFFSET,
+        offset::format(state.tail),
+    );
     if state.closed {
-        set(headers, "stream-closed", "true");
+        set(headers, names::STREAM_CLOSED, "true");
     }
     if let Some(p) = producer {
-        set(headers, "producer-epoch", p.epoch.to_string());
-        set(headers, "producer-seq", p.seq.to_string());
+        set(headers, names::PRODUCER_EPOCH, p.epoch.to_string());
+        set(headers, names::PRODUCER_SEQ, p.seq.to_string());
     }
     response
 }
@@ -111,10 +115,10 @@ fn refusal(output: StreamOutput) -> Error {
         ),
         StreamOutput::Closed { state } => {
             let mut response = error(StatusCode::CONFLICT, "stream is closed");
-            set(response.headers_mut(), "stream-closed", "true");
+            set(response.headers_mut(), names::STREAM_CLOSED, "true");
             set(
                 response.headers_mut(),
-                "stream-next-offset",
+                names::STREAM_NEXT_OFFSET,
                 offset::format(state.tail),
             );
             Error::response(response)
@@ -127,7 +131,7 @@ fn refusal(output: StreamOutput) -> Error {
             let mut response = error(StatusCode::FORBIDDEN, "stale producer epoch");
             set(
                 response.headers_mut(),
-                "producer-epoch",
+                names::PRODUCER_EPOCH,
                 current_epoch.to_string(),
             );
             Error::response(response)
@@ -137,12 +141,12 @@ fn refusal(output: StreamOutput) -> Error {
             let mut response = error(StatusCode::CONFLICT, "producer sequence gap");
             set(
                 response.headers_mut(),
-                "producer-expected-seq",
+                names::PRODUCER_EXPECTED_SEQ,
                 expected.to_string(),
             );
             set(
                 response.headers_mut(),
-                "producer-received-seq",
+                names::PRODUCER_RECEIVED_SEQ,
                 received.to_string(),
             );
             Error::response(response)

@@ -1,7 +1,7 @@
 //! PUT: creating a stream (or confirming an identical one), its first messages, TTL or expiry, closed state, and a fork's lineage.
 
 use super::error::Error;
-use super::http::{encode, is_json, json_messages, parse_time, respond, set, state_headers};
+use super::http::{encode, is_json, json_messages, names, parse_time, respond, set, state_headers};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{
@@ -179,9 +179,13 @@ impl Streams {
                 let mut response = respond(status, "");
                 let headers = response.headers_mut();
                 state_headers(headers, &state);
-                set(headers, "stream-next-offset", offset::format(state.tail));
+                set(
+                    headers,
+                    names::STREAM_NEXT_OFFSET,
+                    offset::format(state.tail),
+                );
                 if let Some(host) = host {
-                    set(headers, "location", format!("http://{host}{path}"));
+                    set(headers, names::LOCATION, format!("http://{host}{path}"));
                 }
                 self.published(path, state.tail);
                 Ok(response)

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use hyper::{Response, StatusCode};
 
-use super::http::{error, set};
+use super::http::{error, names, set};
 use super::Body;
 use crate::backend::BackendError;
 
@@ -69,7 +69,7 @@ impl From<Error> for Response<Body> {
                     StatusCode::SERVICE_UNAVAILABLE,
                     &format!("too many open {what} on this node"),
                 );
-                set(response.headers_mut(), "retry-after", "1");
+                set(response.headers_mut(), names::RETRY_AFTER, "1");
                 response
             }
             Error::Status(status, message) => error(status, &message),
@@ -102,7 +102,7 @@ fn backend_error(e: BackendError) -> Response<Body> {
     {
         set(
             response.headers_mut(),
-            "retry-after",
+            names::RETRY_AFTER,
             retry_after_ms.div_ceil(1000).max(1).to_string(),
         );
     }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use cellfleet_runtime::accept::accept_connections;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
@@ -29,7 +29,7 @@ pub(super) fn refused(refusal: auth::Refusal) -> Response<Body> {
     let mut response = error(refusal.status(), &refusal.message());
     set(
         response.headers_mut(),
-        "www-authenticate",
+        names::WWW_AUTHENTICATE,
         refusal.challenge(),
     );
     response
@@ -76,11 +76,53 @@ pub(super) async fn drain(mut body: Incoming) {
 
 pub(super) fn error(status: StatusCode, message: &str) -> Response<Body> {
     let mut response = respond(status, format!("{message}\n"));
-    set(response.headers_mut(), "content-type", "text/plain");
+    set(response.headers_mut(), names::CONTENT_TYPE, "text/plain");
     response
 }
 
-pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
+/// The response header names the listener sets, made and checked at
+/// compile time: a name given as a string was parsed and checked again on
+/// every insert (1,300 instructions per stream append, BENCHMARKS.md,
+/// thirty-seventh measurement).
+pub(crate) mod names {
+    use hyper::header::HeaderName;
+
+    pub(crate) const ACCESS_CONTROL_ALLOW_HEADERS: HeaderName =
+        HeaderName::from_static("access-control-allow-headers");
+    pub(crate) const ACCESS_CONTROL_ALLOW_METHODS: HeaderName =
+        HeaderName::from_static("access-control-allow-methods");
+    pub(crate) const ACCESS_CONTROL_ALLOW_ORIGIN: HeaderName =
+        HeaderName::from_static("access-control-allow-origin");
+    pub(crate) const ACCESS_CONTROL_EXPOSE_HEADERS: HeaderName =
+        HeaderName::from_static("access-control-expose-headers");
+    pub(crate) const CACHE_CONTROL: HeaderName = HeaderName::from_static("cache-control");
+    pub(crate) const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
+    pub(crate) const CONTENT_TYPE: HeaderName = HeaderName::from_static("content-type");
+    pub(crate) const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
+        HeaderName::from_static("cross-origin-resource-policy");
+    pub(crate) const ETAG: HeaderName = HeaderName::from_static("etag");
+    pub(crate) const LOCATION: HeaderName = HeaderName::from_static("location");
+    pub(crate) const PRODUCER_EPOCH: HeaderName = HeaderName::from_static("producer-epoch");
+    pub(crate) const PRODUCER_EXPECTED_SEQ: HeaderName =
+        HeaderName::from_static("producer-expected-seq");
+    pub(crate) const PRODUCER_RECEIVED_SEQ: HeaderName =
+        HeaderName::from_static("producer-received-seq");
+    pub(crate) const PRODUCER_SEQ: HeaderName = HeaderName::from_static("producer-seq");
+    pub(crate) const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
+    pub(crate) const STREAM_CLOSED: HeaderName = HeaderName::from_static("stream-closed");
+    pub(crate) const STREAM_CURSOR: HeaderName = HeaderName::from_static("stream-cursor");
+    pub(crate) const STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expires-at");
+    pub(crate) const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static("stream-next-offset");
+    pub(crate) const STREAM_SSE_DATA_ENCODING: HeaderName =
+        HeaderName::from_static("stream-sse-data-encoding");
+    pub(crate) const STREAM_TTL: HeaderName = HeaderName::from_static("stream-ttl");
+    pub(crate) const STREAM_UP_TO_DATE: HeaderName = HeaderName::from_static("stream-up-to-date");
+    pub(crate) const WWW_AUTHENTICATE: HeaderName = HeaderName::from_static("www-authenticate");
+    pub(crate) const X_CONTENT_TYPE_OPTIONS: HeaderName =
+        HeaderName::from_static("x-content-type-options");
+}
+
+pub(super) fn set(headers: &mut HeaderMap, name: HeaderName, value: impl AsRef<str>) {
     if let Ok(value) = HeaderValue::from_str(value.as_ref()) {
         headers.insert(name, value);
     }
@@ -206,15 +248,15 @@ pub(super) fn wire<T: Serialize>(value: &T) -> Result<(String, Value), Error> {
 }
 
 pub(super) fn state_headers(headers: &mut HeaderMap, state: &StreamState) {
-    set(headers, "content-type", &state.config.content_type);
+    set(headers, names::CONTENT_TYPE, &state.config.content_type);
     if let Some(ttl) = state.config.ttl_seconds {
-        set(headers, "stream-ttl", ttl.to_string());
+        set(headers, names::STREAM_TTL, ttl.to_string());
     }
     if let Some(at) = &state.config.expires_at {
-        set(headers, "stream-expires-at", at);
+        set(headers, names::STREAM_EXPIRES_AT, at);
     }
     if state.closed {
-        set(headers, "stream-closed", "true");
+        set(headers, names::STREAM_CLOSED, "true");
     }
 }
 

@@ -48,7 +48,7 @@ mod sse;
 pub mod subscriptions;
 
 pub(crate) use error::Error;
-use http::{drain, error, full, header, refused, respond, set, wire, EXPOSED};
+use http::{drain, error, full, header, names, refused, respond, set, wire, EXPOSED};
 use subscriptions::Subscriptions;
 
 /// The response body type.
@@ -168,25 +168,33 @@ impl Streams {
             use hyper::body::Body as _;
             if let Some(length) = response.body().size_hint().exact() {
                 if length > 0 && !response.headers().contains_key("content-length") {
-                    set(response.headers_mut(), "content-length", length.to_string());
+                    set(
+                        response.headers_mut(),
+                        names::CONTENT_LENGTH,
+                        length.to_string(),
+                    );
                 }
             }
             *response.body_mut() = full(Bytes::new());
         }
         let headers = response.headers_mut();
-        set(headers, "x-content-type-options", "nosniff");
-        set(headers, "cross-origin-resource-policy", "cross-origin");
-        set(headers, "access-control-allow-origin", "*");
+        set(headers, names::X_CONTENT_TYPE_OPTIONS, "nosniff");
+        set(headers, names::CROSS_ORIGIN_RESOURCE_POLICY, "cross-origin");
+        set(headers, names::ACCESS_CONTROL_ALLOW_ORIGIN, "*");
         set(
             headers,
-            "access-control-allow-methods",
+            names::ACCESS_CONTROL_ALLOW_METHODS,
             "GET, POST, PUT, DELETE, HEAD, OPTIONS",
         );
         // "*" does not cover Authorization (Fetch standard): it is named.
-        set(headers, "access-control-allow-headers", "*, Authorization");
-        set(headers, "access-control-expose-headers", EXPOSED);
+        set(
+            headers,
+            names::ACCESS_CONTROL_ALLOW_HEADERS,
+            "*, Authorization",
+        );
+        set(headers, names::ACCESS_CONTROL_EXPOSE_HEADERS, EXPOSED);
         if !headers.contains_key("cache-control") {
-            set(headers, "cache-control", "no-store");
+            set(headers, names::CACHE_CONTROL, "no-store");
         }
         response
     }

@@ -1,7 +1,7 @@
 //! GET and HEAD: catch-up reads, long-polls and the stream's metadata.
 
 use super::error::Error;
-use super::http::{header, is_json, query_params, respond, set, state_headers};
+use super::http::{header, is_json, names, query_params, respond, set, state_headers};
 use super::{Body, Streams};
 use crate::clock::now_ms;
 use crate::kinds::stream::{StreamOutput, StreamQuery, StreamState};
@@ -69,7 +69,11 @@ impl Streams {
                 let mut response = respond(StatusCode::OK, "");
                 let headers = response.headers_mut();
                 state_headers(headers, &state);
-                set(headers, "stream-next-offset", offset::format(state.tail));
+                set(
+                    headers,
+                    names::STREAM_NEXT_OFFSET,
+                    offset::format(state.tail),
+                );
                 response
             }
             Ok(StreamOutput::Gone) => self.gone_at(&path).into(),
@@ -184,19 +188,19 @@ impl Streams {
         );
         if if_none_match == Some(etag.as_str()) {
             let mut response = respond(StatusCode::NOT_MODIFIED, "");
-            set(response.headers_mut(), "etag", &etag);
+            set(response.headers_mut(), names::ETAG, &etag);
             return Ok(response);
         }
         let mut response = respond(StatusCode::OK, join(&state, &messages));
         let headers = response.headers_mut();
-        set(headers, "content-type", &state.config.content_type);
-        set(headers, "stream-next-offset", offset::format(next));
-        set(headers, "etag", &etag);
+        set(headers, names::CONTENT_TYPE, &state.config.content_type);
+        set(headers, names::STREAM_NEXT_OFFSET, offset::format(next));
+        set(headers, names::ETAG, &etag);
         if up_to_date {
-            set(headers, "stream-up-to-date", "true");
+            set(headers, names::STREAM_UP_TO_DATE, "true");
         }
         if closed {
-            set(headers, "stream-closed", "true");
+            set(headers, names::STREAM_CLOSED, "true");
         }
         Ok(response)
     }
@@ -233,13 +237,13 @@ impl Streams {
                     .clone();
                 let mut response = respond(StatusCode::OK, body);
                 let headers = response.headers_mut();
-                set(headers, "content-type", &state.config.content_type);
-                set(headers, "stream-next-offset", offset::format(next));
-                set(headers, "stream-cursor", cursor(client_cursor));
+                set(headers, names::CONTENT_TYPE, &state.config.content_type);
+                set(headers, names::STREAM_NEXT_OFFSET, offset::format(next));
+                set(headers, names::STREAM_CURSOR, cursor(client_cursor));
                 if next == state.tail {
-                    set(headers, "stream-up-to-date", "true");
+                    set(headers, names::STREAM_UP_TO_DATE, "true");
                     if state.closed {
-                        set(headers, "stream-closed", "true");
+                        set(headers, names::STREAM_CLOSED, "true");
                     }
                 }
                 return Ok(response);
@@ -247,13 +251,13 @@ impl Streams {
             if state.closed || tokio::time::Instant::now() >= deadline {
                 let mut response = respond(StatusCode::NO_CONTENT, "");
                 let headers = response.headers_mut();
-                set(headers, "content-type", &state.config.content_type);
-                set(headers, "stream-next-offset", offset::format(from));
-                set(headers, "stream-up-to-date", "true");
+                set(headers, names::CONTENT_TYPE, &state.config.content_type);
+                set(headers, names::STREAM_NEXT_OFFSET, offset::format(from));
+                set(headers, names::STREAM_UP_TO_DATE, "true");
                 if state.closed {
-                    set(headers, "stream-closed", "true");
+                    set(headers, names::STREAM_CLOSED, "true");
                 } else {
-                    set(headers, "stream-cursor", cursor(client_cursor));
+                    set(headers, names::STREAM_CURSOR, cursor(client_cursor));
                 }
                 return Ok(response);
             }

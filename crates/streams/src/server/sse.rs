@@ -1,7 +1,7 @@
 //! Server-sent events: a live read as an event stream, with its control events and the session that feeds it.
 
 use super::error::Error;
-use super::http::{is_text, set};
+use super::http::{is_text, names, set};
 use super::read::{cursor, join};
 use super::{Body, Streams};
 use crate::notify::{self};
@@ -187,10 +187,10 @@ impl Streams {
         let body = StreamBody::new(ReceiverBody(rx)).boxed();
         let mut response = Response::new(body);
         let headers = response.headers_mut();
-        set(headers, "content-type", "text/event-stream");
-        set(headers, "cache-control", "no-cache");
+        set(headers, names::CONTENT_TYPE, "text/event-stream");
+        set(headers, names::CACHE_CONTROL, "no-cache");
         if binary {
-            set(headers, "stream-sse-data-encoding", "base64");
+            set(headers, names::STREAM_SSE_DATA_ENCODING, "base64");
         }
         Ok(response)
     }

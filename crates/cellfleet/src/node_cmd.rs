@@ -575,18 +575,22 @@ impl LimitsFile {
         if self.memory_bytes_max == Some(0) {
             bail!("limits.memory_bytes_max must be at least 1");
         }
-        if let Some(n) = self.cell_wal_bytes_max {
-            if !(CELL_WAL_BYTES_MIN..=CELL_WAL_BYTES_MAX).contains(&n) {
-                bail!(
-                    "limits.cell_wal_bytes_max {n}: give bytes between {CELL_WAL_BYTES_MIN} and {CELL_WAL_BYTES_MAX}"
-                );
-            }
-        }
-        if let Some(n) = self.cell_cache_bytes_max {
-            if !(CELL_CACHE_BYTES_MIN..=CELL_CACHE_BYTES_MAX).contains(&n) {
-                bail!(
-                    "limits.cell_cache_bytes_max {n}: give bytes between {CELL_CACHE_BYTES_MIN} and {CELL_CACHE_BYTES_MAX}"
-                );
+        for (name, value, min, max) in [
+            (
+                "cell_wal_bytes_max",
+                self.cell_wal_bytes_max,
+                CELL_WAL_BYTES_MIN,
+                CELL_WAL_BYTES_MAX,
+            ),
+            (
+                "cell_cache_bytes_max",
+                self.cell_cache_bytes_max,
+                CELL_CACHE_BYTES_MIN,
+                CELL_CACHE_BYTES_MAX,
+            ),
+        ] {
+            if let Some(n) = value.filter(|n| !(min..=max).contains(n)) {
+                bail!("limits.{name} {n}: give bytes between {min} and {max}");
             }
         }
         Ok(())

@@ -67,7 +67,6 @@
 //! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
 //! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, its readers) keeps cached (64 KiB to 1 GiB)
-//! blocking_threads_max = 16  # threads for Cells' SQLite work and local store files (2 to 4096); default: 8 per core, 8 to 512
 //!
 //! [gc]                       # optional: deleting what no root can reach
 //! enabled = true             # log segments below every Cell's records, replaced LTX files
@@ -91,7 +90,7 @@
 //! `CELLFLEET_LOG_SEGMENTS_INFLIGHT`, `CELLFLEET_LOG_CHECKPOINT_RECORDS`,
 //! `CELLFLEET_LOG_BATCH_COMMANDS_MIN`, `CELLFLEET_LOG_LINGER_MS`,
 //! `CELLFLEET_LOG_CHECKPOINT_IDLE_MS`, `CELLFLEET_LOG_REPLAY_SEGMENTS_MAX`,
-//! `CELLFLEET_GC_MIN_AGE_MS`, `CELLFLEET_BLOCKING_THREADS_MAX`.
+//! `CELLFLEET_GC_MIN_AGE_MS`.
 //!
 //! Cluster record: at start, after the store probe, the node compares its
 //! prefix, page size and kinds manifest digest (no manifest: the empty
@@ -490,8 +489,6 @@ pub struct LimitsFile {
     pub cell_wal_bytes_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cell_cache_bytes_max: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blocking_threads_max: Option<usize>,
 }
 
 /// Bounds on `[limits] cell_wal_bytes_max`: below 64 KiB a Cell would fold
@@ -506,33 +503,6 @@ const CELL_WAL_BYTES_MAX: u64 = 1 << 30;
 const CELL_CACHE_BYTES_MIN: u64 = 64 << 10;
 const CELL_CACHE_BYTES_MAX: u64 = 1 << 30;
 
-/// Bounds on `[limits] blocking_threads_max`: one thread would run a
-/// Cell's open, a store file's write and every other blocking job one
-/// after another; past 4,096 threads the stacks alone reserve 8 GiB.
-const BLOCKING_THREADS_MIN: usize = 2;
-const BLOCKING_THREADS_MAX: usize = 4096;
-
-/// The blocking threads a node keeps at most when `[limits]` does not say:
-/// eight per core, at least eight and at most 512 (the runtime's own
-/// default). The blocking pool runs the Cells' SQLite work (opens,
-/// groups, closes) and the local store's file work. Unbounded, a stream
-/// creation run on two cores grew it to 139 threads: every job woke a
-/// sleeping thread, and the threads fought over the pool's lock and
-/// SQLite's memory lock (half of the node's `futex` calls). Bounded, a
-/// job that finds every thread busy waits in the queue and the next free
-/// thread takes it without sleeping: creations/s rose by about a seventh at
-/// 3 to 16 threads, and not at 32 (BENCHMARKS.md, thirty-eighth
-/// measurement).
-fn blocking_threads_default(cores: usize) -> usize {
-    cores.saturating_mul(8).clamp(8, 512)
-}
-
-/// The cores this process may use (its CPU quota where one is set), or
-/// one where that cannot be read.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// File descriptors kept for everything but open Cells (listeners,
 /// connections, the store client, logs), plus a sixteenth of the limit
 /// for files a Cell opens for a moment (activation, recovery, a WAL read)
@@ -546,13 +516,6 @@ fn fds_reserved(open_files: u64) -> u64 {
 impl LimitsFile {
     fn is_empty(&self) -> bool {
         *self == LimitsFile::default()
-    }
-
-    /// The blocking threads the node's runtime keeps at most: the file's
-    /// value, or [`blocking_threads_default`] for `cores`.
-    fn blocking_threads(&self, cores: usize) -> usize {
-        self.blocking_threads_max
-            .unwrap_or_else(|| blocking_threads_default(cores))
     }
 
     /// The node's limits: the file's values over the defaults, with
@@ -611,14 +574,6 @@ impl LimitsFile {
         }
         if self.memory_bytes_max == Some(0) {
             bail!("limits.memory_bytes_max must be at least 1");
-        }
-        if let Some(n) = self
-            .blocking_threads_max
-            .filter(|n| !(BLOCKING_THREADS_MIN..=BLOCKING_THREADS_MAX).contains(n))
-        {
-            bail!(
-                "limits.blocking_threads_max {n}: give a thread count between {BLOCKING_THREADS_MIN} and {BLOCKING_THREADS_MAX}"
-            );
         }
         for (name, value, min, max) in [
             (
@@ -900,9 +855,6 @@ impl NodeFile {
         if let Some(v) = env_u64("CELLFLEET_GC_MIN_AGE_MS")? {
             self.gc.min_age_ms = Some(v);
         }
-        if let Some(v) = env_u64("CELLFLEET_BLOCKING_THREADS_MAX")? {
-            self.limits.blocking_threads_max = Some(usize::try_from(v).unwrap_or(usize::MAX));
-        }
         Ok(())
     }
 
@@ -1033,7 +985,6 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(file.limits.blocking_threads(cores()))
         .enable_all()
         .build()?;
     runtime.block_on(serve(file, args.accept_kinds_change))
@@ -1529,13 +1480,8 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         (None, Some(memory)) => format!(", half of the machine's {memory}"),
         _ => String::new(),
     };
-    let cores = cores();
-    let of_cores = match file.limits.blocking_threads_max {
-        None => format!(" (8 per core, {cores} cores)"),
-        Some(_) => String::new(),
-    };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection; blocking threads at most {}{of_cores}",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
@@ -1547,8 +1493,7 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         limits.memory_bytes_per_cell,
         limits.cells_owned_max,
         limits.cell_wal_bytes_max,
-        limits.cell_cache_bytes_max,
-        file.limits.blocking_threads(cores),
+        limits.cell_cache_bytes_max
     );
     limits
 }
@@ -1747,39 +1692,6 @@ mod tests {
                     format!("limits.{key} {bad}: give bytes between 65536 and 1073741824")
                 );
             }
-        }
-    }
-
-    /// The blocking pool's bound: eight threads per core between 8 and
-    /// 512 unless the file says; a count outside 2..=4096 is refused,
-    /// naming the key and the range.
-    #[test]
-    fn blocking_threads_are_eight_per_core_unless_the_file_says() {
-        let unset = LimitsFile::default();
-        for (cores, threads) in [(1, 8), (2, 16), (3, 24), (64, 512), (1000, 512)] {
-            assert_eq!(unset.blocking_threads(cores), threads, "{cores} cores");
-        }
-        for n in [BLOCKING_THREADS_MIN, 6, BLOCKING_THREADS_MAX] {
-            let file = LimitsFile {
-                blocking_threads_max: Some(n),
-                ..LimitsFile::default()
-            };
-            file.validate().expect("in range");
-            assert_eq!(file.blocking_threads(2), n);
-            assert_eq!(file.blocking_threads(64), n);
-        }
-        for bad in [0, 1, BLOCKING_THREADS_MAX + 1] {
-            let file = LimitsFile {
-                blocking_threads_max: Some(bad),
-                ..LimitsFile::default()
-            };
-            let error = file.validate().expect_err("out of range").to_string();
-            assert_eq!(
-                error,
-                format!(
-                    "limits.blocking_threads_max {bad}: give a thread count between 2 and 4096"
-                )
-            );
         }
     }
 

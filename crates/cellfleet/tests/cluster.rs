@@ -384,20 +384,6 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
             "{stderr}"
         );
     }
-    // ... and a blocking thread bound out of its range.
-    let lone = cluster.path("n3-lone-thread.toml");
-    std::fs::write(
-        &lone,
-        format!("{base}\n[limits]\nblocking_threads_max = 1\n"),
-    )
-    .unwrap();
-    let output = cluster.node_command(&lone, &[]).output().expect("run node");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("limits.blocking_threads_max 1: give a thread count between 2 and 4096"),
-        "{stderr}"
-    );
     // [publication]: a batch of no groups is refused, naming the key.
     let output = cluster
         .node_command(&cluster.path("n3.toml"), &[])
@@ -522,7 +508,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
     );
     std::fs::write(
         &limited,
-        format!("{with_parked}\n[limits]\ncells_open_max = 2\ncell_wal_bytes_max = 131072\ncell_cache_bytes_max = 524288\nblocking_threads_max = 6\n"),
+        format!("{with_parked}\n[limits]\ncells_open_max = 2\ncell_wal_bytes_max = 131072\ncell_cache_bytes_max = 524288\n"),
     )
     .unwrap();
     let log = cluster.path("n3-limited.stderr");
@@ -546,7 +532,7 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(
-        text.contains("; a cell's WAL at most 131072 bytes, its page cache at most 524288 bytes per connection; blocking threads at most 6\n"),
+        text.contains("; a cell's WAL at most 131072 bytes, its page cache at most 524288 bytes per connection"),
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");

@@ -554,14 +554,16 @@ impl Activator {
         };
         let mut last = None;
         let mut attempts = self.attempts_max.max(1);
-        if self.absent.take(cell_id) {
-            let pointer = self
-                .log
+        // Where this node's log stands for the Cell, at each attempt.
+        let pointer = || {
+            self.log
                 .as_ref()
-                .map(|log| log.lane_of(cell_id).pointer_here());
+                .map(|log| log.lane_of(cell_id).pointer_here())
+        };
+        if self.absent.take(cell_id) {
             match self
                 .roots
-                .activate_absent_with_log(&new, &self.me, pointer)
+                .activate_absent_with_log(&new, &self.me, pointer())
                 .await
             {
                 Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, true))),
@@ -577,11 +579,11 @@ impl Activator {
             }
         }
         for _ in 0..attempts {
-            let pointer = self
-                .log
-                .as_ref()
-                .map(|log| log.lane_of(cell_id).pointer_here());
-            match self.roots.activate_with_log(&new, &self.me, pointer).await {
+            match self
+                .roots
+                .activate_with_log(&new, &self.me, pointer())
+                .await
+            {
                 Ok(Activated::Owned { root, how }) => return Ok(Ok((*root, how, false))),
                 Ok(Activated::OwnerLive { owner, .. }) => return Ok(Err(owner)),
                 Err(error) if error.is_retryable() && !error.is_ambiguous() => last = Some(error),

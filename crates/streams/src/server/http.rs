@@ -83,32 +83,25 @@ pub(super) fn error(status: StatusCode, message: &str) -> Response<Body> {
 /// The response header names the listener sets, made and checked at
 /// compile time: a name given as a string was parsed and checked again on
 /// every insert (1,300 instructions per stream append, BENCHMARKS.md,
-/// thirty-seventh measurement).
+/// thirty-seventh measurement). Standard names are `hyper`'s own; the
+/// protocol's are made here.
 pub(crate) mod names {
     use hyper::header::HeaderName;
 
-    pub(crate) const ACCESS_CONTROL_ALLOW_HEADERS: HeaderName =
-        HeaderName::from_static("access-control-allow-headers");
-    pub(crate) const ACCESS_CONTROL_ALLOW_METHODS: HeaderName =
-        HeaderName::from_static("access-control-allow-methods");
-    pub(crate) const ACCESS_CONTROL_ALLOW_ORIGIN: HeaderName =
-        HeaderName::from_static("access-control-allow-origin");
-    pub(crate) const ACCESS_CONTROL_EXPOSE_HEADERS: HeaderName =
-        HeaderName::from_static("access-control-expose-headers");
-    pub(crate) const CACHE_CONTROL: HeaderName = HeaderName::from_static("cache-control");
-    pub(crate) const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
-    pub(crate) const CONTENT_TYPE: HeaderName = HeaderName::from_static("content-type");
+    pub(crate) use hyper::header::{
+        ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
+        ACCESS_CONTROL_EXPOSE_HEADERS, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION,
+        RETRY_AFTER, WWW_AUTHENTICATE, X_CONTENT_TYPE_OPTIONS,
+    };
+
     pub(crate) const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
         HeaderName::from_static("cross-origin-resource-policy");
-    pub(crate) const ETAG: HeaderName = HeaderName::from_static("etag");
-    pub(crate) const LOCATION: HeaderName = HeaderName::from_static("location");
     pub(crate) const PRODUCER_EPOCH: HeaderName = HeaderName::from_static("producer-epoch");
     pub(crate) const PRODUCER_EXPECTED_SEQ: HeaderName =
         HeaderName::from_static("producer-expected-seq");
     pub(crate) const PRODUCER_RECEIVED_SEQ: HeaderName =
         HeaderName::from_static("producer-received-seq");
     pub(crate) const PRODUCER_SEQ: HeaderName = HeaderName::from_static("producer-seq");
-    pub(crate) const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
     pub(crate) const STREAM_CLOSED: HeaderName = HeaderName::from_static("stream-closed");
     pub(crate) const STREAM_CURSOR: HeaderName = HeaderName::from_static("stream-cursor");
     pub(crate) const STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expires-at");
@@ -117,9 +110,6 @@ pub(crate) mod names {
         HeaderName::from_static("stream-sse-data-encoding");
     pub(crate) const STREAM_TTL: HeaderName = HeaderName::from_static("stream-ttl");
     pub(crate) const STREAM_UP_TO_DATE: HeaderName = HeaderName::from_static("stream-up-to-date");
-    pub(crate) const WWW_AUTHENTICATE: HeaderName = HeaderName::from_static("www-authenticate");
-    pub(crate) const X_CONTENT_TYPE_OPTIONS: HeaderName =
-        HeaderName::from_static("x-content-type-options");
 }
 
 pub(super) fn set(headers: &mut HeaderMap, name: HeaderName, value: impl AsRef<str>) {

@@ -89,16 +89,6 @@ impl Default for CellConfig {
     }
 }
 
-/// Sets SQLite's soft heap limit for this process: as SQLite's memory
-/// nears `bytes`, every connection's page cache recycles its own pages
-/// instead of growing (no allocation fails). Zero turns the limit off.
-pub fn set_soft_heap_limit(bytes: u64) -> Result<()> {
-    let conn = Connection::open_in_memory()?;
-    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-    conn.query_row(&format!("PRAGMA soft_heap_limit = {bytes}"), [], |_| Ok(()))?;
-    Ok(())
-}
-
 /// Descriptors one open Cell may use (writer and readers with their
 /// WAL files).
 const CELL_FDS: usize = 8;
@@ -444,19 +434,5 @@ mod tests {
         drop((write, read));
         let (write, _guard) = open_connection(&path, false, &CellConfig::default()).unwrap();
         assert_eq!(cache(&write), -2000, "SQLite's default");
-    }
-
-    #[test]
-    fn the_soft_heap_limit_is_set_for_the_process() {
-        let read = || -> i64 {
-            Connection::open_in_memory()
-                .unwrap()
-                .query_row("PRAGMA soft_heap_limit", [], |r| r.get(0))
-                .unwrap()
-        };
-        set_soft_heap_limit(3 << 30).unwrap();
-        assert_eq!(read(), 3 << 30);
-        set_soft_heap_limit(0).unwrap();
-        assert_eq!(read(), 0);
     }
 }

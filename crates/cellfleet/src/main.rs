@@ -86,6 +86,9 @@ fn current_exe() -> anyhow::Result<std::path::PathBuf> {
 }
 
 fn main() -> ExitCode {
+    // Before anything opens SQLite: its allocations then take no
+    // process-wide lock (the node bounds page caches by its own charge).
+    cellfleet_cell::memory_statistics_off();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Ltx(command) => ltx_cmd::run(command),

@@ -64,7 +64,7 @@
 //! cells_open_max = 100000    # SQLite files open at once (idle ones are passivated, LRU); default: cells_owned_max
 //! cells_owned_max = 100000   # Cells owned, open or passivated
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
-//! memory_bytes_max = 4294967296  # memory for open Cells, 1 MiB each plus page caches (SQLite's soft heap limit); default: half the machine's
+//! memory_bytes_max = 4294967296  # memory for open Cells, each charged 512 KiB plus two connections' page caches (1 MiB by default); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
 //! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, its readers) keeps cached (64 KiB to 1 GiB)
 //!
@@ -1481,7 +1481,7 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         _ => String::new(),
     };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell with two page caches), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
         file.node_id,
         show(open_files),
         limits.effective_cells_open_max(),
@@ -1490,7 +1490,7 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         limits.fds_per_cell,
         limits.fds_per_reader,
         limits.memory_bytes_max,
-        limits.memory_bytes_per_cell,
+        limits.memory_bytes_per_open_cell(),
         limits.cells_owned_max,
         limits.cell_wal_bytes_max,
         limits.cell_cache_bytes_max

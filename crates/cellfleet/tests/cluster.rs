@@ -536,6 +536,14 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");
+    // Each open Cell is charged 512 KiB and two connections' caches.
+    assert!(
+        text.contains(" / 1572864 per cell with two page caches)"),
+        "{text}"
+    );
+    // The binary turned SQLite's memory statistics off before SQLite
+    // started, or the node would warn that they slow it.
+    assert!(!text.contains("SQLite counts its allocations"), "{text}");
     // Unset, memory_bytes_max is half of the machine's memory, and the
     // line says so.
     assert!(text.contains(", half of the machine's "), "{text}");

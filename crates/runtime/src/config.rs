@@ -29,16 +29,16 @@ pub struct NodeLimits {
     /// what its Cell holds, and idle readers are closed when the node's
     /// descriptors run short.
     pub fds_per_reader: usize,
-    /// Memory this node may spend on open Cells, in bytes. It is also
-    /// SQLite's soft heap limit in the node's process: near it, page
-    /// caches recycle their own pages instead of growing. 4 GiB here;
+    /// Memory this node may spend on open Cells, in bytes: each open Cell
+    /// is charged [`NodeLimits::memory_bytes_per_open_cell`]. 4 GiB here;
     /// `cellfleet node` defaults it to half of the machine's memory (or of
     /// its control group's limit, where lower).
     pub memory_bytes_max: u64,
-    /// Estimated memory of one open Cell besides its page caches (which
-    /// `memory_bytes_max` bounds together): its connections, their
-    /// schemas and statements, the actor. Measured at about 0.65 MiB
-    /// with three connections (`BENCHMARKS.md`).
+    /// Estimated memory of one open Cell besides its page caches: its
+    /// connections, their schemas and statements, the actor. A node at
+    /// its open bound measured 0.55-0.65 MiB per Cell with three
+    /// connections, the few pages they had cached included
+    /// (`BENCHMARKS.md`, fourth measurement).
     pub memory_bytes_per_cell: u64,
     /// Queued requests per Cell mailbox.
     pub mailbox_commands_max: usize,
@@ -108,7 +108,7 @@ impl Default for NodeLimits {
             fds_per_cell: 2,
             fds_per_reader: 2,
             memory_bytes_max: 4 << 30,
-            memory_bytes_per_cell: 1 << 20,
+            memory_bytes_per_cell: 512 << 10,
             mailbox_commands_max: 1_024,
             group_commands_max: 512,
             group_bytes_max: 4 << 20,
@@ -135,9 +135,21 @@ impl NodeLimits {
     /// descriptors, memory); at least 1.
     pub fn effective_cells_open_max(&self) -> usize {
         let by_fds = self.fds_max / self.fds_per_cell.max(1);
-        let by_memory = self.memory_bytes_max / self.memory_bytes_per_cell.max(1);
+        let by_memory = self.memory_bytes_max / self.memory_bytes_per_open_cell().max(1);
         let by_memory = usize::try_from(by_memory).unwrap_or(usize::MAX);
         self.cells_open_max.min(by_fds).min(by_memory).max(1)
+    }
+
+    /// What one open Cell is charged against `memory_bytes_max`:
+    /// `memory_bytes_per_cell` and the page caches of its writer and its
+    /// published reader, each at `cell_cache_bytes_max` (a connection's
+    /// cache never grows past it). 1 MiB by default. A Cell holds a third
+    /// connection only while two of its groups publish at once (a reader
+    /// pinned for the first); that cache is not charged, as its
+    /// descriptors may go past `fds_max`.
+    pub fn memory_bytes_per_open_cell(&self) -> u64 {
+        self.memory_bytes_per_cell
+            .saturating_add(self.cell_cache_bytes_max.saturating_mul(2))
     }
 }
 
@@ -388,8 +400,14 @@ mod tests {
             ..NodeLimits::default()
         };
         assert_eq!(limits.effective_cells_open_max(), 10);
-        limits.memory_bytes_max = 3 * limits.memory_bytes_per_cell;
+        limits.memory_bytes_max = 3 * limits.memory_bytes_per_open_cell();
         assert_eq!(limits.effective_cells_open_max(), 3);
+        limits.cell_cache_bytes_max *= 4;
+        assert_eq!(
+            limits.effective_cells_open_max(),
+            1,
+            "two connections' caches are charged per open Cell"
+        );
         limits.memory_bytes_max = 0;
         assert_eq!(limits.effective_cells_open_max(), 1);
     }

@@ -194,10 +194,11 @@ impl Node {
             room_tx,
             &metrics,
         ));
-        // Page caches share the open Cells' memory budget (the limit is
-        // process-wide: of nodes in one process, the last started sets it).
-        if let Err(error) = cellfleet_cell::set_soft_heap_limit(limits.memory_bytes_max) {
-            tracing::warn!(%error, "could not set SQLite's soft heap limit; page caches are unbounded");
+        if cellfleet_cell::memory_statistics_on() {
+            tracing::warn!(
+                "SQLite counts its allocations under one process-wide lock, which slows a busy node; \
+                 call cellfleet_cell::memory_statistics_off() before anything opens SQLite"
+            );
         }
         let shared = Arc::new(Shared {
             open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),

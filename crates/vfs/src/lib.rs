@@ -41,7 +41,9 @@
 //! Only this crate in the workspace uses `unsafe`: it is SQLite's C
 //! interface. Every pointer it dereferences was handed to it by SQLite
 //! under the VFS contract (a file's memory of [`sqlite3_vfs::szOsFile`]
-//! bytes, live from `xOpen` until `xClose`).
+//! bytes, live from `xOpen` until `xClose`). For the same reason it
+//! holds the one process-wide SQLite setting the node changes,
+//! [`memory_statistics_off`].
 
 pub mod locks;
 
@@ -116,6 +118,39 @@ unsafe extern "C" fn open_noting(path: *const c_char, flags: c_int, mode: c_int)
     let fd = unsafe { open(path, flags, mode) };
     OPENED.with(|opened| opened.set(fd));
     fd
+}
+
+/// Turns SQLite's memory statistics off for this process, if SQLite has
+/// not initialized yet; true if they are off now.
+///
+/// With the statistics on (SQLite's default), every allocation and free
+/// in SQLite takes one process-wide mutex to count it: on a node serving
+/// many Cells from many threads that lock was about a quarter of the
+/// node's `futex` calls (BENCHMARKS.md, thirty-eighth and thirty-ninth
+/// measurements). The statistics feed SQLite's soft heap limit, which
+/// the runtime no longer uses: it bounds page caches by charging each
+/// open Cell its connections' capped caches instead. Call this before
+/// anything opens a connection or registers a VFS (a binary's `main`);
+/// once SQLite has initialized, the setting is refused and this returns
+/// false, which costs only speed.
+pub fn memory_statistics_off() -> bool {
+    // SAFETY: `sqlite3_config` only sets SQLite's global configuration
+    // (it returns SQLITE_MISUSE, changing nothing, once SQLite has
+    // initialized); SQLITE_CONFIG_MEMSTATUS takes one int.
+    let rc =
+        unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, std::ffi::c_int::from(0u8)) };
+    rc == ffi::SQLITE_OK || !memory_statistics_on()
+}
+
+/// Whether SQLite counts its allocations (see [`memory_statistics_off`]):
+/// with the statistics off, SQLite reports nothing in use however much
+/// it holds.
+pub fn memory_statistics_on() -> bool {
+    let conn = rusqlite::Connection::open_in_memory();
+    // SAFETY: a plain read of SQLite's counter.
+    let used = unsafe { ffi::sqlite3_memory_used() };
+    drop(conn);
+    used > 0
 }
 
 /// Registers the VFS with SQLite once per process (later calls return the

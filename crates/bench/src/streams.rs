@@ -993,7 +993,7 @@ fn start_cellfleet(
         );
         let defaults = cellfleet_runtime::NodeLimits::default();
         let memory = u64::try_from(open)?
-            .saturating_mul(defaults.memory_bytes_per_open_cell())
+            .saturating_mul(defaults.memory_bytes_per_open_cell(1))
             .max(defaults.memory_bytes_max);
         limits.insert(
             "memory_bytes_max".into(),

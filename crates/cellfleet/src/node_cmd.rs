@@ -64,7 +64,7 @@
 //! cells_open_max = 100000    # SQLite files open at once (idle ones are passivated, LRU); default: cells_owned_max
 //! cells_owned_max = 100000   # Cells owned, open or passivated
 //! fds_max = 32768            # file descriptors for open Cells, 2 each and 2 per reader (capped by the open-file limit)
-//! memory_bytes_max = 4294967296  # memory for open Cells, each charged 512 KiB plus two connections' page caches (1 MiB by default); default: half the machine's
+//! memory_bytes_max = 4294967296  # memory for open Cells, each charged 640 KiB plus its connections' page caches (1,152 KiB with one reader); default: half the machine's
 //! cell_wal_bytes_max = 1048576   # an open Cell's WAL folds into its database past this (64 KiB to 1 GiB): local disk beyond the data, per open Cell
 //! cell_cache_bytes_max = 262144  # pages each connection of an open Cell (its writer, its readers) keeps cached (64 KiB to 1 GiB)
 //!
@@ -1378,7 +1378,7 @@ fn node_config(
     }
     config.log = file.publication.log_settings();
     config.gc = file.gc.settings();
-    config.limits = node_limits(file);
+    config.limits = node_limits(file, config.readers_per_cell_max());
     config.cell.validity_ms_max = validity_ms_max(file);
     Ok(config)
 }
@@ -1462,8 +1462,9 @@ async fn open_probed_store(
 }
 
 /// The node's bounds from `[limits]` and the open-file limit (raised to
-/// its hard limit first), and a line on stderr that says them.
-fn node_limits(file: &NodeFile) -> NodeLimits {
+/// its hard limit first), and a line on stderr that says them, for Cells
+/// that each hold up to `readers_per_cell` readers.
+fn node_limits(file: &NodeFile, readers_per_cell: usize) -> NodeLimits {
     let (open_files_before, open_files) = raise_open_files();
     let memory = machine_memory();
     let (limits, note) = file.limits.limits(open_files, memory);
@@ -1481,16 +1482,17 @@ fn node_limits(file: &NodeFile) -> NodeLimits {
         _ => String::new(),
     };
     eprintln!(
-        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell with two page caches), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
+        "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell with {} page caches), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
         file.node_id,
         show(open_files),
-        limits.effective_cells_open_max(),
+        limits.effective_cells_open_max(readers_per_cell),
         limits.cells_open_max,
         limits.fds_max,
         limits.fds_per_cell,
         limits.fds_per_reader,
         limits.memory_bytes_max,
-        limits.memory_bytes_per_open_cell(),
+        limits.memory_bytes_per_open_cell(readers_per_cell),
+        readers_per_cell + 1,
         limits.cells_owned_max,
         limits.cell_wal_bytes_max,
         limits.cell_cache_bytes_max
@@ -1711,9 +1713,9 @@ mod tests {
         );
         assert!(note.unwrap().contains("fds_max 1000000 is over"));
         assert_eq!(
-            limits.effective_cells_open_max(),
-            4_096,
-            "4 GiB of memory (no machine memory known) at 1 MiB per Cell is the tightest bound"
+            limits.effective_cells_open_max(1),
+            (4 << 30) / (1_152 << 10),
+            "4 GiB of memory (no machine memory known) at 1,152 KiB per Cell is the tightest bound"
         );
         let (limits, note) = LimitsFile::default().limits(None, None);
         assert_eq!(limits.fds_max, NodeLimits::default().fds_max, "unlimited");
@@ -1731,16 +1733,16 @@ mod tests {
         assert_eq!(limits.fds_max, 20_000 - 256 - 1_250);
         assert_eq!(limits.memory_bytes_max, 12 * GIB);
         assert_eq!(
-            limits.effective_cells_open_max(),
+            limits.effective_cells_open_max(1),
             (20_000 - 256 - 1_250) / 2,
             "descriptors at 2 per Cell are the tightest bound"
         );
         assert!(note.is_none());
         let (limits, _) = LimitsFile::default().limits(Some(1 << 20), Some(2 * GIB));
         assert_eq!(
-            limits.effective_cells_open_max(),
-            1_024,
-            "a 2 GiB machine: 1 GiB for Cells at 1 MiB each"
+            limits.effective_cells_open_max(1),
+            (1 << 30) / (1_152 << 10),
+            "a 2 GiB machine: 1 GiB for Cells at 1,152 KiB each"
         );
         // A file's values win over the machine's, and an unset
         // cells_open_max follows cells_owned_max.
@@ -1752,9 +1754,9 @@ mod tests {
         let (limits, _) = file.limits(Some(1 << 20), Some(24 * GIB));
         assert_eq!(limits.memory_bytes_max, 3 * GIB);
         assert_eq!(limits.cells_open_max, 500);
-        assert_eq!(limits.effective_cells_open_max(), 500);
+        assert_eq!(limits.effective_cells_open_max(1), 500);
         let (limits, _) = LimitsFile::default().limits(Some(8_000), Some(24 * GIB));
-        assert_eq!(limits.effective_cells_open_max(), (8_000 - 256 - 500) / 2);
+        assert_eq!(limits.effective_cells_open_max(1), (8_000 - 256 - 500) / 2);
         assert!(LimitsFile {
             cells_owned_max: Some(0),
             ..LimitsFile::default()

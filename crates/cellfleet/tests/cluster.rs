@@ -536,9 +536,10 @@ async fn the_cell_publication_mode_serves_and_an_unknown_mode_is_refused() {
         "{text}"
     );
     assert!(text.contains("open files "), "{text}");
-    // Each open Cell is charged 512 KiB and two connections' caches.
+    // Each open Cell is charged 640 KiB and its connections' caches: in
+    // cell mode a writer and two readers (the published one and a spare).
     assert!(
-        text.contains(" / 1572864 per cell with two page caches)"),
+        text.contains(" / 2228224 per cell with 3 page caches)"),
         "{text}"
     );
     // The binary turned SQLite's memory statistics off before SQLite

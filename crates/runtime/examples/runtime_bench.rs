@@ -235,6 +235,8 @@ async fn workload(
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    // As the `cellfleet` binary does: no process-wide lock per SQLite allocation.
+    cellfleet_cell::memory_statistics_off();
     let store: Arc<dyn ObjectStore> = cellfleet_store::testkit::s3_store().await;
     let run = cellfleet_store::testkit::unique_prefix("runtime-bench");
     let dir = std::env::temp_dir().join(format!("cellfleet-runtime-bench-{}", std::process::id()));

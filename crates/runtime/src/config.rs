@@ -38,7 +38,8 @@ pub struct NodeLimits {
     /// connections, their schemas and statements, the actor. A node at
     /// its open bound measured 0.55-0.65 MiB per Cell with three
     /// connections, the few pages they had cached included
-    /// (`BENCHMARKS.md`, fourth measurement).
+    /// (`BENCHMARKS.md`, fourth measurement): 640 KiB is the top of that,
+    /// counting none of it as cache.
     pub memory_bytes_per_cell: u64,
     /// Queued requests per Cell mailbox.
     pub mailbox_commands_max: usize,
@@ -108,7 +109,7 @@ impl Default for NodeLimits {
             fds_per_cell: 2,
             fds_per_reader: 2,
             memory_bytes_max: 4 << 30,
-            memory_bytes_per_cell: 512 << 10,
+            memory_bytes_per_cell: 640 << 10,
             mailbox_commands_max: 1_024,
             group_commands_max: 512,
             group_bytes_max: 4 << 20,
@@ -132,24 +133,27 @@ impl Default for NodeLimits {
 
 impl NodeLimits {
     /// Cells that may be open at once under all three limits (count, file
-    /// descriptors, memory); at least 1.
-    pub fn effective_cells_open_max(&self) -> usize {
+    /// descriptors, memory) when each may hold `readers_per_cell` readers
+    /// besides its writer ([`NodeConfig::readers_per_cell_max`]); at
+    /// least 1.
+    pub fn effective_cells_open_max(&self, readers_per_cell: usize) -> usize {
         let by_fds = self.fds_max / self.fds_per_cell.max(1);
-        let by_memory = self.memory_bytes_max / self.memory_bytes_per_open_cell().max(1);
-        let by_memory = usize::try_from(by_memory).unwrap_or(usize::MAX);
+        let per_cell = self.memory_bytes_per_open_cell(readers_per_cell).max(1);
+        let by_memory = usize::try_from(self.memory_bytes_max / per_cell).unwrap_or(usize::MAX);
         self.cells_open_max.min(by_fds).min(by_memory).max(1)
     }
 
     /// What one open Cell is charged against `memory_bytes_max`:
-    /// `memory_bytes_per_cell` and the page caches of its writer and its
-    /// published reader, each at `cell_cache_bytes_max` (a connection's
-    /// cache never grows past it). 1 MiB by default. A Cell holds a third
-    /// connection only while two of its groups publish at once (a reader
-    /// pinned for the first); that cache is not charged, as its
-    /// descriptors may go past `fds_max`.
-    pub fn memory_bytes_per_open_cell(&self) -> u64 {
+    /// `memory_bytes_per_cell` and the page caches of its writer and of
+    /// the `readers_per_cell` readers it may hold, each at
+    /// `cell_cache_bytes_max` (SQLite sizes a connection's cache to about
+    /// that many bytes, page headers included, and goes past it only for
+    /// the pages of a transaction in progress). 1,152 KiB by default in
+    /// log mode (one reader).
+    pub fn memory_bytes_per_open_cell(&self, readers_per_cell: usize) -> u64 {
+        let connections = u64::try_from(readers_per_cell.saturating_add(1)).unwrap_or(u64::MAX);
         self.memory_bytes_per_cell
-            .saturating_add(self.cell_cache_bytes_max.saturating_mul(2))
+            .saturating_add(self.cell_cache_bytes_max.saturating_mul(connections))
     }
 }
 
@@ -366,6 +370,31 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// Most publications a Cell of this node has pending at once: in log
+    /// mode [`LogSettings::cell_groups_inflight_max`], else the engine's
+    /// own setting.
+    pub fn pending_publications_max(&self) -> usize {
+        match self.publication {
+            PublicationMode::Log => self.log.cell_groups_inflight_max.max(1),
+            PublicationMode::Cell => self.cell.pending_publications_max,
+        }
+    }
+
+    /// Most readers an open Cell holds: its published reader, and one
+    /// pinned for each further publication pending, which stays open
+    /// (a spare) until the node's descriptors run short.
+    pub fn readers_per_cell_max(&self) -> usize {
+        self.pending_publications_max().max(1)
+    }
+
+    /// Cells this node keeps open at once
+    /// ([`NodeLimits::effective_cells_open_max`] with
+    /// [`NodeConfig::readers_per_cell_max`]).
+    pub fn cells_open_max(&self) -> usize {
+        self.limits
+            .effective_cells_open_max(self.readers_per_cell_max())
+    }
+
     /// Defaults for `node_id` under `data_dir` and `prefix`.
     pub fn new(node_id: NodeId, data_dir: impl Into<PathBuf>, prefix: impl Into<String>) -> Self {
         Self {
@@ -399,17 +428,43 @@ mod tests {
             fds_per_cell: 8,
             ..NodeLimits::default()
         };
-        assert_eq!(limits.effective_cells_open_max(), 10);
-        limits.memory_bytes_max = 3 * limits.memory_bytes_per_open_cell();
-        assert_eq!(limits.effective_cells_open_max(), 3);
+        assert_eq!(limits.effective_cells_open_max(1), 10);
+        limits.memory_bytes_max = 3 * limits.memory_bytes_per_open_cell(1);
+        assert_eq!(limits.memory_bytes_per_open_cell(1), 1_152 << 10);
+        assert_eq!(limits.effective_cells_open_max(1), 3);
+        assert_eq!(
+            limits.effective_cells_open_max(2),
+            2,
+            "a spare reader's cache is charged too"
+        );
         limits.cell_cache_bytes_max *= 4;
         assert_eq!(
-            limits.effective_cells_open_max(),
+            limits.effective_cells_open_max(1),
             1,
-            "two connections' caches are charged per open Cell"
+            "the writer's and the reader's caches are charged per open Cell"
         );
         limits.memory_bytes_max = 0;
-        assert_eq!(limits.effective_cells_open_max(), 1);
+        assert_eq!(limits.effective_cells_open_max(1), 1);
+    }
+
+    #[test]
+    fn a_cell_holds_a_reader_per_pending_publication() {
+        let mut config = NodeConfig::new(NodeId::new("n1").unwrap(), "/tmp/unused", "p");
+        assert_eq!(config.publication, PublicationMode::Log);
+        assert_eq!(config.readers_per_cell_max(), 1);
+        config.log.cell_groups_inflight_max = 4;
+        assert_eq!(config.readers_per_cell_max(), 4);
+        config.publication = PublicationMode::Cell;
+        assert_eq!(
+            config.readers_per_cell_max(),
+            cellfleet_cell::CellConfig::default().pending_publications_max
+        );
+        assert_eq!(
+            config.cells_open_max(),
+            config
+                .limits
+                .effective_cells_open_max(config.readers_per_cell_max())
+        );
     }
 
     proptest::proptest! {

@@ -201,7 +201,7 @@ impl Node {
             );
         }
         let shared = Arc::new(Shared {
-            open_permits: Arc::new(Semaphore::new(limits.effective_cells_open_max())),
+            open_permits: Arc::new(Semaphore::new(config.cells_open_max())),
             fd_permits,
             activation_permits: Arc::new(Semaphore::new(limits.activations_concurrent_max.max(1))),
             config,
@@ -303,9 +303,7 @@ fn cell_config(config: &NodeConfig) -> cellfleet_cell::CellConfig {
     // A new Cell's schema publishes with its first commands (the actor
     // applies it alone before a query that comes first).
     cell_config.defer_migrations = true;
-    if config.publication == PublicationMode::Log {
-        cell_config.pending_publications_max = config.log.cell_groups_inflight_max.max(1);
-    }
+    cell_config.pending_publications_max = config.pending_publications_max();
     cell_config
 }
 

@@ -10,6 +10,8 @@ use cellfleet_streams::{Streams, StreamsConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the `cellfleet` binary does: no process-wide lock per SQLite allocation.
+    cellfleet_cell::memory_statistics_off();
     let mut args = std::env::args().skip(1);
     let address = args.next().unwrap_or_else(|| "127.0.0.1:4437".into());
     let long_poll_ms: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(500);

@@ -129,14 +129,16 @@ unsafe extern "C" fn open_noting(path: *const c_char, flags: c_int, mode: c_int)
 /// node's `futex` calls (BENCHMARKS.md, thirty-eighth and thirty-ninth
 /// measurements). The statistics feed SQLite's soft heap limit, which
 /// the runtime no longer uses: it bounds page caches by charging each
-/// open Cell its connections' capped caches instead. Call this before
-/// anything opens a connection or registers a VFS (a binary's `main`);
-/// once SQLite has initialized, the setting is refused and this returns
-/// false, which costs only speed.
+/// open Cell its connections' capped caches instead. Call this first
+/// thing in a binary's `main`: before anything opens a connection or
+/// registers a VFS, and while no other thread uses SQLite (SQLite's
+/// configuration calls are not threadsafe). Once SQLite has initialized,
+/// the setting is refused and this returns false, which costs only speed.
 pub fn memory_statistics_off() -> bool {
-    // SAFETY: `sqlite3_config` only sets SQLite's global configuration
-    // (it returns SQLITE_MISUSE, changing nothing, once SQLite has
-    // initialized); SQLITE_CONFIG_MEMSTATUS takes one int.
+    // SAFETY: `sqlite3_config` sets SQLite's global configuration without
+    // a lock, so no other thread may use SQLite meanwhile (the caller's
+    // contract above); it returns SQLITE_MISUSE, changing nothing, once
+    // SQLite has initialized. SQLITE_CONFIG_MEMSTATUS takes one int.
     let rc =
         unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, std::ffi::c_int::from(0u8)) };
     rc == ffi::SQLITE_OK || !memory_statistics_on()
@@ -144,7 +146,8 @@ pub fn memory_statistics_off() -> bool {
 
 /// Whether SQLite counts its allocations (see [`memory_statistics_off`]):
 /// with the statistics off, SQLite reports nothing in use however much
-/// it holds.
+/// it holds. It opens a connection, which starts SQLite: called before
+/// [`memory_statistics_off`], it leaves the statistics on.
 pub fn memory_statistics_on() -> bool {
     let conn = rusqlite::Connection::open_in_memory();
     // SAFETY: a plain read of SQLite's counter.

@@ -480,13 +480,13 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     };
     println!("{}", banner(&args, children.len(), &pids));
     signal.block_on(shutdown);
-    eprintln!("draining {} nodes...", children.len());
+    say!("draining {} nodes...", children.len());
     let failed = drain_nodes(&mut children)?;
     if failed > 0 {
-        eprintln!("{failed} node(s) did not drain cleanly; their Cells move after lease expiry");
+        say!("{failed} node(s) did not drain cleanly; their Cells move after lease expiry");
         return Ok(ExitCode::from(1));
     }
-    eprintln!("all nodes drained");
+    say!("all nodes drained");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,5 +1,15 @@
 //! The `cellfleet` command-line tool.
 
+/// Like `eprintln!`, but the line goes out in one `write` call: `dev`'s
+/// nodes share its stderr, and `eprintln!` writes each formatted piece
+/// on its own, so two nodes' start lines could interleave mid-line. A
+/// failed write is ignored (`eprintln!` would panic).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(format!($($arg)*))
+    };
+}
+
 mod certs_cmd;
 mod client_cmd;
 mod dev_cmd;
@@ -83,6 +93,13 @@ enum Command {
 fn current_exe() -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context;
     std::env::current_exe().context("cannot find the cellfleet executable")
+}
+
+/// Writes `line` and a newline to stderr in one call (see `say!`).
+fn say_line(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn main() -> ExitCode {

@@ -649,7 +649,7 @@ fn raise_open_files() -> (Option<u64>, Option<u64>) {
             maximum: before.maximum,
         };
         if let Err(error) = setrlimit(Resource::Nofile, raised) {
-            eprintln!("cellfleet node: could not raise the open-file limit: {error}");
+            say!("cellfleet node: could not raise the open-file limit: {error}");
         }
     }
     (before.current, getrlimit(Resource::Nofile).current)
@@ -1003,9 +1003,7 @@ fn init_logging() {
     use std::io::IsTerminal;
     let filter = match std::env::var("CELLFLEET_LOG") {
         Ok(directives) => tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|e| {
-            eprintln!(
-                "CELLFLEET_LOG={directives:?} does not parse ({e}); logging with {LOG_DEFAULT:?}"
-            );
+            say!("CELLFLEET_LOG={directives:?} does not parse ({e}); logging with {LOG_DEFAULT:?}");
             tracing_subscriber::EnvFilter::new(LOG_DEFAULT)
         }),
         Err(_) => tracing_subscriber::EnvFilter::new(LOG_DEFAULT),
@@ -1046,7 +1044,7 @@ async fn check_cluster_record(
         .with_context(|| format!("cannot check the cluster record {key}"))?;
     match check {
         ClusterCheck::Created(_) => {
-            eprintln!(
+            say!(
                 "cellfleet node {}: created the cluster record {key} (kinds digest {digest})",
                 file.node_id
             );
@@ -1055,7 +1053,7 @@ async fn check_cluster_record(
         ClusterCheck::KindsChanged {
             previous_digest, ..
         } => {
-            eprintln!(
+            say!(
                 "cellfleet node {}: the cluster's kinds changed from digest {previous_digest} to {digest} \
                  (--accept-kinds-change); restart every other node with the manifest {manifest_path}",
                 file.node_id
@@ -1369,7 +1367,7 @@ fn node_config(
     config.publication = file.publication.mode()?;
     let ignored = file.publication.ignored_in_cell_mode()?;
     if !ignored.is_empty() {
-        eprintln!(
+        say!(
             "cellfleet node {}: warning: publication mode cell ignores [publication] {} (they apply to \
              mode = \"log\")",
             file.node_id,
@@ -1469,7 +1467,7 @@ fn node_limits(file: &NodeFile, readers_per_cell: usize) -> NodeLimits {
     let memory = machine_memory();
     let (limits, note) = file.limits.limits(open_files, memory);
     if let Some(note) = note {
-        eprintln!("cellfleet node {}: {note}", file.node_id);
+        say!("cellfleet node {}: {note}", file.node_id);
     }
     let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
     let raised = if open_files_before == open_files {
@@ -1481,7 +1479,7 @@ fn node_limits(file: &NodeFile, readers_per_cell: usize) -> NodeLimits {
         (None, Some(memory)) => format!(", half of the machine's {memory}"),
         _ => String::new(),
     };
-    eprintln!(
+    say!(
         "cellfleet node {}: open files {}{raised}; cells open at most {} (cells_open_max {}, fds_max {} / {} per cell and {} per reader, memory_bytes_max {}{of_memory} / {} per cell with {} page caches), owned at most {}; a cell's WAL at most {} bytes, its page cache at most {} bytes per connection",
         file.node_id,
         show(open_files),
@@ -1520,7 +1518,7 @@ async fn start_streams(
     let address = listener.local_addr()?;
     let scheme = match file.listen.streams_tls()? {
         StreamsTls::None => {
-            eprintln!(
+            say!(
                 "cellfleet node {}: warning: the streams listener {address} is plain HTTP \
                  (listen.streams_tls = \"none\"); tokens and data cross the network unencrypted",
                 file.node_id
@@ -1545,7 +1543,7 @@ async fn start_streams(
             skew_ms: i64::try_from(file.envelope.skew_ms).unwrap_or(i64::MAX),
         };
     } else {
-        eprintln!(
+        say!(
             "cellfleet node {}: warning: streams_auth = \"none\": anyone who reaches {address} \
              may read, append to, create and delete every stream (local development only)",
             file.node_id
@@ -1568,7 +1566,7 @@ fn announce_console_and_role(file: &NodeFile, console: Option<SocketAddr>) -> an
     if let Some(address) = console {
         let mtls = file.listen.console_mtls()?;
         if !mtls {
-            eprintln!(
+            say!(
                 "cellfleet node {}: warning: the console {address} is plain HTTP without client \
                  certificates (listen.console_tls = \"none\"): anyone who reaches it sees the \
                  cluster's leases and Cells (local development only)",
@@ -1607,14 +1605,14 @@ async fn wait_then_drain(
                 // Nothing is left to drain: the session's Cells have moved,
                 // and its lease is no longer its own to retire.
                 server.shutdown().await;
-                eprintln!(
+                say!(
                     "cellfleet node {}: stopped without draining: this node's session had already ended \
                      ({reason}); its cells moved to other nodes, nothing was lost",
                     file.node_id
                 );
                 return Ok(ExitCode::from(1));
             }
-            eprintln!("cellfleet node {}: draining", file.node_id);
+            say!("cellfleet node {}: draining", file.node_id);
             drain.draining.store(true, Ordering::SeqCst);
             let result = tokio::spawn({
                 let node = node.clone();
@@ -1624,17 +1622,17 @@ async fn wait_then_drain(
             server.shutdown().await;
             match result {
                 Ok(released) => {
-                    eprintln!("cellfleet node {}: drained, {released} cells released, lease retired", file.node_id);
+                    say!("cellfleet node {}: drained, {released} cells released, lease retired", file.node_id);
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(error) => {
-                    eprintln!("cellfleet node {}: drain failed: {error}; cells not released move after the lease expires", file.node_id);
+                    say!("cellfleet node {}: drain failed: {error}; cells not released move after the lease expires", file.node_id);
                     Ok(ExitCode::from(1))
                 }
             }
         }
         _ = &mut drained_by_admin => {
-            eprintln!("cellfleet node {}: drained by an admin request", file.node_id);
+            say!("cellfleet node {}: drained by an admin request", file.node_id);
             server.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }

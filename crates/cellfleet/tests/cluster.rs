@@ -1623,20 +1623,32 @@ fn dev_logs(data: &std::path::Path) -> String {
 /// of its ports to another process between `free_port_base` and the bind
 /// is tried again on another base.
 fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
+    start_dev_nodes(data, 1)
+}
+
+/// [`start_dev`] with `nodes` nodes.
+fn start_dev_nodes(data: &std::path::Path, nodes: u16) -> (std::process::Child, String) {
     for _ in 0..3 {
-        let (child, printed) = start_dev_on(data, free_port_base());
+        let (child, printed) = start_dev_on(data, free_port_base(), nodes);
         if printed.contains("cluster ready") || !printed.contains("Address already in use") {
             return (child, printed);
         }
     }
-    start_dev_on(data, free_port_base())
+    start_dev_on(data, free_port_base(), nodes)
 }
 
-fn start_dev_on(data: &std::path::Path, base: u16) -> (std::process::Child, String) {
+fn start_dev_on(data: &std::path::Path, base: u16, nodes: u16) -> (std::process::Child, String) {
     use std::io::BufRead;
     use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new(cluster_common::BIN)
-        .args(["dev", "--nodes", "1", "--lease-ms", "2000", "--data"])
+        .args([
+            "dev",
+            "--nodes",
+            &nodes.to_string(),
+            "--lease-ms",
+            "2000",
+            "--data",
+        ])
         .arg(data)
         .arg("--port-base")
         .arg(base.to_string())
@@ -1696,6 +1708,34 @@ fn stop_dev(mut child: std::process::Child) -> std::process::ExitStatus {
             return child.wait().expect("wait");
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `dev`'s nodes share its stderr. Each node writes a line in one call,
+/// so their start lines (about 400 bytes, written at the same moment)
+/// arrive whole; `eprintln!` wrote each formatted piece on its own, and
+/// three nodes' start lines were seen interleaved mid-line.
+#[test]
+fn dev_nodes_lines_arrive_whole_on_the_shared_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dev");
+    let (child, printed) = start_dev_nodes(&data, 3);
+    assert!(printed.contains("cluster ready"), "{printed}");
+    assert!(stop_dev(child).success(), "{}", dev_logs(&data));
+    let logs = dev_logs(&data);
+    let starts: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("cells open at most"))
+        .collect();
+    assert_eq!(starts.len(), 3, "{logs}");
+    for node in ["n1", "n2", "n3"] {
+        let prefix = format!("cellfleet node {node}: open files ");
+        assert!(
+            starts.iter().any(|line| line.starts_with(&prefix)
+                && line.ends_with(" bytes per connection")
+                && line.matches("cells open at most").count() == 1),
+            "{node}'s start line is not whole: {logs}"
+        );
     }
 }
 

@@ -133,7 +133,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            say!("error: {err:#}");
             ExitCode::from(1)
         }
     }
